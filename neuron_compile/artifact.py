@@ -1,0 +1,24 @@
+"""What compiling one graph produces, and what the cache stores."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Artifact:
+    """A compiled graph: the StableHLO (what neuronx-cc takes), the serialized executable and the
+    input/output plan the runtime needs. ``loaded`` is the live executable, never persisted."""
+
+    name: str
+    stablehlo: str
+    executable: bytes
+    inputs: list[Any]
+    outputs: list[Any]
+    downcast_float64: bool
+    num_ops: int
+    lower_seconds: float
+    compile_seconds: float
+    target_version: str
+    loaded: Any = field(default=None, repr=False, compare=False)

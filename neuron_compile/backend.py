@@ -1,0 +1,48 @@
+"""The "neuron" torch.compile backend: wires the static-shape check, AOTAutograd and our compiler.
+
+Registered through the ``torch_dynamo_backends`` entry point, so ``backend="neuron"`` works without an
+import of this package.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from typing import Any, Callable, Mapping
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+
+from .compiler import compile_graph
+from .decompositions import decomposition_table
+from .graph_checks import check_static_shapes, refuse_silent_eager_fallback, warn_mode
+from .lowering.attention import rewrite_sdpa
+from .options import Options
+
+_graph_ids = itertools.count()
+
+
+def neuron_backend(
+    gm: torch.fx.GraphModule,
+    example_inputs: list[Any],
+    *,
+    mode: str | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> Callable[..., Any]:
+    """Compile a Dynamo FX graph for Trainium (or its CPU stand-in), forward and backward."""
+    opts = Options.from_user(options)
+    warn_mode(mode)
+    refuse_silent_eager_fallback(opts.allow_eager_fallback)
+    check_static_shapes(gm, example_inputs)
+    rewrite_sdpa(gm)
+    graph_id = next(_graph_ids)
+
+    def compiler(kind: str) -> Callable[..., Any]:
+        return functools.partial(compile_graph, opts=opts, kind=kind, name=f"graph{graph_id}_{kind}")
+
+    return aot_autograd(
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        inference_compiler=compiler("inference"),
+        decompositions=decomposition_table(),
+    )(gm, example_inputs)

@@ -1,0 +1,63 @@
+"""Error classes raised by the neuron backend.
+
+All derive from ``RuntimeError`` on purpose: Dynamo turns a few exception kinds (fake-tensor
+"unsupported operator") into a silent graph break, and anything else into ``BackendCompilerFailed``.
+A user of this backend must see the failure, never a quiet fallback to eager.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SUPPORTED_OPS_HINT = (
+    "See neuron_compile.supported_ops() or docs/ops.md for what is supported. To run the rest of the "
+    "model anyway, move the offending code out of the compiled region (e.g. torch.compiler.disable) "
+    "or rewrite it with supported ops."
+)
+
+
+class NeuronCompileError(RuntimeError):
+    """Base class of every error this backend raises on purpose."""
+
+
+@dataclass
+class UnsupportedNode:
+    """One graph node that cannot be compiled for the target, and why."""
+
+    op: str
+    inputs: str
+    source: str
+    reason: str = ""
+
+    def describe(self) -> str:
+        why = f" — {self.reason}" if self.reason else ""
+        return f"  {self.op}({self.inputs}) at {self.source}{why}"
+
+
+@dataclass
+class NeuronUnsupportedOpError(NeuronCompileError):
+    """Raised once per graph, listing every node that cannot be lowered (or is illegal on Trainium)."""
+
+    graph_name: str
+    nodes: list[UnsupportedNode] = field(default_factory=list)
+    hint: str = SUPPORTED_OPS_HINT
+
+    def __post_init__(self) -> None:
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        lines = [
+            f"neuron backend: {len(self.nodes)} node(s) of graph '{self.graph_name}' cannot be compiled "
+            "for Trainium:"
+        ]
+        lines += [n.describe() for n in self.nodes]
+        lines.append(self.hint)
+        return "\n".join(lines)
+
+
+class NeuronDynamicShapeError(NeuronCompileError):
+    """Raised when a graph has symbolic shapes: the Neuron compiler needs static shapes."""
+
+
+class NeuronOptionsError(NeuronCompileError, ValueError):
+    """Raised for an unknown or malformed backend option."""

@@ -1,0 +1,73 @@
+"""Checks on the Dynamo graph before anything is traced: static shapes, the recompile limit."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import torch
+
+from .errors import NeuronDynamicShapeError
+from .lowering import provenance
+
+log = logging.getLogger(__name__)
+
+_STATIC_SHAPE_FIX = (
+    "The Neuron compiler needs static shapes. Use torch.compile(..., dynamic=False) (and do not mark "
+    "dims dynamic with torch._dynamo.mark_dynamic). For inputs whose sizes vary, pad them to a few fixed "
+    "sizes (buckets, e.g. sequence lengths rounded up to a multiple of 128) so each bucket compiles once."
+)
+
+
+def _symbolic(value: Any) -> bool:
+    return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
+
+
+def check_static_shapes(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> None:
+    """Raise ``NeuronDynamicShapeError`` naming every symbolic input or dimension of the graph."""
+    problems: list[str] = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, value in zip(placeholders, example_inputs):
+        example = node.meta.get("example_value", value)
+        if _symbolic(value) or _symbolic(example):
+            problems.append(f"  input '{node.name}' is a symbolic size ({example})")
+        elif isinstance(example, torch.Tensor):
+            dims = [f"dim {i} = {s}" for i, s in enumerate(example.shape) if _symbolic(s)]
+            if dims:
+                problems.append(
+                    f"  input '{node.name}' of shape {list(example.shape)} has symbolic "
+                    f"{', '.join(dims)} (first used at {provenance.user_source(next(iter(node.users), node))})"
+                )
+    if problems:
+        raise NeuronDynamicShapeError(
+            "neuron backend: the graph has dynamic shapes:\n" + "\n".join(problems) + "\n" + _STATIC_SHAPE_FIX
+        )
+
+
+def refuse_silent_eager_fallback(allow: bool) -> None:
+    """Make Dynamo raise at its recompile limit instead of quietly running the frame in eager.
+
+    Process-wide, because Dynamo reads it per frame; ``allow_eager_fallback=True`` keeps torch's default.
+    """
+    import torch._dynamo.config as dynamo_config
+
+    if allow or dynamo_config.fail_on_recompile_limit_hit:
+        return
+    dynamo_config.fail_on_recompile_limit_hit = True
+    log.info(
+        "neuron backend: set torch._dynamo.config.fail_on_recompile_limit_hit=True so that hitting the "
+        "recompile limit (%s) raises instead of running in eager", dynamo_config.recompile_limit
+    )
+
+
+_warned_modes: set[str] = set()
+
+
+def warn_mode(mode: str | None) -> None:
+    if mode and mode != "default" and mode not in _warned_modes:
+        _warned_modes.add(mode)
+        warnings.warn(
+            f"neuron backend: mode={mode!r} has no meaning for the Neuron compiler; compiling as mode='default'.",
+            stacklevel=3,
+        )

@@ -1,0 +1,25 @@
+"""FX aten graph -> StableHLO (built with jax.lax). One module per op family registers its lowerings."""
+
+from . import (  # noqa: F401  (importing a family registers its lowerings)
+    activations,
+    creation,
+    indexing,
+    linalg,
+    nn,
+    pointwise,
+    reductions,
+    views,
+)
+from .interpreter import LoweredGraph, OutputSpec, TensorSpec, lower_graph
+from .registry import LOWERINGS, Unsupported, register_lowering, supported_ops
+
+__all__ = [
+    "LOWERINGS",
+    "LoweredGraph",
+    "OutputSpec",
+    "TensorSpec",
+    "Unsupported",
+    "lower_graph",
+    "register_lowering",
+    "supported_ops",
+]

@@ -1,0 +1,60 @@
+"""Tensor creation: full/zeros/ones/empty/scalar_tensor/arange/iota. Shapes and dtypes come from the
+node's output metadata, which torch has already computed (default dtypes included)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from .registry import register_lowering
+from .semantics import out_dtype, out_shape
+
+aten = torch.ops.aten
+
+
+@register_lowering(aten.full.default, aten.new_full)
+def full(*args, **kwargs):
+    fill = args[-1]
+    return jnp.full(out_shape(), fill, out_dtype())
+
+
+@register_lowering(aten.scalar_tensor)
+def scalar_tensor(value, **kwargs):
+    return jnp.asarray(value, out_dtype())
+
+
+@register_lowering(aten.zeros.default, aten.new_zeros, aten.zeros_like)
+def zeros(*args, **kwargs):
+    return jnp.zeros(out_shape(), out_dtype())
+
+
+@register_lowering(aten.ones.default, aten.new_ones, aten.ones_like)
+def ones(*args, **kwargs):
+    return jnp.ones(out_shape(), out_dtype())
+
+
+@register_lowering(aten.empty.memory_format, aten.new_empty, aten.empty_like, aten.empty_strided)
+def empty(*args, **kwargs):
+    # Uninitialized memory has no defined value; zeros is one valid choice and keeps runs deterministic.
+    return jnp.zeros(out_shape(), out_dtype())
+
+
+@register_lowering(aten.full_like)
+def full_like(x, fill_value, **kwargs):
+    return jnp.full(out_shape(), fill_value, out_dtype())
+
+
+@register_lowering(aten.arange.start_step, aten.arange.default, aten.arange.start)
+def arange(*args, **kwargs):
+    if len(args) == 1:
+        start, step = 0, 1
+    else:
+        start, step = args[0], args[2] if len(args) > 2 else kwargs.get("step", 1)
+    (n,) = out_shape()
+    dtype = out_dtype()
+    if jnp.issubdtype(dtype, jnp.integer):
+        return lax.iota(dtype, n) * jnp.asarray(step, dtype) + jnp.asarray(start, dtype)
+    # Match eager: start + i * step computed in double precision, then rounded.
+    idx = lax.iota(jnp.float64, n)
+    return (jnp.asarray(start, jnp.float64) + idx * jnp.asarray(step, jnp.float64)).astype(dtype)

@@ -1,0 +1,285 @@
+"""Walks an aten FX graph, calls each node's lowering inside ``jax.jit(...).lower``, and yields the
+StableHLO module of the whole graph.
+
+Every node that cannot be lowered is collected (a placeholder value of the right shape keeps the trace
+going) and, after the walk, all of them are raised in ONE ``NeuronUnsupportedOpError``.
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+from torch._ops import OpOverload
+
+from ..errors import NeuronUnsupportedOpError, UnsupportedNode
+from . import provenance
+from .registry import _CURRENT, NodeContext, Unsupported, lowering_for
+from .semantics import jax_dtype
+
+UNSUPPORTED_TENSOR_KINDS = "sparse, nested, complex or quantized"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype of one graph input or output, as torch sees it."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass
+class OutputSpec:
+    """How to produce graph output i at run time: tensor number ``index`` of the executable, or a constant."""
+
+    kind: str  # "tensor" | "const"
+    index: int = -1
+    value: Any = None
+    spec: TensorSpec | None = None
+    duplicate_of: int | None = None
+
+
+@dataclass
+class LoweredGraph:
+    """The StableHLO module of one FX graph plus what the runtime needs to call it."""
+
+    name: str
+    lowered: Any  # jax.stages.Lowered
+    inputs: list[TensorSpec | Any]  # a TensorSpec, or a static Python value baked into the graph
+    outputs: list[OutputSpec]
+    downcast_float64: bool = False
+    num_ops: int = 0
+    op_counts: dict[str, int] = field(default_factory=dict)
+
+    def stablehlo(self, debug_info: bool = False) -> str:
+        return self.lowered.as_text(debug_info=debug_info)
+
+
+def _is_supported_tensor(t: torch.Tensor) -> str | None:
+    if t.is_sparse or t.layout not in (torch.strided,):
+        return f"{t.layout} layout"
+    if getattr(t, "is_nested", False):
+        return "nested tensor"
+    if t.is_complex():
+        return "complex dtype"
+    if t.is_quantized:
+        return "quantized tensor"
+    try:
+        jax_dtype(t.dtype)
+    except Unsupported as e:
+        return str(e)
+    return None
+
+
+def _spec_of(value: Any) -> TensorSpec | Any:
+    if isinstance(value, torch.Tensor):
+        return TensorSpec(tuple(int(s) for s in value.shape), value.dtype)
+    return value
+
+
+def _meta_structs(val: Any) -> Any:
+    """Placeholder jax values (zeros) shaped like a node's output, to keep tracing after a failure."""
+    if isinstance(val, torch.Tensor):
+        try:
+            dtype = jax_dtype(val.dtype)
+        except Unsupported:
+            dtype = jnp.float32
+        return jnp.zeros(tuple(int(s) for s in val.shape), dtype)
+    if isinstance(val, (tuple, list)):
+        return type(val)(_meta_structs(v) for v in val)
+    return val
+
+
+def _check_against_meta(node: torch.fx.Node, result: Any) -> str | None:
+    """A lowering must produce exactly the shape and dtype torch computed; anything else is our bug."""
+    val = node.meta.get("val")
+    pairs = []
+    if isinstance(val, torch.Tensor):
+        pairs = [(val, result)]
+    elif isinstance(val, (tuple, list)) and isinstance(result, (tuple, list)):
+        pairs = [(v, r) for v, r in zip(val, result) if isinstance(v, torch.Tensor)]
+    for v, r in pairs:
+        if r is None or not hasattr(r, "shape"):
+            return f"lowering produced {r!r} where torch produces a tensor"
+        want_shape = tuple(int(s) for s in v.shape)
+        want_dtype = jnp.dtype(jax_dtype(v.dtype))
+        if tuple(r.shape) != want_shape or jnp.dtype(r.dtype) != want_dtype:
+            return (
+                f"internal lowering error: produced {jnp.dtype(r.dtype)}{list(r.shape)}, "
+                f"torch produces {want_dtype}{list(want_shape)}"
+            )
+    return None
+
+
+class _GraphTracer:
+    def __init__(self, name: str, target: str) -> None:
+        self.name = name
+        self.target = target
+        self.failures: list[UnsupportedNode] = []
+        self.op_counts: dict[str, int] = {}
+
+    def fail(self, node: torch.fx.Node, reason: str) -> None:
+        self.failures.append(
+            UnsupportedNode(
+                op=provenance.op_name(node),
+                inputs=provenance.describe_inputs(node),
+                source=provenance.user_source(node),
+                reason=reason,
+            )
+        )
+
+    def run(self, gm: torch.fx.GraphModule, args: list[Any]) -> list[Any]:
+        env: dict[torch.fx.Node, Any] = {}
+        arg_iter = iter(args)
+        for node in gm.graph.nodes:
+            if node.op == "placeholder":
+                env[node] = next(arg_iter)
+            elif node.op == "get_attr":
+                env[node] = getattr(gm, node.target)
+            elif node.op == "call_function":
+                env[node] = self.call(gm, node, env)
+            elif node.op == "output":
+                return list(torch.fx.node.map_arg(node.args[0], lambda n: env[n]))
+            else:
+                self.fail(node, f"FX node kind '{node.op}' is not supported")
+                env[node] = _meta_structs(node.meta.get("val"))
+        raise AssertionError("graph without output node")
+
+    def call(self, gm: torch.fx.GraphModule, node: torch.fx.Node, env: dict) -> Any:
+        args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+        kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+        if node.target is operator.getitem:
+            return args[0][args[1]]
+        if node.target is torch.ops.higher_order.invoke_subgraph:
+            # nested_compile_region: inline the subgraph; its nodes keep their own provenance.
+            subgraph, _identifier, *operands = args
+            with jax.named_scope(f"invoke_subgraph.{_identifier}"):
+                return tuple(self.run(subgraph, list(operands)))
+        name = provenance.op_name(node)
+        self.op_counts[name] = self.op_counts.get(name, 0) + 1
+        bad_kind = self._bad_tensor_kind(node)
+        if bad_kind:
+            self.fail(node, f"unsupported tensor kind: {bad_kind}")
+            return _meta_structs(node.meta.get("val"))
+        lowering = lowering_for(node.target)
+        if lowering is None:
+            reason = "no lowering for this op" if isinstance(node.target, OpOverload) else "not an aten op"
+            self.fail(node, reason)
+            return _meta_structs(node.meta.get("val"))
+        token = _CURRENT.set(NodeContext(node, self.target))
+        try:
+            with jax.named_scope(provenance.scope_name(node)):
+                result = lowering(*args, **kwargs)
+        except Unsupported as e:
+            self.fail(node, str(e))
+            return _meta_structs(node.meta.get("val"))
+        finally:
+            _CURRENT.reset(token)
+        mismatch = _check_against_meta(node, result)
+        if mismatch:
+            self.fail(node, mismatch)
+            return _meta_structs(node.meta.get("val"))
+        return result
+
+    @staticmethod
+    def _bad_tensor_kind(node: torch.fx.Node) -> str | None:
+        vals = [a.meta.get("val") for a in node.all_input_nodes] + [node.meta.get("val")]
+        for v in vals:
+            for t in v if isinstance(v, (tuple, list)) else [v]:
+                if isinstance(t, torch.Tensor):
+                    problem = _is_supported_tensor(t)
+                    if problem:
+                        return problem
+        return None
+
+
+def lower_graph(
+    gm: torch.fx.GraphModule, example_inputs: list[Any], name: str, target: str = "cpu"
+) -> LoweredGraph:
+    """Lower ``gm`` (an aten graph from AOTAutograd) to one StableHLO module.
+
+    Raises ``NeuronUnsupportedOpError`` listing every node that cannot be lowered.
+    """
+    input_specs = [_spec_of(x) for x in example_inputs]
+    tensor_positions = [i for i, s in enumerate(input_specs) if isinstance(s, TensorSpec)]
+    tracer = _GraphTracer(name, target)
+    failures_before_trace: list[UnsupportedNode] = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, value in zip(placeholders, example_inputs):
+        if isinstance(value, torch.Tensor):
+            problem = _is_supported_tensor(value)
+            if problem:
+                failures_before_trace.append(
+                    UnsupportedNode(
+                        op=f"input '{node.name}'",
+                        inputs=f"{value.dtype}{list(value.shape)}",
+                        source=provenance.user_source(node),
+                        reason=f"unsupported tensor kind: {problem}",
+                    )
+                )
+    if failures_before_trace:
+        raise NeuronUnsupportedOpError(name, failures_before_trace)
+
+    output_plan: list[OutputSpec] = []
+
+    def traced(*arrays: Any) -> tuple[Any, ...]:
+        full_args = list(input_specs)
+        for pos, arr in zip(tensor_positions, arrays):
+            full_args[pos] = arr
+        results = tracer.run(gm, full_args)
+        output_plan.clear()
+        tensors: list[Any] = []
+        seen: dict[int, int] = {}
+        for r in results:
+            if r is None or isinstance(r, (int, float, bool)):
+                output_plan.append(OutputSpec("const", value=r))
+                continue
+            spec = TensorSpec(tuple(int(s) for s in r.shape), torch_dtype_of(r))
+            if id(r) in seen:
+                output_plan.append(OutputSpec("tensor", seen[id(r)], spec=spec, duplicate_of=seen[id(r)]))
+                continue
+            seen[id(r)] = len(tensors)
+            output_plan.append(OutputSpec("tensor", len(tensors), spec=spec))
+            tensors.append(r)
+        return tuple(tensors)
+
+    structs = [
+        jax.ShapeDtypeStruct(input_specs[i].shape, jax_dtype(input_specs[i].dtype)) for i in tensor_positions
+    ]
+    with jax.enable_x64(True), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # jax's own dtype-truncation chatter
+        lowered = jax.jit(traced).lower(*structs)
+    if tracer.failures:
+        raise NeuronUnsupportedOpError(name, tracer.failures)
+
+    # Output dtypes as torch declares them (float64 stays float64 for the user).
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    metas = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in out_node.args[0]]
+    for spec, meta in zip(output_plan, metas):
+        if spec.kind == "tensor" and isinstance(meta, torch.Tensor):
+            spec.spec = TensorSpec(spec.spec.shape, meta.dtype)
+    downcast = any(isinstance(s, TensorSpec) and s.dtype == torch.float64 for s in input_specs) or any(
+        isinstance(t, torch.Tensor) and t.dtype == torch.float64
+        for n in gm.graph.nodes
+        for t in (n.meta.get("val") if isinstance(n.meta.get("val"), (tuple, list)) else [n.meta.get("val")])
+    )
+    return LoweredGraph(
+        name=name,
+        lowered=lowered,
+        inputs=input_specs,
+        outputs=output_plan,
+        downcast_float64=downcast,
+        num_ops=sum(tracer.op_counts.values()),
+        op_counts=tracer.op_counts,
+    )
+
+
+def torch_dtype_of(array: Any) -> torch.dtype:
+    from .semantics import torch_dtype
+
+    return torch_dtype(array.dtype)

@@ -1,0 +1,62 @@
+"""Where a graph node came from: its aten op, input shapes/dtypes and the user's source line.
+
+The same strings name nodes in errors and, through jax named scopes, in the StableHLO locations, so
+a complaint about any HLO op can be mapped back to user code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import torch
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def op_name(node: torch.fx.Node) -> str:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target)
+    return getattr(target, "__name__", str(target))
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.fx.Node):
+        value = value.meta.get("val", value.meta.get("example_value"))
+    if isinstance(value, torch.Tensor):
+        layout = "" if value.layout == torch.strided else f"{value.layout} "
+        return f"{layout}{str(value.dtype).replace('torch.', '')}{list(value.shape)}"
+    if isinstance(value, (list, tuple)):
+        inner = ", ".join(_describe(v) for v in value)
+        return f"[{inner}]"
+    return repr(value)
+
+
+def describe_inputs(node: torch.fx.Node) -> str:
+    parts = [_describe(a) for a in node.args]
+    parts += [f"{k}={_describe(v)}" for k, v in node.kwargs.items()]
+    return ", ".join(parts)
+
+
+def user_frame(node: torch.fx.Node) -> tuple[str, int] | None:
+    """(file, line) of the innermost user frame that produced ``node``, if Dynamo recorded it."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = _FRAME.findall(trace)
+    if not frames:
+        return None
+    path, line = frames[-1]
+    return path, int(line)
+
+
+def user_source(node: torch.fx.Node) -> str:
+    frame = user_frame(node)
+    return f"{frame[0]}:{frame[1]}" if frame else "<unknown source line>"
+
+
+def scope_name(node: torch.fx.Node) -> str:
+    """A jax named-scope label: ``aten.gelu.default#gelu@model.py:42`` ('/' would split the scope)."""
+    frame = user_frame(node)
+    where = f"@{os.path.basename(frame[0])}:{frame[1]}" if frame else ""
+    return f"{op_name(node)}#{node.name}{where}"

@@ -1,0 +1,119 @@
+"""Reductions: sum, mean, prod, amax/amin, max/min with indices, argmax/argmin, var/std, any/all.
+
+Accumulation follows eager: low-precision floats accumulate in float32, integer/bool sums in int64.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from .registry import register_lowering
+from .semantics import convert, is_float, out_dtype
+
+aten = torch.ops.aten
+
+
+def _axes(x, dim) -> tuple[int, ...]:
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return tuple(range(x.ndim))
+    if isinstance(dim, int):
+        dim = [dim]
+    return tuple(sorted({d % x.ndim if x.ndim else 0 for d in dim})) if x.ndim else ()
+
+
+def _acc_dtype(dtype):
+    if is_float(dtype):
+        return jnp.float32 if jnp.dtype(dtype).itemsize < 4 else dtype
+    return jnp.int64
+
+
+@register_lowering(aten.sum.dim_IntList, aten.sum.default)
+def sum_(x, dim=None, keepdim=False, *, dtype=None):
+    result = out_dtype()
+    acc = _acc_dtype(result)
+    return convert(jnp.sum(convert(x, acc), axis=_axes(x, dim), keepdims=keepdim), result)
+
+
+@register_lowering(aten.mean.dim, aten.mean.default)
+def mean(x, dim=None, keepdim=False, *, dtype=None):
+    result = out_dtype()
+    acc = _acc_dtype(result)
+    return convert(jnp.mean(convert(x, acc), axis=_axes(x, dim), keepdims=keepdim), result)
+
+
+@register_lowering(aten.prod.dim_int, aten.prod.default)
+def prod(x, dim=None, keepdim=False, *, dtype=None):
+    result = out_dtype()
+    return convert(jnp.prod(convert(x, _acc_dtype(result)), axis=_axes(x, dim), keepdims=keepdim), result)
+
+
+@register_lowering(aten.amax)
+def amax(x, dim=(), keepdim=False):
+    return jnp.max(x, axis=_axes(x, dim), keepdims=keepdim)
+
+
+@register_lowering(aten.amin)
+def amin(x, dim=(), keepdim=False):
+    return jnp.min(x, axis=_axes(x, dim), keepdims=keepdim)
+
+
+@register_lowering(aten.argmax)
+def argmax(x, dim=None, keepdim=False):
+    if dim is None:
+        return jnp.argmax(jnp.reshape(x, (-1,)), keepdims=False).astype(jnp.int64).reshape(
+            (1,) * x.ndim if keepdim else ()
+        )
+    return jnp.argmax(x, axis=dim % max(x.ndim, 1), keepdims=keepdim).astype(jnp.int64)
+
+
+@register_lowering(aten.argmin)
+def argmin(x, dim=None, keepdim=False):
+    if dim is None:
+        return jnp.argmin(jnp.reshape(x, (-1,)), keepdims=False).astype(jnp.int64).reshape(
+            (1,) * x.ndim if keepdim else ()
+        )
+    return jnp.argmin(x, axis=dim % max(x.ndim, 1), keepdims=keepdim).astype(jnp.int64)
+
+
+@register_lowering(aten.max.dim)
+def max_dim(x, dim, keepdim=False):
+    return amax(x, [dim], keepdim), argmax(x, dim, keepdim)
+
+
+@register_lowering(aten.min.dim)
+def min_dim(x, dim, keepdim=False):
+    return amin(x, [dim], keepdim), argmin(x, dim, keepdim)
+
+
+@register_lowering(aten.max.default)
+def max_all(x):
+    return jnp.max(x)
+
+
+@register_lowering(aten.min.default)
+def min_all(x):
+    return jnp.min(x)
+
+
+@register_lowering(aten.var.correction, aten.var.dim)
+def var(x, dim=None, *, correction=None, keepdim=False, unbiased=None):
+    result = out_dtype()
+    ddof = 1 if correction is None else correction
+    return convert(jnp.var(convert(x, _acc_dtype(result)), axis=_axes(x, dim), ddof=ddof, keepdims=keepdim), result)
+
+
+@register_lowering(aten.var_mean.correction)
+def var_mean(x, dim=None, *, correction=None, keepdim=False):
+    return var(x, dim, correction=correction, keepdim=keepdim), mean(x, dim, keepdim)
+
+
+@register_lowering(aten.any.dim, aten.any.default, aten.any.dims)
+def any_(x, dim=None, keepdim=False):
+    return jnp.any(x != 0 if x.dtype != jnp.bool_ else x, axis=_axes(x, dim), keepdims=keepdim)
+
+
+@register_lowering(aten.all.dim, aten.all.default, aten.all.dims)
+def all_(x, dim=None, keepdim=False):
+    return jnp.all(x != 0 if x.dtype != jnp.bool_ else x, axis=_axes(x, dim), keepdims=keepdim)

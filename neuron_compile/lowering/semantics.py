@@ -1,0 +1,141 @@
+"""Torch semantics shared by all lowerings, handled once: dtypes, type promotion, broadcasting.
+
+Device policy (as on Trainium): float64 is computed as float32; int64 stays exact (the graph is traced
+with jax x64 enabled); complex, quantized and float8 variants the device lacks are refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+from .registry import Unsupported, current, register_lowering
+
+Promotion = ELEMENTWISE_TYPE_PROMOTION_KIND
+
+_TORCH_TO_JAX: dict[torch.dtype, Any] = {
+    torch.float32: jnp.float32,
+    torch.float64: jnp.float32,  # computed as float32, as on the device
+    torch.float16: jnp.float16,
+    torch.bfloat16: jnp.bfloat16,
+    torch.int8: jnp.int8,
+    torch.uint8: jnp.uint8,
+    torch.int16: jnp.int16,
+    torch.int32: jnp.int32,
+    torch.int64: jnp.int64,
+    torch.bool: jnp.bool_,
+    torch.uint16: jnp.uint16,
+    torch.uint32: jnp.uint32,
+    torch.float8_e4m3fn: jnp.float8_e4m3fn,
+    torch.float8_e5m2: jnp.float8_e5m2,
+}
+_JAX_TO_TORCH: dict[Any, torch.dtype] = {
+    np.dtype(v): k for k, v in _TORCH_TO_JAX.items() if k is not torch.float64
+}
+
+
+def jax_dtype(dtype: torch.dtype) -> Any:
+    """The jax dtype that computes torch ``dtype`` on the device (float64 -> float32)."""
+    try:
+        return _TORCH_TO_JAX[dtype]
+    except KeyError:
+        raise Unsupported(f"dtype {dtype} is not supported by the Neuron compiler") from None
+
+
+def torch_dtype(dtype: Any) -> torch.dtype:
+    return _JAX_TO_TORCH[np.dtype(dtype)]
+
+
+def out_dtype(index: int | None = None) -> Any:
+    """The jax dtype of the current node's output (or of output ``index`` for multi-output nodes)."""
+    out = current().out
+    if index is not None:
+        out = out[index]
+    return jax_dtype(out.dtype)
+
+
+def out_shape(index: int | None = None) -> tuple[int, ...]:
+    out = current().out
+    if index is not None:
+        out = out[index]
+    return tuple(int(s) for s in out.shape)
+
+
+def is_array(x: Any) -> bool:
+    return hasattr(x, "dtype") and hasattr(x, "shape") and not isinstance(x, (np.generic,))
+
+
+def _torch_like(x: Any) -> Any:
+    """A tiny torch tensor with the dtype and rank of ``x`` (promotion depends on both), or the scalar."""
+    if is_array(x):
+        return torch.empty((1,) * x.ndim, dtype=torch_dtype(x.dtype))
+    return x
+
+
+def promote_types(args: Sequence[Any], kind: Promotion) -> tuple[Any, Any]:
+    """(computation dtype, result dtype) of torch's elementwise promotion, as jax dtypes."""
+    likes = [_torch_like(a) for a in args if a is not None]
+    compute, result = elementwise_dtypes(*likes, type_promotion_kind=kind)
+    return jax_dtype(compute), jax_dtype(result)
+
+
+def convert(x: Any, dtype: Any) -> Any:
+    """``x`` (array or Python scalar) as an array of ``dtype``."""
+    if is_array(x):
+        return x if x.dtype == dtype else lax.convert_element_type(x, dtype)
+    return jnp.asarray(x, dtype=dtype)
+
+
+def broadcast(*xs: Any) -> list[Any]:
+    """Broadcast arrays to their common shape with torch/numpy rules (scalars stay scalars)."""
+    shapes = [x.shape for x in xs if is_array(x)]
+    shape = tuple(np.broadcast_shapes(*shapes)) if shapes else ()
+    out = []
+    for x in xs:
+        if is_array(x) and tuple(x.shape) != shape:
+            dims = tuple(range(len(shape) - x.ndim, len(shape)))
+            x = lax.broadcast_in_dim(x, shape, dims)
+        out.append(x)
+    return out
+
+
+def is_float(dtype: Any) -> bool:
+    return jnp.issubdtype(dtype, jnp.floating)
+
+
+def is_integer(dtype: Any) -> bool:
+    return jnp.issubdtype(dtype, jnp.integer)
+
+
+def register_pointwise(
+    *ops: Any,
+    promotion: Promotion = Promotion.DEFAULT,
+    compute_in_result: bool = False,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register an elementwise lowering written for same-dtype, same-shape jax arrays.
+
+    Arguments are promoted with torch's rules (``promotion``), converted to the computation dtype
+    (float32 for bfloat16/float16 inputs, as eager's opmath does), broadcast, and the result is
+    converted to the result dtype. Keyword arguments are passed through unchanged.
+    """
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def lower(*args: Any, **kwargs: Any) -> Any:
+            compute, result = promote_types(args, promotion)
+            if compute_in_result:
+                compute = result
+            arrays = broadcast(*[convert(a, compute) if a is not None else None for a in args])
+            out = fn(*arrays, **kwargs)
+            if promotion is Promotion.ALWAYS_BOOL:
+                return convert(out, jnp.bool_)
+            return convert(out, result)
+
+        register_lowering(*ops)(lower)
+        return fn
+
+    return decorate

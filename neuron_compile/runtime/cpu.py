@@ -1,0 +1,26 @@
+"""The CPU target: XLA CPU runs the very StableHLO module that neuronx-cc would take."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import jax_adapter
+
+
+class CpuTarget:
+    name = "cpu"
+
+    def compile(self, stablehlo: str) -> Any:
+        return jax_adapter.compile_stablehlo(stablehlo)
+
+    def serialize(self, executable: Any) -> bytes:
+        return jax_adapter.serialize_executable(executable)
+
+    def deserialize(self, blob: bytes) -> Any:
+        return jax_adapter.deserialize_executable(blob)
+
+    def version(self) -> str:
+        import jax
+        import jaxlib
+
+        return f"jax-{jax.__version__}/jaxlib-{jaxlib.__version__}/xla-cpu"

@@ -1,0 +1,37 @@
+"""Counters of what the backend did in this process (graphs compiled, ops lowered, compile time)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GraphRecord:
+    name: str
+    kind: str  # "forward" | "backward" | "inference"
+    num_ops: int
+    lower_seconds: float
+    compile_seconds: float
+    cache: str  # "miss" | "hit" | "off"
+
+
+@dataclass
+class Stats:
+    graphs: list[GraphRecord] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def record(self, rec: GraphRecord) -> None:
+        with self._lock:
+            self.graphs.append(rec)
+
+    def count(self, kind: str | None = None) -> int:
+        return sum(1 for g in self.graphs if kind is None or g.kind == kind)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.graphs.clear()
+
+
+#: Process-wide record of compiled graphs. ``neuron_compile.stats.STATS.count("backward")`` etc.
+STATS = Stats()
