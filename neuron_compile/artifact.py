@@ -17,6 +17,7 @@ class Artifact:
     inputs: list[Any]
     outputs: list[Any]
     downcast_float64: bool
+    needs_rng_seed: bool
     num_ops: int
     lower_seconds: float
     compile_seconds: float

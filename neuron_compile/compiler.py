@@ -58,6 +58,7 @@ def build_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Op
         inputs=lowered.inputs,
         outputs=lowered.outputs,
         downcast_float64=lowered.downcast_float64,
+        needs_rng_seed=lowered.needs_rng_seed,
         num_ops=lowered.num_ops,
         lower_seconds=t1 - t0,
         compile_seconds=t2 - t1,
@@ -84,4 +85,4 @@ def compile_graph(
         GraphRecord(name, kind, artifact.num_ops, artifact.lower_seconds, artifact.compile_seconds, cache_state)
     )
     log.info("neuron: %s %s (%d ops, cache %s) in %.3fs", kind, name, artifact.num_ops, cache_state, elapsed)
-    return CompiledGraph(name, executable, artifact.inputs, artifact.outputs)
+    return CompiledGraph(name, executable, artifact.inputs, artifact.outputs, artifact.needs_rng_seed)

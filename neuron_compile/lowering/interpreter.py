@@ -53,6 +53,8 @@ class LoweredGraph:
     inputs: list[TensorSpec | Any]  # a TensorSpec, or a static Python value baked into the graph
     outputs: list[OutputSpec]
     downcast_float64: bool = False
+    #: The executable takes one more input after the graph's tensors: a fresh int32[2] seed per call.
+    needs_rng_seed: bool = False
     num_ops: int = 0
     op_counts: dict[str, int] = field(default_factory=dict)
 
@@ -122,6 +124,19 @@ class _GraphTracer:
         self.target = target
         self.failures: list[UnsupportedNode] = []
         self.op_counts: dict[str, int] = {}
+        self.seed: Any = None  # the traced seed parameter
+        self.used_rng = False
+        self._node_index: dict[torch.fx.Node, int] = {}
+
+    def seed_for(self, node: torch.fx.Node) -> Any:
+        import jax.numpy as jnp
+        from jax import lax
+
+        self.used_rng = True
+        index = self._node_index.setdefault(node, len(self._node_index) + 1)
+        seed = lax.bitcast_convert_type(self.seed, jnp.uint32)
+        # Distinct streams per node: mix the node's ordinal into the second word.
+        return seed.at[1].set(seed[1] ^ jnp.uint32((index * 0x9E3779B9) & 0xFFFFFFFF))
 
     def fail(self, node: torch.fx.Node, reason: str) -> None:
         self.failures.append(
@@ -171,7 +186,7 @@ class _GraphTracer:
             reason = "no lowering for this op" if isinstance(node.target, OpOverload) else "not an aten op"
             self.fail(node, reason)
             return _meta_structs(node.meta.get("val"))
-        token = _CURRENT.set(NodeContext(node, self.target))
+        token = _CURRENT.set(NodeContext(node, self.target, self.seed_for))
         try:
             with jax.named_scope(provenance.scope_name(node)):
                 result = lowering(*args, **kwargs)
@@ -228,6 +243,7 @@ def lower_graph(
     output_plan: list[OutputSpec] = []
 
     def traced(*arrays: Any) -> tuple[Any, ...]:
+        *arrays, tracer.seed = arrays
         full_args = list(input_specs)
         for pos, arr in zip(tensor_positions, arrays):
             full_args[pos] = arr
@@ -251,9 +267,11 @@ def lower_graph(
     structs = [
         jax.ShapeDtypeStruct(input_specs[i].shape, jax_dtype(input_specs[i].dtype)) for i in tensor_positions
     ]
+    structs.append(jax.ShapeDtypeStruct((2,), jnp.int32))  # the per-call RNG seed
     with jax.enable_x64(True), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # jax's own dtype-truncation chatter
-        lowered = jax.jit(traced).lower(*structs)
+        # keep_unused: the runtime passes every input positionally, so none may be pruned.
+        lowered = jax.jit(traced, keep_unused=True).lower(*structs)
     if tracer.failures:
         raise NeuronUnsupportedOpError(name, tracer.failures)
 
@@ -274,6 +292,7 @@ def lower_graph(
         inputs=input_specs,
         outputs=output_plan,
         downcast_float64=downcast,
+        needs_rng_seed=tracer.used_rng,
         num_ops=sum(tracer.op_counts.values()),
         op_counts=tracer.op_counts,
     )

@@ -35,6 +35,16 @@ class NodeContext:
     #: "cpu" or "neuron": lowerings with a device-only form (AwsNeuron* custom calls) choose by it.
     target: str = "cpu"
 
+    #: Called by random ops: returns this node's uint32[2] seed, fresh on every call of the graph.
+    seed_source: Any = None
+
+    def rng_seed(self) -> Any:
+        """A uint32[2] jax value, different per node and per call, derived from torch's default
+        generator (so ``torch.manual_seed`` makes compiled random ops reproducible)."""
+        if self.seed_source is None:
+            raise Unsupported("random ops are not available in this graph")
+        return self.seed_source(self.node)
+
     @property
     def out(self) -> Any:
         """The node's FakeTensor output (or tuple of them), as computed by AOTAutograd."""

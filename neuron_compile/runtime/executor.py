@@ -13,7 +13,9 @@ from . import jax_adapter
 class CompiledGraph:
     """A boxed callable (``args`` list in, list out) as AOTAutograd expects of a compiler."""
 
-    def __init__(self, name: str, executable: Any, inputs: list[Any], outputs: list[OutputSpec]) -> None:
+    def __init__(
+        self, name: str, executable: Any, inputs: list[Any], outputs: list[OutputSpec], needs_rng_seed: bool
+    ) -> None:
         # An instance attribute, so that functools.wraps (used by Dynamo's disable) carries it over.
         self._boxed_call = True
         self.name = name
@@ -22,7 +24,17 @@ class CompiledGraph:
         self.outputs = outputs
         self.tensor_positions = [i for i, s in enumerate(inputs) if isinstance(s, TensorSpec)]
         self.float64_inputs = {i for i in self.tensor_positions if inputs[i].dtype == torch.float64}
+        self.needs_rng_seed = needs_rng_seed
+        self._no_seed: torch.Tensor | None = None  # made at first call: compile time runs under FakeTensorMode
         self.calls = 0
+
+    def _seed(self) -> Any:
+        if not self.needs_rng_seed:
+            if self._no_seed is None:
+                self._no_seed = torch.zeros(2, dtype=torch.int32)
+            return jax_adapter.torch_to_device(self._no_seed)
+        # Drawn from torch's default generator: torch.manual_seed makes compiled random ops reproducible.
+        return jax_adapter.torch_to_device(torch.randint(-(2**31), 2**31 - 1, (2,), dtype=torch.int32))
 
     def _to_device(self, i: int, t: torch.Tensor) -> Any:
         if i in self.float64_inputs:
@@ -33,6 +45,7 @@ class CompiledGraph:
     def __call__(self, args: list[Any]) -> list[Any]:
         self.calls += 1
         buffers = [self._to_device(i, args[i]) for i in self.tensor_positions]
+        buffers.append(self._seed())
         args.clear()  # boxed convention: let the caller's inputs be freed as early as possible
         results = jax_adapter.execute(self.executable, buffers)
         del buffers
