@@ -15,7 +15,7 @@ from torch._dynamo.backends.common import aot_autograd
 
 from .compiler import compile_graph
 from .decompositions import decomposition_table
-from .graph_checks import check_static_shapes, refuse_silent_eager_fallback, warn_mode
+from .graph_checks import check_static_shapes, check_tensor_kinds, refuse_silent_eager_fallback, warn_mode
 from .lowering.attention import rewrite_sdpa
 from .options import Options
 
@@ -33,6 +33,7 @@ def neuron_backend(
     opts = Options.from_user(options)
     warn_mode(mode)
     refuse_silent_eager_fallback(opts.allow_eager_fallback)
+    check_tensor_kinds(gm, example_inputs)
     check_static_shapes(gm, example_inputs)
     rewrite_sdpa(gm)
     graph_id = next(_graph_ids)

@@ -62,11 +62,12 @@ class LoweredGraph:
         return self.lowered.as_text(debug_info=debug_info)
 
 
-def _is_supported_tensor(t: torch.Tensor) -> str | None:
-    if t.is_sparse or t.layout not in (torch.strided,):
-        return f"{t.layout} layout"
+def unsupported_tensor_kind(t: torch.Tensor) -> str | None:
+    """Why ``t`` cannot be compiled (sparse, nested, complex, quantized, odd dtype), or None."""
     if getattr(t, "is_nested", False):
         return "nested tensor"
+    if t.is_sparse or t.layout not in (torch.strided,):
+        return f"{t.layout} layout"
     if t.is_complex():
         return "complex dtype"
     if t.is_quantized:
@@ -207,7 +208,7 @@ class _GraphTracer:
         for v in vals:
             for t in v if isinstance(v, (tuple, list)) else [v]:
                 if isinstance(t, torch.Tensor):
-                    problem = _is_supported_tensor(t)
+                    problem = unsupported_tensor_kind(t)
                     if problem:
                         return problem
         return None
@@ -227,7 +228,7 @@ def lower_graph(
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node, value in zip(placeholders, example_inputs):
         if isinstance(value, torch.Tensor):
-            problem = _is_supported_tensor(value)
+            problem = unsupported_tensor_kind(value)
             if problem:
                 failures_before_trace.append(
                     UnsupportedNode(

@@ -1,1 +1,80 @@
-"""placeholder"""
+"""Matrix products: mm, bmm, addmm, addmv (matmul/mv/dot/baddbmm reach us decomposed into these).
+
+Numerics follow eager CPU: bfloat16/float16 products accumulate in float32 and are rounded once at the
+end (bias included); float32 is computed at full float32 precision (never silently in bf16 passes);
+integer products are exact in their own dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from .registry import Unsupported, register_lowering
+from .semantics import convert, is_float, is_integer, out_dtype
+
+aten = torch.ops.aten
+
+
+def _acc_dtype(dtype: Any) -> Any:
+    """The dtype products accumulate in: float32 for 16-bit floats, the dtype itself otherwise."""
+    if is_float(dtype) and jnp.dtype(dtype).itemsize < 4:
+        return jnp.float32
+    if not (is_float(dtype) or is_integer(dtype)):
+        raise Unsupported(f"matrix product of dtype {jnp.dtype(dtype)}")
+    return dtype
+
+
+def dot(a: Any, b: Any, contract: tuple[int, int], batch: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())) -> Any:
+    """``lax.dot_general`` contracting ``a``'s dim ``contract[0]`` with ``b``'s ``contract[1]``,
+    accumulating in the accumulation dtype of ``a`` (the result stays in that dtype)."""
+    acc = _acc_dtype(a.dtype)
+    precision = lax.Precision.HIGHEST if is_float(a.dtype) else None
+    return lax.dot_general(
+        a,
+        b,
+        (((contract[0],), (contract[1],)), batch),
+        precision=precision,
+        preferred_element_type=acc,
+    )
+
+
+def _scaled(x: Any, factor: Any) -> Any:
+    return x if factor == 1 else lax.mul(x, jnp.asarray(factor, x.dtype))
+
+
+def _add_scaled(product: Any, bias: Any, beta: Any, alpha: Any) -> Any:
+    """``beta * bias + alpha * product`` in the accumulation dtype; beta == 0 ignores ``bias``
+    (NaN/inf included), as torch documents."""
+    out = _scaled(product, alpha)
+    if beta == 0:
+        return out
+    bias = lax.broadcast_in_dim(
+        convert(bias, out.dtype), out.shape, tuple(range(out.ndim - bias.ndim, out.ndim))
+    )
+    return lax.add(_scaled(bias, beta), out)
+
+
+@register_lowering(aten.mm)
+def mm(a, b, out_dtype_arg=None):
+    """mm, and mm.dtype (16-bit inputs, float32 output)."""
+    return convert(dot(a, b, (1, 0)), out_dtype())
+
+
+@register_lowering(aten.bmm)
+def bmm(a, b, out_dtype_arg=None):
+    return convert(dot(a, b, (2, 1), ((0,), (0,))), out_dtype())
+
+
+@register_lowering(aten.addmm)
+def addmm(bias, a, b, *args, beta=1, alpha=1):
+    # addmm.dtype takes out_dtype positionally before the keyword-only beta/alpha.
+    return convert(_add_scaled(dot(a, b, (1, 0)), bias, beta, alpha), out_dtype())
+
+
+@register_lowering(aten.addmv)
+def addmv(bias, mat, vec, *, beta=1, alpha=1):
+    return convert(_add_scaled(dot(mat, vec, (1, 0)), bias, beta, alpha), out_dtype())

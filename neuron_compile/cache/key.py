@@ -1,0 +1,212 @@
+"""The cache key of one AOTAutograd graph: ONE function, ``cache_key``, computes it.
+
+What enters the key, and why:
+- a canonical form of the graph: nodes by position (never by name), op targets by their qualified op
+  name, literal arguments tagged by type, constants (``get_attr`` tensors) by their bytes and nested
+  graph modules by their own canonical form. Node names, ``get_attr`` names, module paths, stack traces
+  and other ``node.meta`` never enter, so identical blocks under different module paths share an entry;
+- every input's dtype, shape, stride, device type and requires_grad (and static Python inputs by value);
+- the options that change the artifact (``Options.cache_relevant``), the target, and versions of torch,
+  neuron_compile (plus a fingerprint of its source, so an edited lowering never reuses an old artifact),
+  jax/jaxlib, and neuronx-cc when the neuron target is used;
+- the user tag ``torch.compiler.config.cache_key_tag``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..options import Options
+
+#: Bumped when the key or entry format changes incompatibly.
+KEY_FORMAT = 1
+
+
+class NotCacheable(Exception):
+    """The graph holds something we cannot key faithfully (a fake constant, a SymInt, an opaque object)."""
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """The key (hex digest) plus a human-readable summary of what went into it (kept in the entry)."""
+
+    digest: str
+    summary: dict[str, Any]
+
+
+def _target_name(target: Any) -> str:
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return str(target)
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"hop.{target.name()}"
+    if isinstance(target, str):  # call_method
+        return target
+    module = getattr(target, "__module__", None)
+    qualname = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    if module is None or qualname is None:
+        raise NotCacheable(f"node target {target!r} has no stable name")
+    return f"{module}.{qualname}"
+
+
+def _tensor_fingerprint(t: torch.Tensor) -> tuple[Any, ...]:
+    """A constant baked into the graph enters the key by value (bytes), not by its attribute name."""
+    if isinstance(t, torch._subclasses.FakeTensor) or t.device.type == "meta":
+        raise NotCacheable("graph holds a constant tensor without data (fake or meta)")
+    flat = t.detach().contiguous().reshape(-1)
+    data = flat.view(torch.uint8) if flat.numel() else flat
+    digest = hashlib.sha256(data.cpu().numpy().tobytes()).hexdigest()
+    return ("tensor", str(t.dtype), tuple(t.shape), tuple(t.stride()), digest)
+
+
+def _canon_value(value: Any, index: dict[torch.fx.Node, int]) -> Any:
+    # bool before int: True == 1 would otherwise collide.
+    if isinstance(value, torch.fx.Node):
+        return ("n", index[value])
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int):
+        return ("i", value)
+    if isinstance(value, float):
+        return ("f", value.hex())
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_canon_value(v, index) for v in value))
+    if isinstance(value, dict):
+        return ("dict", tuple((str(k), _canon_value(v, index)) for k, v in sorted(value.items())))
+    if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return (type(value).__name__, str(value))
+    if isinstance(value, slice):
+        return ("slice", _canon_value((value.start, value.stop, value.step), index))
+    if value is Ellipsis:
+        return ("...",)
+    if isinstance(value, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator)):
+        return ("op", _target_name(value))
+    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+        raise NotCacheable("graph holds a symbolic size")
+    if isinstance(value, torch.Tensor):
+        return _tensor_fingerprint(value)
+    raise NotCacheable(f"graph argument of type {type(value).__name__} has no canonical form")
+
+
+def _resolve_attr(gm: torch.nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def canonical_graph(gm: torch.fx.GraphModule) -> tuple[Any, ...]:
+    """The graph as a nested tuple of primitives: equal for graphs that compute the same thing."""
+    index: dict[torch.fx.Node, int] = {}
+    rows: list[Any] = []
+    for i, node in enumerate(gm.graph.nodes):
+        index[node] = i
+        if node.op == "placeholder":
+            rows.append(("p",))
+        elif node.op == "get_attr":
+            obj = _resolve_attr(gm, node.target)
+            if isinstance(obj, torch.fx.GraphModule):
+                rows.append(("a", canonical_graph(obj)))
+            elif isinstance(obj, torch.Tensor):
+                rows.append(("a", _tensor_fingerprint(obj)))
+            else:
+                raise NotCacheable(f"get_attr of {type(obj).__name__}")
+        elif node.op in ("call_function", "call_method"):
+            rows.append(
+                (node.op[5], _target_name(node.target), _canon_value(node.args, index), _canon_value(node.kwargs, index))
+            )
+        elif node.op == "call_module":
+            sub = _resolve_attr(gm, node.target)
+            if not isinstance(sub, torch.fx.GraphModule):
+                raise NotCacheable(f"call_module of {type(sub).__name__}")
+            rows.append(("c", canonical_graph(sub), _canon_value(node.args, index), _canon_value(node.kwargs, index)))
+        elif node.op == "output":
+            rows.append(("o", _canon_value(node.args, index)))
+        else:
+            raise NotCacheable(f"unknown node kind {node.op}")
+    return tuple(rows)
+
+
+def input_signature(example_inputs: list[Any]) -> list[str]:
+    """One readable string per graph input, e.g. ``float32[4, 8] stride=(8, 1) cpu grad``."""
+    sig = []
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor):
+            grad = " grad" if x.requires_grad else ""
+            sig.append(
+                f"{str(x.dtype).replace('torch.', '')}{list(x.shape)} stride={tuple(x.stride())} {x.device.type}{grad}"
+            )
+        elif isinstance(x, torch.SymInt | torch.SymFloat | torch.SymBool):
+            raise NotCacheable("symbolic input")
+        elif x is None or isinstance(x, (bool, int, float, str)):
+            sig.append(f"{type(x).__name__}={x.hex() if isinstance(x, float) else x!r}")
+        else:
+            raise NotCacheable(f"graph input of type {type(x).__name__}")
+    return sig
+
+
+@functools.lru_cache(maxsize=1)
+def source_fingerprint() -> str:
+    """sha256 over neuron_compile's own source: a lowering edited in place must not hit old entries."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                h.update(os.path.relpath(path, root).encode())
+                with open(path, "rb") as f:
+                    h.update(f.read())
+    return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=None)
+def _neuronx_cc_version(generation: str) -> str:
+    from ..runtime.neuron import NeuronTarget
+
+    return NeuronTarget(generation).version()
+
+
+def package_versions(target: str, generation: str) -> dict[str, str]:
+    """Versions of everything that shapes the artifact."""
+    import jax
+    import jaxlib
+
+    from .. import __version__
+
+    versions = {
+        "torch": torch.__version__,
+        "neuron_compile": __version__,
+        "neuron_compile_source": source_fingerprint(),
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+    }
+    if target == "neuron":
+        versions["neuronx-cc"] = _neuronx_cc_version(generation)
+    return versions
+
+
+def cache_key(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options) -> CacheKey:
+    """THE key of a compiled graph. Raises ``NotCacheable`` when the graph cannot be keyed faithfully."""
+    graph = canonical_graph(gm)
+    signature = input_signature(example_inputs)
+    summary = {
+        "format": KEY_FORMAT,
+        "inputs": signature,
+        "options": opts.cache_relevant(),
+        "target": opts.target,
+        "versions": package_versions(opts.target, opts.generation),
+        "tag": str(torch.compiler.config.cache_key_tag),
+        "num_nodes": len(graph),
+    }
+    h = hashlib.sha256()
+    h.update(repr(graph).encode())
+    h.update(json.dumps(summary, sort_keys=True).encode())
+    return CacheKey(h.hexdigest()[:40], summary)

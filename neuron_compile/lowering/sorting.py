@@ -1,0 +1,120 @@
+"""Sorting and selection: sort (stable, descending), topk, kthvalue, median.
+
+The Neuron compiler accepts sort comparators LE/GE/LT/GT only, so a float comparator that orders NaN
+(jax's TOTALORDER compare) is not an option. Every sort here therefore sorts on an integer key with a
+plain signed LT, carrying values and positions as extra operands (a stable sort):
+
+- floats: the IEEE bits read as a signed integer, with the magnitude bits of negative numbers flipped,
+  order exactly like the numbers; -0.0 is first made +0.0 (eager sorts them as equal) and every NaN gets
+  the largest key, so NaN sorts last ascending and first descending, as in torch.
+- descending: the key's bitwise complement (an exact order reversal, no overflow); stability keeps equal
+  elements in their original order, as eager's stable sort does.
+
+topk, kthvalue and median are a sort plus a slice (TopK on the device refuses integers and large k).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from .registry import register_lowering
+from .semantics import convert, is_float, out_shape
+
+aten = torch.ops.aten
+
+
+def _axis(dim: int, ndim: int) -> int:
+    return dim % ndim if ndim else 0
+
+
+def sort_key(x: Any, descending: bool = False) -> Any:
+    """An integer array whose signed order is torch's sort order of ``x`` (NaN largest)."""
+    if is_float(x.dtype):
+        f = convert(x, jnp.float32)  # bf16/f16 are exact in float32; float64 is computed as float32
+        f = jnp.where(f == 0, jnp.zeros_like(f), f)
+        bits = lax.bitcast_convert_type(f, jnp.int32)
+        key = jnp.where(bits < 0, lax.bitwise_xor(bits, jnp.int32(0x7FFFFFFF)), bits)
+        key = jnp.where(jnp.isnan(f), jnp.int32(0x7FFFFFFF), key)
+    elif x.dtype == jnp.int64:
+        key = x
+    elif x.dtype == jnp.uint32:
+        key = convert(x, jnp.int64)
+    else:
+        key = convert(x, jnp.int32)
+    return lax.bitwise_not(key) if descending else key
+
+
+def sort_along(x: Any, axis: int, descending: bool = False) -> tuple[Any, Any]:
+    """(values, int64 positions) of a stable sort of ``x`` along ``axis``."""
+    pos = lax.broadcasted_iota(jnp.int32, x.shape, axis)
+    _, values, indices = lax.sort((sort_key(x, descending), x, pos), dimension=axis, num_keys=1, is_stable=True)
+    return values, convert(indices, jnp.int64)
+
+
+def _sorted(x: Any, dim: int, descending: bool) -> tuple[Any, Any, int]:
+    xs = jnp.reshape(x, (1,)) if x.ndim == 0 else x
+    axis = _axis(dim, xs.ndim)
+    values, indices = sort_along(xs, axis, descending)
+    return values, indices, axis
+
+
+@register_lowering(aten.sort.default, aten.sort.stable)
+def sort(x, dim=-1, descending=False, *, stable=None):
+    # ``stable`` is keyword-only in sort.stable; the positional form (sort.default) has none.
+    values, indices, _ = _sorted(x, dim, descending)
+    return jnp.reshape(values, x.shape), jnp.reshape(indices, x.shape)
+
+
+@register_lowering(aten.topk)
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    # sorted=False lets torch return the k elements in any order; sorted order is one of them.
+    values, indices, axis = _sorted(x, dim, largest)
+    shape = out_shape(0)
+    pick = lambda a: jnp.reshape(lax.slice_in_dim(a, 0, k, axis=axis), shape)  # noqa: E731
+    return pick(values), pick(indices)
+
+
+def _take(values: Any, indices: Any, axis: int, position: Any, keepdim: bool, shape: Any) -> tuple[Any, Any]:
+    if isinstance(position, int):
+        v = lax.index_in_dim(values, position, axis, keepdims=True)
+        i = lax.index_in_dim(indices, position, axis, keepdims=True)
+    else:
+        v = jnp.take_along_axis(values, position, axis=axis, mode="clip")
+        i = jnp.take_along_axis(indices, position, axis=axis, mode="clip")
+    return jnp.reshape(v, shape), jnp.reshape(i, shape)
+
+
+@register_lowering(aten.kthvalue)
+def kthvalue(x, k, dim=-1, keepdim=False):
+    values, indices, axis = _sorted(x, dim, False)
+    return _take(values, indices, axis, k - 1, keepdim, out_shape(0))
+
+
+def _median_position(x: Any, axis: int) -> Any:
+    """Eager's median is the lower median, unless the row holds a NaN: then it is the row's first NaN,
+    which a NaN-last stable sort puts at position n - (number of NaNs)."""
+    n = x.shape[axis]
+    middle = (n - 1) // 2
+    if not is_float(x.dtype):
+        return middle
+    nans = jnp.sum(jnp.isnan(x), axis=axis, keepdims=True, dtype=jnp.int32)
+    return jnp.where(nans > 0, n - nans, middle)
+
+
+@register_lowering(aten.median.dim)
+def median_dim(x, dim, keepdim=False):
+    values, indices, axis = _sorted(x, dim, False)
+    xs = jnp.reshape(x, (1,)) if x.ndim == 0 else x
+    return _take(values, indices, axis, _median_position(xs, axis), keepdim, out_shape(0))
+
+
+@register_lowering(aten.median.default)
+def median(x):
+    flat = jnp.reshape(x, (-1,))
+    values, indices = sort_along(flat, 0)
+    value, _ = _take(values, indices, 0, _median_position(flat, 0), False, ())
+    return value

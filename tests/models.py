@@ -1,0 +1,33 @@
+"""Small models shared by the tests; the transformer is the demo's own."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from neuron_compile.demo import Block, TinyLM  # noqa: F401
+
+
+class MLP(nn.Module):
+    def __init__(self, d_in: int = 16, d_hidden: int = 32, d_out: int = 4) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, d_hidden)
+        self.fc2 = nn.Linear(d_hidden, d_hidden)
+        self.head = nn.Linear(d_hidden, d_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.fc1(x))
+        x = torch.tanh(self.fc2(x)) + x
+        return self.head(x)
+
+
+class BatchNormNet(nn.Module):
+    def __init__(self, d_in: int = 12, d_hidden: int = 24, d_out: int = 3) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, d_hidden)
+        self.bn = nn.BatchNorm1d(d_hidden)
+        self.fc2 = nn.Linear(d_hidden, d_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.relu(self.bn(self.fc1(x))))

@@ -1,0 +1,296 @@
+"""The backend's contract: registration, regional compilation, static shapes, hard errors, dtypes,
+input mutation and aliasing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.exc import BackendCompilerFailed
+
+import neuron_compile
+from neuron_compile import STATS, NeuronDynamicShapeError, NeuronOptionsError, NeuronUnsupportedOpError
+
+from .models import TinyLM
+from .test_training import CASES, run_and_compare
+
+
+def _run_fresh(code: str) -> str:
+    """Run ``code`` in a fresh interpreter that never imports neuron_compile itself."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300, env=os.environ
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The backend's own exception inside Dynamo's BackendCompilerFailed."""
+    while True:
+        inner = getattr(exc, "inner_exception", None) or exc.__cause__
+        if inner is None:
+            return exc
+        exc = inner
+
+
+def test_entry_point_registration_in_fresh_process() -> None:
+    out = _run_fresh(
+        """
+        import sys, torch
+        assert "neuron" in torch._dynamo.list_backends(), torch._dynamo.list_backends()
+        fn = torch.compile(lambda x: torch.sin(x) * 2, backend="neuron", dynamic=False)
+        x = torch.randn(5)
+        torch.testing.assert_close(fn(x), torch.sin(x) * 2)
+        from neuron_compile import STATS
+        print("graphs", STATS.count())
+        """
+    )
+    assert "graphs 1" in out
+
+
+def test_set_default_backend_in_fresh_process() -> None:
+    out = _run_fresh(
+        """
+        import torch
+        torch.compiler.set_default_backend("neuron")
+        fn = torch.compile(lambda x: x.exp() + 1)
+        x = torch.randn(3, 3)
+        torch.testing.assert_close(fn(x), x.exp() + 1)
+        from neuron_compile import STATS
+        print("graphs", STATS.count())
+        """
+    )
+    assert "graphs 1" in out
+
+
+@pytest.mark.parametrize("style", ["module.compile", "torch.compile(submodule)"])
+def test_regional_compilation_of_blocks(style: str) -> None:
+    def compile_blocks(model: TinyLM) -> TinyLM:
+        for i, block in enumerate(model.blocks):
+            if style == "module.compile":
+                block.compile(backend="neuron", dynamic=False)
+            else:
+                model.blocks[i] = torch.compile(block, backend="neuron", dynamic=False)
+        return model
+
+    STATS.reset()
+    case = next(c for c in CASES if c.name == "transformer")
+    two_blocks = type(case)(case.name, lambda: TinyLM(n_layers=2), case.batch, case.loss)
+    run_and_compare(two_blocks, "adamw", torch.float32, compile_fn=compile_blocks)
+    kinds = {g.kind for g in STATS.graphs}
+    assert {"forward", "backward"} <= kinds, STATS.graphs
+
+
+def test_nested_compile_region() -> None:
+    @torch.compiler.nested_compile_region
+    def mlp(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x @ w) + x
+
+    def fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return mlp(mlp(x, w), w).pow(2).sum()
+
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    xs, ws = (x.clone().requires_grad_(), w.clone().requires_grad_()), (x.requires_grad_(), w.requires_grad_())
+    STATS.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's own note about duplicate invoke_subgraph backward graphs
+        out = torch.compile(fn, backend="neuron", dynamic=False)(*xs)
+        out.backward()
+    ref = fn(*ws)
+    ref.backward()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for a, b in zip(xs, ws):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-5)
+    assert STATS.count("forward") == 1 and STATS.count("backward") == 1
+
+
+def test_unsupported_ops_are_all_listed_with_source_lines() -> None:
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        a = torch.special.airy_ai(x)  # LINE_A
+        b = torch.special.scaled_modified_bessel_k1(x.abs() + 1)  # LINE_B
+        return a + b
+
+    lines = {
+        tag: next(i for i, l in enumerate(open(__file__).read().splitlines(), 1) if l.rstrip().endswith(tag))
+        for tag in ("# LINE_A", "# LINE_B")
+    }
+    with pytest.raises(BackendCompilerFailed) as info:
+        torch.compile(fn, backend="neuron", dynamic=False)(torch.rand(6))
+    err = _root_cause(info.value)
+    assert isinstance(err, NeuronUnsupportedOpError)
+    msg = str(err)
+    assert "aten.special_airy_ai.default" in msg and "aten.special_scaled_modified_bessel_k1.default" in msg
+    assert f"{os.path.basename(__file__)}:{lines['# LINE_A']}" in msg
+    assert f"{os.path.basename(__file__)}:{lines['# LINE_B']}" in msg
+    assert "float32[6]" in msg and "supported_ops()" in msg
+    assert len(err.nodes) == 2
+
+
+def test_dynamic_true_is_refused_with_the_fix() -> None:
+    with pytest.raises(BackendCompilerFailed) as info:
+        torch.compile(lambda x: x * 2, backend="neuron", dynamic=True)(torch.randn(3, 4))
+    err = _root_cause(info.value)
+    assert isinstance(err, NeuronDynamicShapeError)
+    assert "dynamic=False" in str(err) and "symbolic" in str(err) and "pad" in str(err)
+
+
+def test_automatic_dynamic_is_refused() -> None:
+    fn = torch.compile(lambda x: x * 2, backend="neuron")  # dynamic=None: 2nd shape arrives symbolic
+    fn(torch.randn(3))
+    with pytest.raises(BackendCompilerFailed) as info:
+        fn(torch.randn(5))
+    assert isinstance(_root_cause(info.value), NeuronDynamicShapeError)
+
+
+def test_new_shape_compiles_new_static_graph() -> None:
+    STATS.reset()
+    fn = torch.compile(lambda x: x.relu() * 3, backend="neuron", dynamic=False)
+    for n in (3, 5, 7):
+        x = torch.randn(n, 2)
+        torch.testing.assert_close(fn(x), x.relu() * 3)
+    fn(torch.randn(5, 2))  # seen before: no new graph
+    assert STATS.count() == 3
+
+
+def test_recompile_limit_raises_instead_of_silent_eager() -> None:
+    fn = torch.compile(lambda x: x + 1, backend="neuron", dynamic=False)
+    limit = torch._dynamo.config.recompile_limit
+    for n in range(1, limit + 1):
+        fn(torch.randn(n))
+    with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
+        fn(torch.randn(limit + 1))
+
+
+def test_float64_computed_as_float32_with_one_warning() -> None:
+    x = torch.randn(16, dtype=torch.float64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(lambda t: torch.sin(t) * t + 1, backend="neuron", dynamic=False)(x)
+    ours = [w for w in caught if "float64" in str(w.message)]
+    assert len(ours) == 1 and "float32" in str(ours[0].message)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, torch.sin(x) * x + 1, rtol=1.3e-6, atol=1e-5)
+
+
+def test_int64_stays_exact() -> None:
+    x = torch.tensor([2**40 + 3, -(2**35), 7], dtype=torch.int64)
+    out = torch.compile(lambda t: t * 3 + 1, backend="neuron", dynamic=False)(x)
+    assert out.dtype == torch.int64 and torch.equal(out, x * 3 + 1)
+
+
+@pytest.mark.parametrize(
+    "make, kind",
+    [
+        (lambda: torch.randn(4, dtype=torch.complex64), "complex"),
+        (
+            lambda: torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], layout=torch.jagged),
+            "nested",
+        ),
+    ],
+    ids=["complex", "nested"],
+)
+def test_unsupported_tensor_kinds_fail_loudly(make, kind: str) -> None:
+    with pytest.raises(BackendCompilerFailed) as info:
+        torch.compile(lambda t: t * 2, backend="neuron", dynamic=False)(make())
+    err = _root_cause(info.value)
+    assert isinstance(err, NeuronUnsupportedOpError) and kind in str(err).lower()
+    assert os.path.basename(__file__) in str(err)
+
+
+def test_sparse_input_never_runs_silently_under_fullgraph() -> None:
+    # Dynamo itself never hands sparse tensors to a backend (it runs such frames in eager, see README);
+    # fullgraph=True turns that into an error.
+    with pytest.raises(Exception, match="(?i)sparse"):
+        torch.compile(lambda t: t * 2, backend="neuron", fullgraph=True)(torch.randn(4, 4).to_sparse())
+
+
+def test_input_mutation_reaches_user_tensor() -> None:
+    def fn(buf: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        buf.mul_(0.9).add_(x)
+        return buf.sum()
+
+    buf_e, buf_c, x = torch.ones(5), torch.ones(5), torch.randn(5)
+    expected = fn(buf_e, x)
+    got = torch.compile(fn, backend="neuron", dynamic=False)(buf_c, x)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(buf_c, buf_e)
+
+
+def test_output_aliasing_matches_eager() -> None:
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x.t(), x * 2
+
+    x = torch.randn(3, 4)
+    view, fresh = torch.compile(fn, backend="neuron", dynamic=False)(x)
+    assert view._base is x or view.data_ptr() == x.data_ptr()  # a view of the input, as in eager
+    assert fresh.data_ptr() != x.data_ptr()
+    view[0, 0] = 42.0
+    assert x[0, 0] == 42.0
+
+
+def test_duplicate_outputs_are_distinct_tensors() -> None:
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x + 1
+        return y, y
+
+    a, b = torch.compile(fn, backend="neuron", dynamic=False)(torch.zeros(3))
+    a.add_(5)
+    torch.testing.assert_close(b, torch.ones(3)) if a.data_ptr() != b.data_ptr() else None
+    assert torch.equal(a, torch.full((3,), 6.0))
+
+
+def test_constant_outputs_are_not_shared_across_calls() -> None:
+    fn = torch.compile(lambda x: (x + 1, torch.zeros(3)), backend="neuron", dynamic=False)
+    _, z1 = fn(torch.ones(3))
+    z1.add_(7)
+    _, z2 = fn(torch.ones(3))
+    assert torch.equal(z2, torch.zeros(3))
+
+
+def test_mode_other_than_default_warns_and_compiles() -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(lambda x: x.cos(), backend="neuron", mode="max-autotune-no-cudagraphs")(torch.zeros(2))
+    assert torch.equal(out, torch.ones(2))
+    assert any("mode='max-autotune-no-cudagraphs'" in str(w.message) for w in caught)
+
+
+def test_unknown_option_is_an_error() -> None:
+    with pytest.raises(BackendCompilerFailed) as info:
+        torch.compile(lambda x: x + 1, backend="neuron", options={"targt": "cpu"})(torch.zeros(2))
+    assert isinstance(_root_cause(info.value), NeuronOptionsError)
+    assert "targt" in str(info.value)
+
+
+def test_supported_ops_is_the_registry() -> None:
+    ops = neuron_compile.supported_ops()
+    assert "aten.add.Tensor" in ops and "aten.mm.default" in ops and ops == sorted(ops)
+
+
+def test_bfloat16_roundtrip_through_dlpack() -> None:
+    x = torch.randn(8, 8, dtype=torch.bfloat16)
+    out = torch.compile(lambda t: t * 2 + 1, backend="neuron", dynamic=False)(x)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, x * 2 + 1)
+
+
+def test_sdpa_with_mask_forward_and_backward() -> None:
+    q, k, v = (torch.randn(2, 3, 5, 8, requires_grad=True) for _ in range(3))
+    mask = torch.rand(5, 5) > 0.3
+    mask[:, 0] = True
+
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum()
+
+    out = torch.compile(fn, backend="neuron", dynamic=False)(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v))
+    ref = fn(q, k, v)
+    ref_grads = torch.autograd.grad(ref, (q, k, v))
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,441 @@
+"""Neural-network op families (linalg, activations, softmax/norms/embedding/losses, convolution) through
+``torch.compile(backend="neuron")``, compared with eager on the same inputs: forward values, gradients of
+every differentiable input and parameter, and module buffers (batch-norm running stats).
+
+Tolerances: float32 1e-5 for elementwise ops; 1e-4 where a reduction (matmul, norm statistics,
+convolution) sums in a different order than eager's kernels; bfloat16 1.6e-2 relative (one bf16 ulp
+is 7.8e-3, and eager and compiled may each round once).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+F32 = torch.float32
+BF16 = torch.bfloat16
+F16 = torch.float16
+
+TOL = {
+    "pointwise": {F32: (1e-5, 1e-5), BF16: (1.6e-2, 1e-2), F16: (2e-3, 2e-3)},
+    "reduce": {F32: (1e-4, 1e-4), BF16: (1.6e-2, 2e-2), F16: (2e-3, 4e-3)},
+}
+
+
+@dataclass
+class Case:
+    """One op-family check: ``make(dtype)`` returns (callable or module, inputs)."""
+
+    name: str
+    make: Callable[[torch.dtype], tuple[Any, list[Any]]]
+    dtypes: tuple[torch.dtype, ...] = (F32, BF16)
+    grad: bool = True
+    kind: str = "pointwise"
+    # Extra tolerance for a case whose backward legitimately sums more terms than its forward.
+    grad_kind: str | None = None
+    marks: list[Any] = field(default_factory=list)
+
+
+def _randn(*shape: int, dtype: torch.dtype = F32, scale: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape) * scale).to(dtype)
+
+
+def _floats(values: list[Any]) -> list[torch.Tensor]:
+    return [v for v in values if isinstance(v, torch.Tensor) and v.is_floating_point()]
+
+
+def _flatten(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _flatten(o)]
+    return []
+
+
+def _assert_close(actual: torch.Tensor, expected: torch.Tensor, tol: tuple[float, float], what: str) -> None:
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != eager {expected.dtype}"
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != eager {tuple(expected.shape)}"
+    rtol, atol = tol
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
+def _describe(inputs: list[Any]) -> str:
+    return ", ".join(f"{t.dtype}{list(t.shape)}" if isinstance(t, torch.Tensor) else repr(t) for t in inputs)
+
+
+def check(case: Case, dtype: torch.dtype) -> None:
+    """Run the case eagerly and compiled from identical copies; compare outputs, grads and buffers."""
+    torch.manual_seed(0)
+    fn, inputs = case.make(dtype)
+    what = f"{case.name}[{dtype}]({_describe(inputs)})"
+    tol = TOL[case.kind][dtype]
+    grad_tol = TOL[case.grad_kind or case.kind][dtype]
+
+    def fresh() -> tuple[Any, list[Any]]:
+        f = copy.deepcopy(fn) if isinstance(fn, nn.Module) else fn
+        xs = [
+            x.detach().clone().requires_grad_(case.grad and x.is_floating_point()) if isinstance(x, torch.Tensor) else x
+            for x in inputs
+        ]
+        return f, xs
+
+    eager_fn, eager_in = fresh()
+    comp_fn, comp_in = fresh()
+    compiled = torch.compile(comp_fn, backend="neuron", dynamic=False)
+    expected = _flatten(eager_fn(*eager_in))
+    actual = _flatten(compiled(*comp_in))
+    assert len(actual) == len(expected), what
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        _assert_close(a, e, tol, f"{what} output {i}")
+
+    if isinstance(fn, nn.Module):
+        for (name, a), (_, e) in zip(comp_fn.named_buffers(), eager_fn.named_buffers()):
+            _assert_close(a, e, tol, f"{what} buffer {name}")
+
+    if not case.grad:
+        return
+    pairs = [(e, a) for e, a in zip(expected, actual) if e.requires_grad]
+    assert pairs, f"{what}: no differentiable output"
+    cotangents = [torch.randn(e.shape).to(e.dtype) for e, _ in pairs]
+    torch.autograd.backward([e for e, _ in pairs], cotangents)
+    torch.autograd.backward([a for _, a in pairs], cotangents)
+    leaves = list(zip(_floats(eager_in), _floats(comp_in)))
+    if isinstance(fn, nn.Module):
+        leaves += list(zip(eager_fn.parameters(), comp_fn.parameters()))
+    for i, (e, a) in enumerate(leaves):
+        assert (a.grad is None) == (e.grad is None), f"{what}: grad presence of leaf {i}"
+        if e.grad is not None:
+            _assert_close(a.grad, e.grad, grad_tol, f"{what} grad of leaf {i}")
+
+
+def _run(cases: list[Case]) -> list[Any]:
+    return [pytest.param(c, d, id=f"{c.name}-{str(d).split('.')[-1]}", marks=c.marks) for c in cases for d in c.dtypes]
+
+
+# ---- linalg -----------------------------------------------------------------------------------------
+def _ints(*shape: int) -> torch.Tensor:
+    return torch.randint(-50, 50, shape)
+
+
+LINALG = [
+    Case("mm", lambda d: (torch.mm, [_randn(3, 8, dtype=d), _randn(8, 5, dtype=d)]), (F32, BF16, F16), kind="reduce"),
+    Case("mm_int64", lambda d: (torch.mm, [_ints(3, 8), _ints(8, 5)]), (torch.int64,), grad=False, kind="reduce"),
+    Case("bmm", lambda d: (torch.bmm, [_randn(2, 3, 8, dtype=d), _randn(2, 8, 5, dtype=d)]), kind="reduce"),
+    Case(
+        "matmul_broadcast",
+        lambda d: (torch.matmul, [_randn(2, 1, 3, 8, dtype=d), _randn(3, 8, 5, dtype=d)]),
+        kind="reduce",
+    ),
+    Case("mv", lambda d: (torch.mv, [_randn(3, 8, dtype=d), _randn(8, dtype=d)]), kind="reduce"),
+    Case("dot", lambda d: (torch.dot, [_randn(8, dtype=d), _randn(8, dtype=d)]), kind="reduce"),
+    Case("linear", lambda d: (nn.Linear(8, 5).to(d), [_randn(2, 3, 8, dtype=d)]), kind="reduce"),
+    Case(
+        "addmm_beta_alpha",
+        lambda d: (
+            lambda c, a, b: torch.addmm(c, a, b, beta=0.5, alpha=2.0),
+            [_randn(5, dtype=d), _randn(3, 8, dtype=d), _randn(8, 5, dtype=d)],
+        ),
+        kind="reduce",
+    ),
+    Case(
+        # beta=0 ignores the bias entirely, NaN included.
+        "addmm_beta0_nan_bias",
+        lambda d: (
+            lambda c, a, b: torch.addmm(c, a, b, beta=0.0),
+            [torch.full((3, 5), math.nan, dtype=d), _randn(3, 8, dtype=d), _randn(8, 5, dtype=d)],
+        ),
+        grad=False,
+        kind="reduce",
+    ),
+    Case(
+        "addmm_int64",
+        lambda d: (lambda c, a, b: torch.addmm(c, a, b, beta=3, alpha=2), [_ints(5), _ints(3, 8), _ints(8, 5)]),
+        (torch.int64,),
+        grad=False,
+    ),
+    Case(
+        "addmv",
+        lambda d: (
+            lambda c, a, b: torch.addmv(c, a, b, beta=0.5, alpha=2.0),
+            [_randn(3, dtype=d), _randn(3, 8, dtype=d), _randn(8, dtype=d)],
+        ),
+        kind="reduce",
+    ),
+    Case(
+        "baddbmm",
+        lambda d: (
+            lambda c, a, b: torch.baddbmm(c, a, b, beta=0.5, alpha=2.0),
+            [_randn(2, 3, 5, dtype=d), _randn(2, 3, 8, dtype=d), _randn(2, 8, 5, dtype=d)],
+        ),
+        kind="reduce",
+    ),
+]
+
+
+@pytest.mark.parametrize("case,dtype", _run(LINALG))
+def test_linalg(case: Case, dtype: torch.dtype) -> None:
+    check(case, dtype)
+
+
+def test_bf16_matmul_accumulates_in_float32() -> None:
+    # 256 products of 1.0 + one 2^-9: a bf16 accumulator would lose the small terms; fp32 keeps them.
+    a = torch.ones(1, 512, dtype=BF16)
+    b = torch.full((512, 1), 2.0**-8, dtype=BF16)
+    b[0] = 1.0
+    out = torch.compile(torch.mm, backend="neuron", dynamic=False)(a, b)
+    assert out.dtype == BF16
+    torch.testing.assert_close(out, torch.mm(a, b), rtol=0, atol=0)
+
+
+# ---- activations ------------------------------------------------------------------------------------
+def _act(name: str, fn: Callable[[torch.Tensor], Any], dtypes=(F32, BF16), scale: float = 3.0) -> Case:
+    return Case(name, lambda d: (fn, [_randn(4, 16, dtype=d, scale=scale)]), dtypes)
+
+
+ACTIVATIONS = [
+    _act("relu", F.relu),
+    _act("gelu", F.gelu),
+    _act("gelu_tanh", lambda x: F.gelu(x, approximate="tanh")),
+    _act("silu", F.silu),
+    _act("hardtanh", lambda x: F.hardtanh(x, -0.5, 2.0)),
+    _act("relu6", F.relu6, scale=5.0),
+    _act("leaky_relu", lambda x: F.leaky_relu(x, 0.2)),
+    _act("elu", lambda x: F.elu(x, alpha=1.5)),
+    _act("selu", F.selu),
+    _act("celu", lambda x: F.celu(x, alpha=0.7)),
+    _act("softplus", lambda x: F.softplus(x, beta=2.0, threshold=3.0)),
+    _act("hardsigmoid", F.hardsigmoid, scale=4.0),
+    _act("hardswish", F.hardswish, scale=4.0),
+    _act("mish", F.mish),
+    _act("sigmoid", torch.sigmoid),
+    _act("tanh", torch.tanh),
+    _act("logsigmoid", F.logsigmoid),
+    _act("glu", lambda x: F.glu(x, dim=-1)),
+    Case("logit", lambda d: (lambda x: torch.logit(x, eps=1e-3), [torch.rand(4, 16).to(d)])),
+]
+
+
+@pytest.mark.parametrize("case,dtype", _run(ACTIVATIONS))
+def test_activation(case: Case, dtype: torch.dtype) -> None:
+    check(case, dtype)
+
+
+_SPECIAL = torch.tensor([math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-30, -1e-30, 30.0, -30.0, 100.0, -100.0])
+
+
+@pytest.mark.parametrize(
+    "name,fn",
+    [
+        ("relu", F.relu),
+        ("gelu", F.gelu),
+        ("gelu_tanh", lambda x: F.gelu(x, approximate="tanh")),
+        ("silu", F.silu),
+        ("hardtanh", F.hardtanh),
+        ("leaky_relu", F.leaky_relu),
+        ("elu", F.elu),
+    ],
+)
+def test_activation_special_values(name: str, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    out = torch.compile(fn, backend="neuron", dynamic=False)(_SPECIAL.clone())
+    torch.testing.assert_close(out, fn(_SPECIAL.clone()), rtol=1e-5, atol=1e-5, equal_nan=True, msg=name)
+
+
+def test_relu_and_hardtanh_keep_integer_dtype() -> None:
+    x = torch.randint(-5, 5, (3, 4))
+    for fn in (F.relu, lambda t: F.hardtanh(t, -2.0, 3.0)):
+        torch._dynamo.reset()
+        out = torch.compile(fn, backend="neuron", dynamic=False)(x)
+        assert out.dtype == torch.int64
+        assert torch.equal(out, fn(x))
+
+
+# ---- softmax, norms ---------------------------------------------------------------------------------
+def _masked_softmax(x: torch.Tensor) -> torch.Tensor:
+    # A row masked with -inf in part, as causal attention does.
+    mask = torch.ones(x.shape[-2], x.shape[-1], dtype=torch.bool).tril()
+    return x.masked_fill(~mask, -math.inf).softmax(-1)
+
+
+NORMS = [
+    Case("softmax_last", lambda d: (lambda x: torch.softmax(x, -1), [_randn(2, 3, 16, dtype=d, scale=4)]), kind="reduce"),
+    Case("softmax_dim0", lambda d: (lambda x: torch.softmax(x, 0), [_randn(5, 3, dtype=d, scale=4)]), kind="reduce"),
+    Case("log_softmax_mid", lambda d: (lambda x: F.log_softmax(x, 1), [_randn(2, 7, 3, dtype=d, scale=4)]), kind="reduce"),
+    Case("softmax_masked", lambda d: (_masked_softmax, [_randn(2, 6, 6, dtype=d)]), kind="reduce"),
+    Case("softmax_0d", lambda d: (lambda x: torch.softmax(x, 0) + F.log_softmax(x, -1), [_randn(dtype=d)])),
+    Case("layer_norm", lambda d: (nn.LayerNorm(16).to(d), [_randn(2, 3, 16, dtype=d, scale=3)]), kind="reduce"),
+    Case(
+        "layer_norm_2d_shape",
+        lambda d: (nn.LayerNorm([3, 8], eps=1e-3).to(d), [_randn(2, 3, 8, dtype=d)]),
+        kind="reduce",
+    ),
+    Case(
+        "layer_norm_no_affine",
+        lambda d: (nn.LayerNorm(16, elementwise_affine=False).to(d), [_randn(4, 16, dtype=d)]),
+        kind="reduce",
+    ),
+    Case("layer_norm_no_bias", lambda d: (nn.LayerNorm(16, bias=False).to(d), [_randn(4, 16, dtype=d)]), kind="reduce"),
+    Case(
+        # weight needs a grad, input does not: output_mask (False, True, True).
+        "layer_norm_params_only",
+        lambda d: (_ParamsOnly(nn.LayerNorm(16).to(d)), [_randn(4, 16, dtype=d)]),
+        kind="reduce",
+    ),
+    Case("rms_norm", lambda d: (nn.RMSNorm(16, eps=1e-5).to(d), [_randn(2, 3, 16, dtype=d)]), kind="reduce"),
+    Case("batch_norm1d_train", lambda d: (nn.BatchNorm1d(4).to(d), [_randn(8, 4, dtype=d, scale=2)]), kind="reduce"),
+    Case(
+        "batch_norm1d_3d_train",
+        lambda d: (nn.BatchNorm1d(4, momentum=0.3).to(d), [_randn(3, 4, 5, dtype=d, scale=2)]),
+        kind="reduce",
+    ),
+    Case("batch_norm2d_train", lambda d: (nn.BatchNorm2d(4).to(d), [_randn(2, 4, 3, 3, dtype=d, scale=2)]), kind="reduce"),
+    Case("batch_norm2d_eval", lambda d: (_bn_eval(d), [_randn(2, 4, 3, 3, dtype=d, scale=2)]), kind="reduce"),
+    Case(
+        "batch_norm2d_no_stats",
+        lambda d: (nn.BatchNorm2d(4, track_running_stats=False).to(d), [_randn(2, 4, 3, 3, dtype=d)]),
+        kind="reduce",
+    ),
+    Case(
+        "batch_norm3d_no_affine",
+        lambda d: (nn.BatchNorm3d(3, affine=False).to(d), [_randn(2, 3, 2, 3, 2, dtype=d)]),
+        kind="reduce",
+    ),
+    Case("group_norm", lambda d: (nn.GroupNorm(2, 4).to(d), [_randn(2, 4, 3, 3, dtype=d, scale=2)]), kind="reduce"),
+    Case(
+        "group_norm_no_affine_1d",
+        lambda d: (nn.GroupNorm(3, 6, affine=False).to(d), [_randn(2, 6, 5, dtype=d)]),
+        kind="reduce",
+    ),
+]
+
+
+class _ParamsOnly(nn.Module):
+    """Runs ``inner`` on a detached input, so only its parameters need gradients."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x.detach())
+
+
+def _bn_eval(dtype: torch.dtype) -> nn.Module:
+    bn = nn.BatchNorm2d(4)
+    with torch.no_grad():
+        bn.running_mean.copy_(torch.randn(4))
+        bn.running_var.copy_(torch.rand(4) + 0.5)
+        bn.weight.copy_(torch.randn(4))
+        bn.bias.copy_(torch.randn(4))
+    return bn.to(dtype).eval()
+
+
+@pytest.mark.parametrize("case,dtype", _run(NORMS))
+def test_softmax_and_norms(case: Case, dtype: torch.dtype) -> None:
+    check(case, dtype)
+
+
+# ---- embedding and losses ---------------------------------------------------------------------------
+def _emb(padding_idx=None, scale_grad_by_freq=False) -> Callable[[torch.dtype], tuple[Any, list[Any]]]:
+    def make(d: torch.dtype) -> tuple[Any, list[Any]]:
+        weight = _randn(10, 6, dtype=d)
+        # Repeated indices (the gradient accumulates) and the padding index among them.
+        idx = torch.tensor([[1, 3, 3, 0], [9, 1, 3, 2]])
+        return (lambda w, i: F.embedding(i, w, padding_idx, scale_grad_by_freq=scale_grad_by_freq), [weight, idx])
+
+    return make
+
+
+def _nll(shape, classes, **kwargs) -> Callable[[torch.dtype], tuple[Any, list[Any]]]:
+    def make(d: torch.dtype) -> tuple[Any, list[Any]]:
+        kw = dict(kwargs)
+        logp = F.log_softmax(_randn(*shape, classes, dtype=F32), -1).to(d)
+        target = torch.randint(0, classes, shape)
+        if "ignore_index" in kw and target.dim():
+            target[0] = kw["ignore_index"]
+        args = [logp, target] + ([torch.rand(classes).to(d)] if kw.pop("weight", False) else [])
+        return (lambda x, t, *ws: F.nll_loss(x, t, *ws, **kw), args)
+
+    return make
+
+
+def _ce(**kwargs) -> Callable[[torch.dtype], tuple[Any, list[Any]]]:
+    def make(d: torch.dtype) -> tuple[Any, list[Any]]:
+        target = torch.tensor([0, 3, 1, 4, 3])
+        return (lambda x, t: F.cross_entropy(x, t, **kwargs), [_randn(5, 6, dtype=d, scale=2), target])
+
+    return make
+
+
+LOSSES = [
+    Case("embedding", _emb()),
+    Case("embedding_padding_idx", _emb(padding_idx=3)),
+    Case("embedding_scale_grad_by_freq", _emb(scale_grad_by_freq=True)),
+    Case("embedding_padding_scale", _emb(padding_idx=1, scale_grad_by_freq=True)),
+    Case("nll_mean", _nll((6,), 5), kind="reduce"),
+    Case("nll_sum_weight", _nll((6,), 5, reduction="sum", weight=True), kind="reduce"),
+    Case("nll_none_weight_ignore", _nll((6,), 5, reduction="none", weight=True, ignore_index=2)),
+    Case("nll_mean_weight_ignore", _nll((6,), 5, weight=True, ignore_index=-100), kind="reduce"),
+    Case("nll_1d_input", _nll((), 5), kind="reduce"),
+    Case("nll_1d_input_none", _nll((), 5, reduction="none")),
+    Case("cross_entropy", _ce(), kind="reduce"),
+    Case("cross_entropy_ignore_label_smoothing", _ce(ignore_index=3, label_smoothing=0.1), kind="reduce"),
+    Case("cross_entropy_sum", _ce(reduction="sum"), kind="reduce"),
+]
+
+
+@pytest.mark.parametrize("case,dtype", _run(LOSSES))
+def test_embedding_and_losses(case: Case, dtype: torch.dtype) -> None:
+    check(case, dtype)
+
+
+def test_nll_mean_all_ignored_is_nan() -> None:
+    x = F.log_softmax(torch.randn(3, 4), -1)
+    t = torch.full((3,), -100)
+    out = torch.compile(F.nll_loss, backend="neuron", dynamic=False)(x, t)
+    assert torch.isnan(out) and torch.isnan(F.nll_loss(x, t))
+
+
+# ---- convolution ------------------------------------------------------------------------------------
+def _conv(fn, x_shape, w_shape, bias: bool = True, **kwargs) -> Callable[[torch.dtype], tuple[Any, list[Any]]]:
+    def make(d: torch.dtype) -> tuple[Any, list[Any]]:
+        args = [_randn(*x_shape, dtype=d), _randn(*w_shape, dtype=d, scale=0.5)]
+        if bias:
+            out_channels = w_shape[0] if fn not in _TRANSPOSED else w_shape[1] * kwargs.get("groups", 1)
+            args.append(_randn(out_channels, dtype=d))
+        return (lambda x, w, *b: fn(x, w, *b, **kwargs), args)
+
+    return make
+
+
+_TRANSPOSED = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)
+
+CONVS = [
+    Case("conv1d", _conv(F.conv1d, (2, 4, 9), (6, 4, 3), padding=1), kind="reduce"),
+    Case("conv1d_stride_dilation", _conv(F.conv1d, (2, 4, 12), (6, 2, 3), stride=2, dilation=2, groups=2), kind="reduce"),
+    Case("conv2d", _conv(F.conv2d, (2, 3, 6, 6), (4, 3, 3, 3)), kind="reduce"),
+    Case("conv2d_no_bias_pad", _conv(F.conv2d, (2, 3, 5, 7), (4, 3, 3, 2), bias=False, padding=(1, 2)), kind="reduce"),
+    # stride 2 over 8 with a 3-kernel leaves the last input row unused: its gradient must be zero.
+    Case("conv2d_stride_uncovered", _conv(F.conv2d, (1, 2, 8, 8), (3, 2, 3, 3), stride=2), kind="reduce"),
+    Case("conv2d_groups_depthwise", _conv(F.conv2d, (2, 4, 6, 6), (4, 1, 3, 3), padding=1, groups=4), kind="reduce"),
+    Case("conv2d_same", _conv(F.conv2d, (1, 2, 6, 6), (3, 2, 4, 3), padding="same", dilation=(1, 2)), kind="reduce"),
+    Case("conv3d", _conv(F.conv3d, (1, 2, 4, 5, 4), (3, 2, 2, 3, 2), padding=1, stride=(1, 2, 1)), kind="reduce"),
+    Case("conv_transpose1d", _conv(F.conv_transpose1d, (2, 4, 5), (4, 3, 3), stride=2), kind="reduce"),
+    Case(
+        "conv_transpose2d_full",
+        _conv(F.conv_transpose2d, (2, 4, 4, 5), (4, 3, 3, 3), stride=2, padding=1, output_padding=1, groups=2, dilation=2),
+        kind="reduce",
+    ),
+    Case("conv_transpose3d", _conv(F.conv_transpose3d, (1, 2, 3, 3, 2), (2, 3, 2, 2, 2), stride=(2, 1, 2)), kind="reduce"),
+]
+
+
+@pytest.mark.parametrize("case,dtype", _run(CONVS))
+def test_convolution(case: Case, dtype: torch.dtype) -> None:
+    check(case, dtype)

@@ -1,0 +1,397 @@
+"""Runs PyTorch's OpInfo samples through ``torch.compile(backend="neuron")`` and classifies each case.
+
+Shared by ``tests/test_opinfo.py`` (a bounded, deterministic sample of cases in CI) and
+``tools/opinfo_sweep.py`` (the full sweep that writes ``docs/opinfo_results.json``).
+
+A *case* is (OpInfo entry, dtype, sample). Each case ends in exactly one outcome:
+
+- ``PASS``: the compiled function returned what eager returns (values, dtype, shape; and float32
+  gradients for ops that support autograd).
+- ``UNSUPPORTED``: our clear error (``NeuronUnsupportedOpError``) was raised, usually wrapped by Dynamo's
+  ``BackendCompilerFailed``.
+- ``SKIP``: a listed, explained category (see ``SKIP_REASONS``) in which an exact comparison with eager
+  is not meaningful or the backend never sees the op.
+- ``FAIL``: anything else: a value/dtype/shape that differs from eager, or a crash that is not our
+  clear error. There is no list of known-wrong results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import traceback
+import warnings
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.utils._pytree as pytree
+
+PASS, UNSUPPORTED, SKIP, FAIL = "PASS", "UNSUPPORTED", "SKIP", "FAIL"
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "bool": torch.bool,
+}
+
+#: The explained skip categories. Each case's ``detail`` names one of these keys.
+SKIP_REASONS: dict[str, str] = {
+    "random": "random op: compiled and eager draw from different generators, so outputs are compared by "
+    "shape, dtype and finiteness only",
+    "undefined-values": "the op's output values are undefined (torch.empty and friends): compared by shape "
+    "and dtype only",
+    "not-captured": "Dynamo cannot capture the op in one graph (data-dependent output shape, .item(), "
+    "unsupported Python construct): with fullgraph=False it runs in eager and the backend never sees it",
+    "no-graph": "Dynamo produced no graph for the backend (the op is resolved at trace time, e.g. it only "
+    "reads metadata): nothing to compile",
+    "eager-error": "eager PyTorch itself raises on this sample",
+}
+
+#: OpInfo entries whose outputs are random: compared by shape/dtype/finiteness only.
+RANDOM_OPS = frozenset(
+    {
+        "bernoulli", "cauchy", "exponential", "geometric", "log_normal", "multinomial", "normal",
+        "normal.in_place", "normal.number_mean", "rand_like", "randint", "randint_like", "randn",
+        "randn_like", "uniform", "nn.functional.alpha_dropout", "nn.functional.dropout",
+        "nn.functional.dropout2d", "nn.functional.dropout3d", "nn.functional.feature_alpha_dropout.with_train",
+        "nn.functional.fractional_max_pool2d", "nn.functional.fractional_max_pool3d", "nn.functional.rrelu",
+        "pca_lowrank", "svd_lowrank",
+    }
+)  # fmt: skip
+
+
+def entry_name(op: Any) -> str:
+    """The OpInfo's unique name: ``name`` or ``name.variant_test_name``."""
+    return op.name + (f".{op.variant_test_name}" if op.variant_test_name else "")
+
+
+def load_op_db() -> list[Any]:
+    """PyTorch's OpInfo database (needs ``expecttest``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from torch.testing._internal.common_methods_invocations import op_db
+    return list(op_db)
+
+
+def tested_dtypes(op: Any) -> list[str]:
+    """Names of the dtypes of ``DTYPES`` that the op supports on CPU."""
+    supported = op.supported_dtypes("cpu")
+    return [name for name, dt in DTYPES.items() if dt in supported]
+
+
+def _seed_for(*parts: str) -> int:
+    return zlib.crc32("/".join(parts).encode())
+
+
+def samples(op: Any, dtype_name: str, limit: int | None, with_grad: bool) -> list[Any]:
+    """The first ``limit`` CPU samples of ``op`` for ``dtype_name`` (all if None), generated reproducibly."""
+    torch.manual_seed(_seed_for(entry_name(op), dtype_name))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gen = op.sample_inputs("cpu", DTYPES[dtype_name], requires_grad=with_grad)
+        return list(itertools.islice(gen, limit))
+
+
+def describe_sample(sample: Any) -> str:
+    """A short, readable description of a sample's arguments (tensors as dtype[shape])."""
+
+    def show(x: Any) -> str:
+        if isinstance(x, torch.Tensor):
+            return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
+        if isinstance(x, (list, tuple)):
+            inner = ", ".join(show(v) for v in x)
+            return f"[{inner}]" if isinstance(x, list) else f"({inner})"
+        return repr(x)
+
+    parts = [show(sample.input)] + [show(a) for a in sample.args]
+    parts += [f"{k}={show(v)}" for k, v in sample.kwargs.items()]
+    return ", ".join(parts)
+
+
+# ---- what the backend sees ---------------------------------------------------------------------------
+@dataclass
+class _Recorder:
+    """Collects the aten graphs handed to the neuron compiler during one case."""
+
+    graphs: int = 0
+    ops: set[str] = field(default_factory=set)
+    bad_tensors: set[str] = field(default_factory=set)
+
+    def record(self, gm: torch.fx.GraphModule) -> None:
+        self.graphs += 1
+        for node in gm.graph.nodes:
+            if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+                self.ops.add(str(node.target))
+            vals = node.meta.get("val")
+            for v in vals if isinstance(vals, (list, tuple)) else [vals]:
+                if isinstance(v, torch.Tensor):
+                    if v.is_complex():
+                        self.bad_tensors.add("complex")
+                    elif v.layout != torch.strided:
+                        self.bad_tensors.add("sparse")
+
+
+_RECORDER: _Recorder | None = None
+_installed = False
+
+
+def _install_recorder() -> None:
+    """Wrap the backend's per-graph compiler so each case learns which aten ops reached the backend."""
+    global _installed
+    if _installed:
+        return
+    import neuron_compile.backend as backend
+
+    original = backend.compile_graph
+
+    def recording_compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
+        if _RECORDER is not None:
+            _RECORDER.record(gm)
+        return original(gm, example_inputs, **kwargs)
+
+    backend.compile_graph = recording_compile_graph
+    _installed = True
+
+
+# ---- one case ----------------------------------------------------------------------------------------
+@dataclass
+class CaseResult:
+    entry: str
+    dtype: str
+    index: int
+    outcome: str
+    detail: str = ""
+    sample: str = ""
+    grad: bool = False
+    ops: list[str] = field(default_factory=list)
+    bad_tensors: list[str] = field(default_factory=list)
+    graphs: int = 0
+
+    def line(self) -> str:
+        return f"{self.entry} [{self.dtype} #{self.index}] ({self.sample}): {self.outcome} {self.detail}".rstrip()
+
+
+def _clone_tree(tree: Any) -> Any:
+    def clone(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            c = x.detach().clone()
+            return c.requires_grad_(x.requires_grad)
+        return x
+
+    return pytree.tree_map(clone, tree)
+
+
+def _split(sample: Any) -> tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], Any]]:
+    """The sample's tensors (to become graph inputs) and a function rebuilding (input, args, kwargs)."""
+    leaves, spec = pytree.tree_flatten((sample.input, list(sample.args), dict(sample.kwargs)))
+    positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    tensors = [leaves[i] for i in positions]
+
+    def rebuild(ts: list[torch.Tensor]) -> Any:
+        out = list(leaves)
+        for i, t in zip(positions, ts):
+            out[i] = t
+        return pytree.tree_unflatten(out, spec)
+
+    return tensors, rebuild
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and e not in seen:
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    return seen
+
+
+def classify_exception(exc: BaseException, reached_backend: bool) -> tuple[str, str]:
+    """(outcome, detail) of a compile/run exception."""
+    from neuron_compile.errors import NeuronUnsupportedOpError
+
+    chain = _chain(exc)
+    for e in chain:
+        if isinstance(e, NeuronUnsupportedOpError):
+            reasons = sorted({f"{n.op}: {n.reason}" for n in e.nodes})
+            return UNSUPPORTED, "; ".join(reasons)[:600]
+    from torch._dynamo.exc import BackendCompilerFailed, Unsupported, UserError
+
+    if not reached_backend and not any(isinstance(e, BackendCompilerFailed) for e in chain):
+        if any(isinstance(e, (Unsupported, UserError)) for e in chain):
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            return SKIP, f"not-captured: {first[:300]}"
+    return FAIL, f"crash: {type(chain[-1]).__name__}: {_short(chain[-1])}"
+
+
+def _short(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else "")[:400]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rtol: float
+    atol: float
+
+
+#: torch.testing.assert_close defaults; float64 results are computed in float32 on the device.
+_DEFAULT_TOL = {
+    torch.float32: Tolerance(1.3e-6, 1e-5),
+    torch.float64: Tolerance(1.3e-6, 1e-5),
+    torch.bfloat16: Tolerance(1.6e-2, 1e-5),
+    torch.float16: Tolerance(1e-3, 1e-5),
+}
+
+
+def _compare(actual: Any, expected: Any, what: str, values: bool = True) -> str | None:
+    """None if equal (within tolerance), else a description of the first difference."""
+    a_leaves, a_spec = pytree.tree_flatten(actual)
+    e_leaves, e_spec = pytree.tree_flatten(expected)
+    if len(a_leaves) != len(e_leaves):
+        return f"{what}: {len(a_leaves)} outputs, eager has {len(e_leaves)}"
+    for i, (a, e) in enumerate(zip(a_leaves, e_leaves)):
+        where = f"{what}[{i}]" if len(a_leaves) > 1 else what
+        if isinstance(e, torch.Tensor):
+            if not isinstance(a, torch.Tensor):
+                return f"{where}: got {type(a).__name__}, eager returns a tensor"
+            if a.dtype != e.dtype:
+                return f"{where}: dtype {a.dtype}, eager {e.dtype}"
+            if a.shape != e.shape:
+                return f"{where}: shape {list(a.shape)}, eager {list(e.shape)}"
+            if not values:
+                continue
+            tol = _DEFAULT_TOL.get(e.dtype, Tolerance(0, 0))
+            try:
+                torch.testing.assert_close(
+                    a.detach(), e.detach(), rtol=tol.rtol, atol=tol.atol, equal_nan=True, check_stride=False
+                )
+            except AssertionError as err:
+                return f"{where}: values differ: " + " ".join(str(err).split())[:500]
+        elif a is None and e is None:
+            continue
+        elif isinstance(e, float) and isinstance(a, float):
+            if not (a == e or (math.isnan(a) and math.isnan(e)) or math.isclose(a, e, rel_tol=1.3e-6, abs_tol=1e-5)):
+                return f"{where}: {a!r}, eager {e!r}"
+        elif a != e:
+            return f"{where}: {a!r}, eager {e!r}"
+    return None
+
+
+def _random_check(actual: Any, expected: Any) -> str | None:
+    """Random outputs: same structure, dtypes and shapes, and no NaN/inf where eager has none."""
+    bad = _compare(actual, expected, "output", values=False)
+    if bad:
+        return bad
+    for a, e in zip(pytree.tree_leaves(actual), pytree.tree_leaves(expected)):
+        if isinstance(e, torch.Tensor) and (e.is_floating_point()) and bool(torch.isfinite(e).all()):
+            if not bool(torch.isfinite(a).all()):
+                return "random output has non-finite values where eager has none"
+    return None
+
+
+def _grad_leaves(out: Any) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def run_case(op: Any, dtype_name: str, index: int, sample: Any, with_grad: bool) -> CaseResult:
+    """Compile ``op`` on ``sample`` with backend="neuron", run it, and compare with eager."""
+    global _RECORDER
+    _install_recorder()
+    name = entry_name(op)
+    result = CaseResult(name, dtype_name, index, FAIL, sample=describe_sample(sample), grad=with_grad)
+    func = op.op
+    tensors, rebuild = _split(sample)
+    process = sample.output_process_fn_grad
+
+    def call(*ts: torch.Tensor) -> Any:
+        inp, args, kwargs = rebuild(list(ts))
+        return func(inp, *args, **kwargs)
+
+    seed = _seed_for(name, dtype_name, str(index))
+    eager_inputs = _clone_tree(tensors)
+    try:
+        torch.manual_seed(seed)
+        expected = call(*eager_inputs)
+    except Exception as e:  # noqa: BLE001 - any eager failure makes the sample meaningless
+        result.outcome, result.detail = SKIP, f"eager-error: {type(e).__name__}: {_short(e)}"
+        return result
+
+    torch._dynamo.reset()
+    compiled = torch.compile(call, backend="neuron", fullgraph=True, dynamic=False)
+    compiled_inputs = _clone_tree(tensors)
+    recorder = _RECORDER = _Recorder()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.manual_seed(seed)
+            actual = compiled(*compiled_inputs)
+            grads = _backward(process, actual, expected, compiled_inputs, eager_inputs, seed) if with_grad else None
+    except Exception as e:  # noqa: BLE001 - classified below
+        result.outcome, result.detail = classify_exception(e, recorder.graphs > 0)
+        if result.outcome == FAIL:
+            result.detail += "\n" + "".join(traceback.format_exception(e, limit=-3))[-1500:]
+        return _finish(result, recorder)
+    finally:
+        _RECORDER = None
+        torch._dynamo.reset()
+
+    if recorder.graphs == 0:
+        result.outcome, result.detail = SKIP, "no-graph"
+        if _compare(actual, expected, "output") is not None:
+            result.outcome, result.detail = FAIL, f"no graph, yet {_compare(actual, expected, 'output')}"
+        return _finish(result, recorder)
+    if name in RANDOM_OPS:
+        bad = _random_check(actual, expected)
+        result.outcome, result.detail = (FAIL, bad) if bad else (SKIP, "random")
+        return _finish(result, recorder)
+    values = not getattr(op, "has_nondeterministic_output", False)
+    bad = _compare(actual, expected, "output", values=values)
+    if bad is None and grads is not None:
+        bad = _compare(grads[0], grads[1], "grad", values=values)
+    if bad:
+        result.outcome, result.detail = FAIL, bad
+    else:
+        result.outcome, result.detail = (PASS, "") if values else (SKIP, "undefined-values")
+    return _finish(result, recorder)
+
+
+def _backward(process: Callable, actual: Any, expected: Any, c_inputs: list, e_inputs: list, seed: int) -> Any:
+    """Gradients of sum(out * g) for a seeded random g, compiled and eager; None if nothing is differentiable."""
+    e_outs = _grad_leaves(process(expected))
+    c_outs = _grad_leaves(process(actual))
+    e_wrt = [t for t in e_inputs if t.requires_grad]
+    c_wrt = [t for t in c_inputs if t.requires_grad]
+    if not e_outs or not e_wrt or len(e_outs) != len(c_outs):
+        return None
+    gen = torch.Generator().manual_seed(seed)
+    cotangents = [torch.randn(t.shape, generator=gen, dtype=torch.float32).to(t.dtype) for t in e_outs]
+    e_grads = torch.autograd.grad(e_outs, e_wrt, cotangents, allow_unused=True)
+    c_grads = torch.autograd.grad(c_outs, c_wrt, cotangents, allow_unused=True)
+    return list(c_grads), list(e_grads)
+
+
+def _finish(result: CaseResult, recorder: _Recorder) -> CaseResult:
+    result.ops = sorted(recorder.ops)
+    result.bad_tensors = sorted(recorder.bad_tensors)
+    result.graphs = recorder.graphs
+    return result
+
+
+# ---- which cases ----------------------------------------------------------------------------------------
+def cases(op: Any, per_dtype: dict[str, int | None]) -> Iterable[tuple[str, int, Any, bool]]:
+    """(dtype, index, sample, with_grad) for the op, at most ``per_dtype[dtype]`` samples per dtype.
+
+    float32 samples are made with requires_grad when the op supports autograd, so forward and gradients
+    are checked by one compile.
+    """
+    for dtype_name in tested_dtypes(op):
+        limit = per_dtype.get(dtype_name, 0)
+        if limit == 0:
+            continue
+        with_grad = dtype_name == "float32" and op.supports_autograd
+        for i, s in enumerate(samples(op, dtype_name, limit, with_grad)):
+            yield dtype_name, i, s, with_grad
