@@ -21,6 +21,11 @@ from .options import Options
 
 _graph_ids = itertools.count()
 
+# Data-dependent ops (nonzero, x[mask]) must reach the backend so that they are refused with the user's
+# line, instead of Dynamo silently running them in eager behind a graph break. Set at import, i.e. when
+# torch.compile(backend="neuron") resolves this backend, before any frame is traced.
+torch._dynamo.config.capture_dynamic_output_shape_ops = True
+
 
 def neuron_backend(
     gm: torch.fx.GraphModule,

@@ -24,6 +24,17 @@ def _env_bool(name: str, default: bool) -> bool:
     return raw.strip().lower() in ("1", "true", "yes", "on")
 
 
+def _env_size(name: str) -> int | None:
+    raw = os.environ.get(name, "").strip().upper().removesuffix("B").removesuffix("I")
+    if not raw:
+        return None
+    scale = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}.get(raw[-1], 1)
+    try:
+        return int(float(raw[:-1] if scale > 1 else raw) * scale)
+    except ValueError:
+        raise NeuronOptionsError(f"{name}={os.environ[name]!r} is not a size (e.g. 500M, 10G)") from None
+
+
 def neuron_toolchain_available() -> bool:
     """True when the Neuron compiler (neuronx-cc) is on PATH."""
     return shutil.which("neuronx-cc") is not None
@@ -47,6 +58,9 @@ class Options:
     cache_dir: str | None = None
     #: Trust a cache directory owned or writable by other users. Env: NEURON_COMPILE_CACHE_TRUST.
     trust_cache_dir: bool = False
+    #: Size cap of the cache directory in bytes (LRU eviction); None: 10 GiB.
+    #: Env: NEURON_COMPILE_CACHE_MAX_BYTES (accepts suffixes K, M, G, e.g. "500M").
+    cache_max_bytes: int | None = None
     #: Write FX graphs, StableHLO, legality report and timings here. Env: NEURON_COMPILE_DEBUG_DIR.
     debug_dir: str | None = None
     #: Let Dynamo fall back to eager when its recompile limit is hit (default: raise instead).
@@ -65,6 +79,7 @@ class Options:
             cache=_env_bool("NEURON_COMPILE_CACHE", True),
             cache_dir=os.environ.get("NEURON_COMPILE_CACHE_DIR") or None,
             trust_cache_dir=_env_bool("NEURON_COMPILE_CACHE_TRUST", False),
+            cache_max_bytes=_env_size("NEURON_COMPILE_CACHE_MAX_BYTES"),
             debug_dir=os.environ.get("NEURON_COMPILE_DEBUG_DIR") or None,
             neuron_cc_flags=tuple(os.environ.get("NEURON_CC_FLAGS", "").split()),
         )

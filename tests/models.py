@@ -25,7 +25,9 @@ class MLP(nn.Module):
 class BatchNormNet(nn.Module):
     def __init__(self, d_in: int = 12, d_hidden: int = 24, d_out: int = 3) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(d_in, d_hidden)
+        # No bias before BatchNorm (it would be cancelled by the mean subtraction; its gradient is pure
+        # rounding noise, which Adam would then amplify to a full-size step).
+        self.fc1 = nn.Linear(d_in, d_hidden, bias=False)
         self.bn = nn.BatchNorm1d(d_hidden)
         self.fc2 = nn.Linear(d_hidden, d_out)
 

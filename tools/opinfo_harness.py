@@ -185,19 +185,36 @@ def _clone_tree(tree: Any) -> Any:
     return pytree.tree_map(clone, tree)
 
 
-def _split(sample: Any) -> tuple[list[torch.Tensor], Callable[[list[torch.Tensor]], Any]]:
-    """The sample's tensors (to become graph inputs) and a function rebuilding (input, args, kwargs)."""
-    leaves, spec = pytree.tree_flatten((sample.input, list(sample.args), dict(sample.kwargs)))
-    positions = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-    tensors = [leaves[i] for i in positions]
+def _make_call(func: Callable, sample: Any) -> tuple[list[torch.Tensor], Callable[..., Any]]:
+    """The sample's tensors and a function ``f(*tensors)`` calling ``func`` on the sample's arguments.
 
-    def rebuild(ts: list[torch.Tensor]) -> Any:
-        out = list(leaves)
-        for i, t in zip(positions, ts):
-            out[i] = t
-        return pytree.tree_unflatten(out, spec)
+    The function is generated as source (``def f(t0, t1): return func(t0, [t1], dim=C0)``) so that Dynamo
+    traces only the op call, not the code that rebuilds nested arguments: that rebuild costs Dynamo more
+    than the rest of the compile.
+    """
+    tensors: list[torch.Tensor] = []
+    consts: dict[str, Any] = {"func": func}
 
-    return tensors, rebuild
+    def expr(x: Any) -> str:
+        if isinstance(x, torch.Tensor):
+            tensors.append(x)
+            return f"t{len(tensors) - 1}"
+        if type(x) in (list, tuple):
+            inner = "".join(f"{expr(v)}, " for v in x)
+            return f"[{inner}]" if isinstance(x, list) else f"({inner})"
+        if type(x) is dict and all(isinstance(k, str) for k in x):
+            return "{" + "".join(f"{k!r}: {expr(v)}, " for k, v in x.items()) + "}"
+        name = f"C{len(consts)}"
+        consts[name] = x
+        return name
+
+    call = [expr(sample.input)] + [expr(a) for a in sample.args]
+    call += [f"{k}={expr(v)}" for k, v in sample.kwargs.items()]
+    params = ", ".join(f"t{i}" for i in range(len(tensors)))
+    source = f"def opinfo_case({params}):\n    return func({', '.join(call)})\n"
+    namespace = dict(consts)
+    exec(compile(source, "<opinfo_case>", "exec"), namespace)  # noqa: S102 - generated from the sample's structure
+    return tensors, namespace["opinfo_case"]
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -303,13 +320,8 @@ def run_case(op: Any, dtype_name: str, index: int, sample: Any, with_grad: bool)
     _install_recorder()
     name = entry_name(op)
     result = CaseResult(name, dtype_name, index, FAIL, sample=describe_sample(sample), grad=with_grad)
-    func = op.op
-    tensors, rebuild = _split(sample)
+    tensors, call = _make_call(op.op, sample)
     process = sample.output_process_fn_grad
-
-    def call(*ts: torch.Tensor) -> Any:
-        inp, args, kwargs = rebuild(list(ts))
-        return func(inp, *args, **kwargs)
 
     seed = _seed_for(name, dtype_name, str(index))
     eager_inputs = _clone_tree(tensors)
@@ -395,3 +407,127 @@ def cases(op: Any, per_dtype: dict[str, int | None]) -> Iterable[tuple[str, int,
         with_grad = dtype_name == "float32" and op.supports_autograd
         for i, s in enumerate(samples(op, dtype_name, limit, with_grad)):
             yield dtype_name, i, s, with_grad
+
+
+# ---- entries: category and status ------------------------------------------------------------------------
+def core_aten_ops() -> frozenset[str]:
+    """aten overloads that count as "core ATen" here: tagged ``core`` by PyTorch, or kept whole on
+    purpose by ``neuron_compile.decompositions.KEEP_WHOLE`` (kernels and device-friendly forms)."""
+    from neuron_compile.decompositions import KEEP_WHOLE
+
+    names = set()
+    aten = torch.ops.aten
+    for packet_name in dir(aten):
+        packet = getattr(aten, packet_name, None)
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
+            continue
+        for overload in packet.overloads():
+            if torch.Tag.core in getattr(packet, overload).tags:
+                names.add(str(getattr(packet, overload)))
+    for packet in KEEP_WHOLE:
+        names.update(str(getattr(packet, o)) for o in packet.overloads())
+    return frozenset(names)
+
+
+#: Entry categories. Only "core" entries form the denominator of the float32 pass rate.
+CATEGORIES: dict[str, str] = {
+    "core": "float32 samples reach the backend as graphs of core-ATen (or kept-whole) ops on real strided "
+    "tensors: the denominator of the pass rate",
+    "non-core": "after our decompositions the graph still holds aten ops outside core ATen (linalg "
+    "factorizations, FFT, special functions, ...)",
+    "complex-or-sparse": "the graph holds complex or sparse tensors, which Trainium does not have",
+    "not-captured": "Dynamo does not hand the op to the backend (graph break or nothing to compile)",
+    "eager-error": "eager PyTorch raises on every float32 sample",
+    "no-float32": "the OpInfo has no float32 variant on CPU (integer-only, complex-only, CUDA-only ops)",
+}
+
+_SHAPE_ONLY = ("random", "undefined-values")
+
+
+def _status(cases: list[CaseResult]) -> str:
+    if any(c.outcome == FAIL for c in cases):
+        return "fail"
+    if any(c.outcome == UNSUPPORTED for c in cases):
+        return "unsupported"
+    if any(c.outcome == PASS or c.detail.split(":")[0] in _SHAPE_ONLY for c in cases):
+        return "pass"
+    return "skip"
+
+
+def entry_category(op: Any, f32: list[CaseResult], core: frozenset[str]) -> tuple[str, list[str]]:
+    """(category, the non-core ops that put it there) from the entry's float32 cases."""
+    if "float32" not in tested_dtypes(op):
+        return "no-float32", []
+    reached = [c for c in f32 if c.graphs > 0 or c.outcome in (PASS, UNSUPPORTED, FAIL)]
+    if not reached:
+        if f32 and all(c.detail.startswith("eager-error") for c in f32):
+            return "eager-error", []
+        return "not-captured", []
+    if any(c.bad_tensors for c in reached):
+        return "complex-or-sparse", []
+    outside = sorted({o for c in reached for o in c.ops if o not in core})
+    if outside:
+        return "non-core", outside
+    return "core", []
+
+
+def entry_record(op: Any, results: list[CaseResult], seconds: float) -> dict[str, Any]:
+    """The JSON record of one OpInfo entry: per-dtype outcome counts, aten ops met, non-PASS cases."""
+    core = core_aten_ops()
+    counts: dict[str, dict[str, int]] = {}
+    for r in results:
+        key = r.outcome if r.outcome != SKIP else f"SKIP:{r.detail.split(':')[0]}"
+        counts.setdefault(r.dtype, {}).setdefault(key, 0)
+        counts[r.dtype][key] += 1
+    f32 = [r for r in results if r.dtype == "float32"]
+    category, outside = entry_category(op, f32, core)
+    reached_f32 = [r for r in f32 if r.outcome != SKIP or r.detail.split(":")[0] in _SHAPE_ONLY]
+    f32_status = _status(reached_f32) if reached_f32 else "n/a"
+    status = _status(results)
+    return {
+        "entry": entry_name(op),
+        "category": category,
+        "non_core_ops": outside,
+        "status": status,
+        "float32": f32_status,
+        "grad": bool(op.supports_autograd),
+        "counts": counts,
+        "ops": sorted({o for r in results for o in r.ops}),
+        "seconds": round(seconds, 2),
+        "cases": [
+            {"dtype": r.dtype, "index": r.index, "outcome": r.outcome, "detail": r.detail[:700], "sample": r.sample[:300]}
+            for r in results
+            if r.outcome != PASS
+        ],
+    }
+
+
+def results_document(entries: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
+    """The whole results file: configuration, every entry, and a summary with the float32 pass rate."""
+    by_cat: dict[str, int] = {}
+    for e in entries:
+        by_cat[e["category"]] = by_cat.get(e["category"], 0) + 1
+    core = [e for e in entries if e["category"] == "core"]
+    outcome_totals: dict[str, int] = {}
+    for e in entries:
+        for per in e["counts"].values():
+            for k, v in per.items():
+                outcome_totals[k] = outcome_totals.get(k, 0) + v
+    summary = {
+        "entries": len(entries),
+        "categories": dict(sorted(by_cat.items())),
+        "core_float32": {
+            "denominator": len(core),
+            "pass": sum(e["float32"] == "pass" for e in core),
+            "unsupported": sum(e["float32"] == "unsupported" for e in core),
+            "fail": sum(e["float32"] == "fail" for e in core),
+        },
+        "entries_failing": sorted(e["entry"] for e in entries if e["status"] == "fail"),
+        "case_outcomes": dict(sorted(outcome_totals.items())),
+    }
+    return {
+        "torch": torch.__version__,
+        "config": config,
+        "summary": summary,
+        "entries": {e["entry"]: e for e in entries},
+    }

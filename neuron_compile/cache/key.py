@@ -59,9 +59,11 @@ def _tensor_fingerprint(t: torch.Tensor) -> tuple[Any, ...]:
     """A constant baked into the graph enters the key by value (bytes), not by its attribute name."""
     if isinstance(t, torch._subclasses.FakeTensor) or t.device.type == "meta":
         raise NotCacheable("graph holds a constant tensor without data (fake or meta)")
-    flat = t.detach().contiguous().reshape(-1)
-    data = flat.view(torch.uint8) if flat.numel() else flat
-    digest = hashlib.sha256(data.cpu().numpy().tobytes()).hexdigest()
+    # compile time runs under the graph's FakeTensorMode; reading a real constant's bytes must not
+    with torch._subclasses.fake_tensor.unset_fake_temporarily():
+        flat = t.detach().contiguous().reshape(-1)
+        data = flat.view(torch.uint8) if flat.numel() else flat
+        digest = hashlib.sha256(data.cpu().numpy().tobytes()).hexdigest()
     return ("tensor", str(t.dtype), tuple(t.shape), tuple(t.stride()), digest)
 
 

@@ -84,7 +84,7 @@ class DiskStore:
         """
         try:
             st = os.stat(self.root)
-        except FileNotFoundError:
+        except OSError:
             st = None
         if st is not None:
             reason = _untrusted_reason(self.root, st)
@@ -108,7 +108,7 @@ class DiskStore:
         for path in (os.path.dirname(d), d, *(os.path.join(d, f) for f in (E.META_FILE, E.MODULE_FILE, E.EXECUTABLE_FILE))):
             try:
                 reason = _untrusted_reason(path, os.stat(path))
-            except FileNotFoundError:
+            except OSError:
                 continue
             if reason:
                 return reason
@@ -167,14 +167,15 @@ class DiskStore:
             self._discard(self.entry_dir(key))
 
     # ------------------------------------------------------------------ read
-    def read(self, key: str) -> tuple[dict[str, Any], Artifact] | None:
-        """The verified entry, None when absent; raises ``CorruptEntry`` when present but damaged."""
+    def read(self, key: str) -> tuple[dict[str, Any], Artifact, tuple[bytes, bytes, bytes]] | None:
+        """The verified entry (payload, artifact, raw parts), None when absent; raises ``CorruptEntry``
+        when present but damaged."""
         d = self.entry_dir(key)
         try:
             with open(os.path.join(d, E.META_FILE), "rb") as f:
                 meta = f.read()
-        except FileNotFoundError:
-            return None
+        except OSError:
+            return None  # absent, or unreadable: a miss either way
         try:
             payload = E.verify_meta(meta, key)
             with open(os.path.join(d, E.MODULE_FILE), "rb") as f:
@@ -189,10 +190,15 @@ class DiskStore:
             if not os.path.isdir(d):
                 return None
             raise
-        artifact = E.decode(payload, module, executable)
+        try:
+            artifact = E.decode(payload, module, executable)
+        except E.CorruptEntry:
+            if not os.path.isdir(d):
+                return None
+            raise
         with contextlib.suppress(OSError):
             os.utime(d)  # LRU clock; atime is unreliable (noatime/relatime mounts)
-        return payload, artifact
+        return payload, artifact, (meta, module, executable)
 
     def read_raw(self, key: str) -> tuple[bytes, bytes, bytes]:
         d = self.entry_dir(key)
@@ -234,7 +240,7 @@ class DiskStore:
         return [e.key for e in self.entries() if e.key.startswith(prefix)]
 
     # ------------------------------------------------------------ eviction
-    def evict(self, max_bytes: int, protect: str | None = None) -> list[str]:
+    def evict(self, max_bytes: int, protect: str | None = None, low_water: float = LOW_WATER) -> list[str]:
         """Drop least-recently-used entries until the directory is under ``max_bytes``.
 
         Safe while other processes read (entries are renamed away before deletion). Only one process
@@ -250,7 +256,7 @@ class DiskStore:
             total = sum(e.size for e in infos)
             if total <= max_bytes:
                 return []
-            goal = int(max_bytes * LOW_WATER)
+            goal = int(max_bytes * low_water)
             evicted = []
             for info in sorted(infos, key=lambda e: e.last_used):
                 if total <= goal:

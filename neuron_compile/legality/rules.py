@@ -84,7 +84,7 @@ OPS: dict[str, OpRule] = {
     "stablehlo.reduce": _doc("Reduce", "add/mul/min/max reducers, constant init, not variadic"),
     "stablehlo.reshape": _doc("Reshape"),
     "stablehlo.reverse": _doc("Rev"),
-    "stablehlo.rng_bit_generator": _doc("RngBitGenerator", "RNG_DEFAULT, 32-bit state"),
+    "stablehlo.rng_bit_generator": _doc("RngBitGenerator", "RNG_DEFAULT only"),
     "stablehlo.rng": _doc("RngUniform", "uniform distribution only"),
     "stablehlo.rsqrt": _doc("Rsqrt"),
     "stablehlo.scatter": _doc("Scatter", "no int/bool types with a combining update"),

@@ -7,8 +7,13 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)
     indexing,
     linalg,
     nn,
+    padding,
     pointwise,
+    pooling,
+    random,
     reductions,
+    scan,
+    sorting,
     views,
 )
 from .interpreter import LoweredGraph, OutputSpec, TensorSpec, lower_graph

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from . import device_calls
 from .registry import Unsupported, register_lowering
 from .semantics import convert, is_float, out_dtype, register_pointwise
 
@@ -59,6 +60,11 @@ def relu(x):
 @register_pointwise(aten.gelu)
 def gelu(x, *, approximate="none"):
     _check_approximate(approximate)
+    # AwsNeuronGelu / AwsNeuronGeluApprxTanh on the device (device_calls); this formula on the CPU target.
+    return device_calls.gelu(x, approximate, reference=lambda v: _gelu_formula(v, approximate))
+
+
+def _gelu_formula(x, approximate):
     half_x = lax.mul(x, _c(0.5, x))
     if approximate == "tanh":
         inner = lax.mul(_c(_SQRT_2_PI, x), lax.add(x, lax.mul(_c(_GELU_TANH_C, x), lax.mul(x, lax.mul(x, x)))))
@@ -69,6 +75,12 @@ def gelu(x, *, approximate="none"):
 @register_pointwise(aten.gelu_backward)
 def gelu_backward(grad, x, *, approximate="none"):
     _check_approximate(approximate)
+    # AwsNeuronGeluBackward / AwsNeuronGeluApprxTanhBackward on the device; this formula on the CPU target.
+    reference = lambda g, v: _gelu_backward_formula(g, v, approximate)  # noqa: E731
+    return device_calls.gelu_backward(grad, x, approximate, reference)
+
+
+def _gelu_backward_formula(grad, x, approximate):
     if approximate == "tanh":
         x_sq = lax.mul(x, x)
         inner = lax.mul(_c(_SQRT_2_PI, x), lax.add(x, lax.mul(_c(_GELU_TANH_C, x), lax.mul(x_sq, x))))
@@ -84,11 +96,17 @@ def gelu_backward(grad, x, *, approximate="none"):
 
 @register_pointwise(aten.silu)
 def silu(x):
-    return lax.mul(x, lax.logistic(x))
+    # AwsNeuronSilu on the device (device_calls); x * sigmoid(x) on the CPU target.
+    return device_calls.silu(x, reference=lambda v: lax.mul(v, lax.logistic(v)))
 
 
 @register_pointwise(aten.silu_backward)
 def silu_backward(grad, x):
+    # AwsNeuronSiluBackward on the device (device_calls); this formula on the CPU target.
+    return device_calls.silu_backward(grad, x, _silu_backward_formula)
+
+
+def _silu_backward_formula(grad, x):
     sig = lax.logistic(x)
     return lax.mul(grad, lax.mul(sig, lax.add(_c(1, x), lax.mul(x, lax.sub(_c(1, x), sig)))))
 

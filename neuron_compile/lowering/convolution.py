@@ -1,10 +1,13 @@
 """aten.convolution (1d/2d/3d, strided, padded, dilated, grouped, transposed) and its backward.
 
-Both directions are built on one ``lax.conv_general_dilated`` call (a transposed convolution is the
-input-gradient of a plain one: dilate the input by the stride, flip the kernel, swap its in/out
-channels per group). The backward is that function's exact vjp, so forward and backward can never
-disagree. bfloat16/float16 accumulate in float32 and the bias is added before the one final rounding,
-as eager CPU does; float32 runs at full float32 precision.
+Both directions are built on ``lax.conv_general_dilated`` (a transposed convolution is a plain one over
+the stride-dilated input with the kernel flipped and its in/out channels swapped per group). The input
+gradient of a plain convolution is the transposed convolution with the same weight, and vice versa;
+the weight gradient is the exact vjp of the forward. Every convolution emitted stays inside what
+neuronx-cc takes: never input dilation together with a stride or a kernel dilation (where a transposed
+convolution has both a stride and a dilation, the input is dilated by an explicit interior pad).
+bfloat16/float16 accumulate in float32 and the bias is added before the one final rounding, as eager
+CPU does; float32 runs at full float32 precision.
 """
 
 from __future__ import annotations
@@ -80,12 +83,16 @@ def conv_core(
         (d * (kk - 1) - p, d * (kk - 1) - p + op)
         for kk, p, d, op in zip(k, padding, dilation, output_padding)
     ]
+    lhs_dilation = stride
+    if any(s > 1 for s in stride) and any(d > 1 for d in dilation):
+        x = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0)] * 2 + [(lo, hi, s - 1) for (lo, hi), s in zip(pads, stride)])
+        pads, lhs_dilation = [(0, 0)] * n_spatial, (1,) * n_spatial
     return lax.conv_general_dilated(
         x,
         _transposed_kernel(w, groups),
         window_strides=(1,) * n_spatial,
         padding=pads,
-        lhs_dilation=stride,
+        lhs_dilation=lhs_dilation,
         rhs_dilation=dilation,
         dimension_numbers=_dimension_numbers(x.ndim),
         feature_group_count=groups,
@@ -115,17 +122,33 @@ def convolution(x, weight, bias, stride, padding, dilation, transposed, output_p
 def convolution_backward(
     grad_out, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
 ):
-    params = (stride, padding, dilation, transposed, output_padding, groups)
-    acc = _acc(x.dtype)
-    g = convert(grad_out, acc)
     grad_input = grad_weight = grad_bias = None
     if output_mask[0]:
-        _, vjp = jax.vjp(lambda xx: conv_core(xx, weight, *params), x)
-        grad_input = convert(vjp(g)[0], out_dtype(0))
+        if transposed:
+            # The adjoint of a transposed convolution is the plain one with the same parameters; its
+            # output size is exactly the input's, since output_padding < stride.
+            grad = conv_core(grad_out, weight, stride, padding, dilation, False, (0,), groups)
+        else:
+            grad = conv_core(
+                grad_out, weight, stride, padding, dilation, True, _output_padding(x, weight, grad_out, stride, padding, dilation), groups
+            )
+        grad_input = convert(grad, out_dtype(0))
     if output_mask[1]:
-        _, vjp = jax.vjp(lambda ww: conv_core(x, ww, *params), weight)
-        grad_weight = convert(vjp(g)[0], out_dtype(1))
+        params = (stride, padding, dilation, transposed, output_padding, groups)
+        _, vjp = jax.vjp(lambda w: conv_core(x, w, *params), weight)
+        grad_weight = convert(vjp(convert(grad_out, _acc(x.dtype)))[0], out_dtype(1))
     if output_mask[2]:
-        axes = (0,) + tuple(range(2, g.ndim))
-        grad_bias = convert(jnp.sum(g, axis=axes), out_dtype(2))
+        axes = (0,) + tuple(range(2, grad_out.ndim))
+        grad_bias = convert(jnp.sum(convert(grad_out, _acc(x.dtype)), axis=axes), out_dtype(2))
     return grad_input, grad_weight, grad_bias
+
+
+def _output_padding(x, weight, grad_out, stride, padding, dilation) -> tuple[int, ...]:
+    """The output_padding that makes the transposed convolution of ``grad_out`` as large as ``x``:
+    the input positions a strided convolution never reached get a zero gradient."""
+    n = x.ndim - 2
+    stride, padding, dilation = (_per_dim(v, n) for v in (stride, padding, dilation))
+    return tuple(
+        xs - ((ys - 1) * s - 2 * p + d * (k - 1) + 1)
+        for xs, ys, k, s, p, d in zip(x.shape[2:], grad_out.shape[2:], weight.shape[2:], stride, padding, dilation)
+    )

@@ -8,6 +8,8 @@ Index semantics, the same for every op here:
   meaningless; the user's program was invalid in eager.
 - Duplicate indices in a non-accumulating write: eager keeps one of the values (which one is
   unspecified), so does XLA.
+- Integer/bool scatter reductions (scatter_add, index_put(accumulate=True), ...) lower fine, but the
+  legality pass refuses them: neuronx-cc has no integer scatter reduction.
 - Data-dependent output shapes (``nonzero``, ``masked_select``, indexing with a boolean mask) cannot be
   compiled for static shapes and are refused with the reason.
 """
@@ -21,7 +23,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from .registry import Unsupported, current, register_lowering
+from .registry import Unsupported, register_lowering
 from .scan import associative_scan
 from .semantics import broadcast, convert, is_array, is_float, out_dtype, out_shape
 
@@ -32,12 +34,6 @@ _DATA_DEPENDENT = "its output shape depends on tensor values, which a static-sha
 
 def _axis(d: int, ndim: int) -> int:
     return d % ndim if ndim else 0
-
-
-def _check_scatter_compute(dtype: Any, what: str) -> None:
-    # The Neuron compiler computes scatter reductions in fp32 and refuses integer/bool ones.
-    if current().target == "neuron" and not is_float(dtype):
-        raise Unsupported(f"{what} on {jnp.dtype(dtype)}: the Neuron compiler has no integer scatter reduction")
 
 
 def _coords(index: Any, dim: int) -> tuple[Any, ...]:
@@ -88,13 +84,11 @@ def scatter(x, dim, index, src):
 @register_lowering(aten.scatter.reduce, aten.scatter.value_reduce)
 def scatter_reduce_legacy(x, dim, index, src, *, reduce):
     how = _TORCH_SCATTER_REDUCE[reduce]
-    _check_scatter_compute(x.dtype, f"scatter(reduce='{reduce}')")
     return _scatter(x, dim, index, src, how if how != "multiply" else "mul")
 
 
 @register_lowering(aten.scatter_add)
 def scatter_add(x, dim, index, src):
-    _check_scatter_compute(x.dtype, "scatter_add")
     return _scatter(x, dim, index, src, "add")
 
 
@@ -115,7 +109,6 @@ def _identity(dtype: Any, reduce: str) -> Any:
 def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     if reduce not in ("sum", "prod", "mean", "amax", "amin"):
         raise Unsupported(f"scatter_reduce with reduce='{reduce}'")
-    _check_scatter_compute(x.dtype, f"scatter_reduce('{reduce}')")
     xs, index = _as_nd(x), _as_nd(index)
     d = _axis(dim, xs.ndim)
     coords = _coords(index, d)
@@ -185,7 +178,6 @@ def index_put(x, indices, values, accumulate=False):
     values = convert(values, x.dtype)
     ref = x.at[_index_tuple(indices)]
     if accumulate:
-        _check_scatter_compute(x.dtype, "index_put(accumulate=True)")
         return ref.add(values, mode="drop")
     return ref.set(values, mode="drop")
 
@@ -218,7 +210,6 @@ def _index_write_shape(shape, dim, n):
 
 @register_lowering(aten.index_add)
 def index_add(x, dim, index, source, *, alpha=1):
-    _check_scatter_compute(x.dtype, "index_add")
     if alpha != 1:
         source = source * jnp.asarray(alpha, source.dtype)
     return _index_write(x, dim, index, source, "add")
@@ -244,8 +235,6 @@ def take(x, index):
 def put(x, index, source, accumulate=False):
     flat = jnp.reshape(x, (-1,)).at[jnp.reshape(index, (-1,))]
     source = jnp.reshape(convert(source, x.dtype), (-1,))
-    if accumulate:
-        _check_scatter_compute(x.dtype, "put(accumulate=True)")
     out = flat.add(source, mode="drop") if accumulate else flat.set(source, mode="drop")
     return jnp.reshape(out, x.shape)
 

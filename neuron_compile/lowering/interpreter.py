@@ -18,6 +18,7 @@ import torch
 from torch._ops import OpOverload
 
 from ..errors import NeuronUnsupportedOpError, UnsupportedNode
+from ..legality import check_fx_graph, non_aten_reason
 from . import provenance
 from .registry import _CURRENT, NodeContext, Unsupported, lowering_for
 from .semantics import jax_dtype
@@ -57,6 +58,9 @@ class LoweredGraph:
     needs_rng_seed: bool = False
     num_ops: int = 0
     op_counts: dict[str, int] = field(default_factory=dict)
+    #: Named scope of each lowered node ('aten.op#node@file.py:LINE', as in the MLIR locations) ->
+    #: {"op", "node", "inputs", "source": the user's full file:line}: maps any HLO op back to user code.
+    node_table: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def stablehlo(self, debug_info: bool = False) -> str:
         return self.lowered.as_text(debug_info=debug_info)
@@ -125,6 +129,7 @@ class _GraphTracer:
         self.target = target
         self.failures: list[UnsupportedNode] = []
         self.op_counts: dict[str, int] = {}
+        self.node_table: dict[str, dict[str, str]] = {}
         self.seed: Any = None  # the traced seed parameter
         self.used_rng = False
         self._node_index: dict[torch.fx.Node, int] = {}
@@ -184,12 +189,20 @@ class _GraphTracer:
             return _meta_structs(node.meta.get("val"))
         lowering = lowering_for(node.target)
         if lowering is None:
-            reason = "no lowering for this op" if isinstance(node.target, OpOverload) else "not an aten op"
+            is_aten = isinstance(node.target, OpOverload)
+            reason = "no lowering for this op" if is_aten else non_aten_reason(node.target)
             self.fail(node, reason)
             return _meta_structs(node.meta.get("val"))
         token = _CURRENT.set(NodeContext(node, self.target, self.seed_for))
         try:
-            with jax.named_scope(provenance.scope_name(node)):
+            scope = provenance.scope_name(node)
+            self.node_table[scope] = {
+                "op": name,
+                "node": node.name,
+                "inputs": provenance.describe_inputs(node),
+                "source": provenance.user_source(node),
+            }
+            with jax.named_scope(scope):
                 result = lowering(*args, **kwargs)
         except Unsupported as e:
             self.fail(node, str(e))
@@ -221,6 +234,7 @@ def lower_graph(
 
     Raises ``NeuronUnsupportedOpError`` listing every node that cannot be lowered.
     """
+    check_fx_graph(gm, name)  # data-dependent shapes: nothing below could trace them
     input_specs = [_spec_of(x) for x in example_inputs]
     tensor_positions = [i for i, s in enumerate(input_specs) if isinstance(s, TensorSpec)]
     tracer = _GraphTracer(name, target)
@@ -296,6 +310,7 @@ def lower_graph(
         needs_rng_seed=tracer.used_rng,
         num_ops=sum(tracer.op_counts.values()),
         op_counts=tracer.op_counts,
+        node_table=tracer.node_table,
     )
 
 

@@ -2,7 +2,7 @@
 
 Numerics follow eager CPU: bfloat16/float16 products accumulate in float32 and are rounded once at the
 end (bias included); float32 is computed at full float32 precision (never silently in bf16 passes);
-integer products are exact in their own dtype.
+integer products are exact in their own dtype (wrapping on overflow, as eager).
 """
 
 from __future__ import annotations
@@ -32,14 +32,34 @@ def dot(a: Any, b: Any, contract: tuple[int, int], batch: tuple[tuple[int, ...],
     """``lax.dot_general`` contracting ``a``'s dim ``contract[0]`` with ``b``'s ``contract[1]``,
     accumulating in the accumulation dtype of ``a`` (the result stays in that dtype)."""
     acc = _acc_dtype(a.dtype)
-    precision = lax.Precision.HIGHEST if is_float(a.dtype) else None
+    if is_integer(a.dtype):
+        return _integer_dot(a, b, contract, batch)
     return lax.dot_general(
         a,
         b,
         (((contract[0],), (contract[1],)), batch),
-        precision=precision,
+        precision=lax.Precision.HIGHEST,
         preferred_element_type=acc,
     )
+
+
+def _integer_dot(a: Any, b: Any, contract: tuple[int, int], batch: tuple[tuple[int, ...], ...]) -> Any:
+    """Exact integer product as broadcast multiply + sum: neuronx-cc has no integer matmul datapath,
+    and a float matmul would round int64 values. Only the (rank <= 3) layouts of mm/bmm/addmv occur."""
+    if batch != ((), ()) and batch != ((0,), (0,)):
+        raise Unsupported("integer dot_general with this batch layout")
+    nb = len(batch[0])
+    if a.ndim - nb != 2 or contract != (nb + 1, nb):
+        raise Unsupported("integer dot_general with this contraction layout")
+    # a: [batch..., m, k] -> [batch..., m, k, 1]; b: [batch..., k, n] (or [k]) -> [batch..., 1, k, n]
+    a_e = jnp.expand_dims(a, -1) if b.ndim - nb == 2 else a
+    b_e = jnp.expand_dims(b, nb) if b.ndim - nb == 2 else b
+    return jnp.sum(lax.mul(*_broadcast_pair(a_e, b_e)), axis=nb + 1, dtype=a.dtype)
+
+
+def _broadcast_pair(a: Any, b: Any) -> tuple[Any, Any]:
+    shape = jnp.broadcast_shapes(a.shape, b.shape)
+    return jnp.broadcast_to(a, shape), jnp.broadcast_to(b, shape)
 
 
 def _scaled(x: Any, factor: Any) -> Any:

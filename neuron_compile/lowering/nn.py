@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from . import device_calls
 from .registry import Unsupported, current, register_lowering
 from .semantics import convert, is_float, out_dtype, out_shape
 
@@ -70,8 +71,12 @@ def _with_rank(fn):
 @register_lowering(aten._softmax)
 @_with_rank
 def softmax(x, dim, half_to_float=False):
-    shifted, total, _ = _softmax_parts(x, dim)
-    return convert(lax.div(jnp.exp(shifted), total), out_dtype())
+    # AwsNeuronSoftmax on the device (device_calls); this max-shifted formula on the CPU target.
+    def reference(v, axis):
+        shifted, total, _ = _softmax_parts(v, axis)
+        return lax.div(jnp.exp(shifted), total)
+
+    return convert(device_calls.softmax(_up(x), dim, reference), out_dtype())
 
 
 @register_lowering(aten._log_softmax)
@@ -95,9 +100,12 @@ def _backward_with_rank(fn):
 @register_lowering(aten._softmax_backward_data)
 @_backward_with_rank
 def softmax_backward(grad, output, dim, input_dtype):
-    g, y = _up(grad), _up(output)
-    gy = lax.mul(g, y)
-    return convert(lax.sub(gy, lax.mul(y, jnp.sum(gy, axis=dim % g.ndim, keepdims=True))), out_dtype())
+    # AwsNeuronSoftmaxBackward on the device (device_calls); this formula on the CPU target.
+    def reference(g, y, axis):
+        gy = lax.mul(g, y)
+        return lax.sub(gy, lax.mul(y, jnp.sum(gy, axis=axis, keepdims=True)))
+
+    return convert(device_calls.softmax_backward(_up(grad), _up(output), dim, reference), out_dtype())
 
 
 @register_lowering(aten._log_softmax_backward_data)

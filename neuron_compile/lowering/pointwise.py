@@ -10,8 +10,18 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from . import device_calls
 from .registry import register_lowering
-from .semantics import Promotion, broadcast, convert, is_float, promote_types, register_pointwise
+from .semantics import (
+    Promotion,
+    broadcast,
+    convert,
+    is_array,
+    is_float,
+    pointwise,
+    promote_types,
+    register_pointwise,
+)
 
 aten = torch.ops.aten
 INT_TO_FLOAT = Promotion.INT_TO_FLOAT
@@ -20,14 +30,23 @@ NO_OPMATH = Promotion.NO_OPMATH
 
 
 # ---- arithmetic -------------------------------------------------------------------------------------
+def _scaled(b, alpha):
+    if alpha == 1:
+        return b
+    if b.dtype == jnp.bool_:
+        return b if alpha else jnp.zeros_like(b)
+    return lax.mul(b, jnp.asarray(alpha, b.dtype))
+
+
 @register_pointwise(aten.add.Tensor, aten.add.Scalar)
 def add(a, b, *, alpha=1):
-    return lax.add(a, b if alpha == 1 else lax.mul(b, jnp.asarray(alpha, b.dtype)))
+    b = _scaled(b, alpha)
+    return lax.bitwise_or(a, b) if a.dtype == jnp.bool_ else lax.add(a, b)  # bool + bool saturates
 
 
 @register_pointwise(aten.sub.Tensor, aten.sub.Scalar)
 def sub(a, b, *, alpha=1):
-    return lax.sub(a, b if alpha == 1 else lax.mul(b, jnp.asarray(alpha, b.dtype)))
+    return lax.sub(a, _scaled(b, alpha))
 
 
 @register_pointwise(aten.rsub.Tensor, aten.rsub.Scalar)
@@ -40,24 +59,69 @@ def mul(a, b):
     return lax.bitwise_and(a, b) if a.dtype == jnp.bool_ else lax.mul(a, b)
 
 
-@register_pointwise(aten.div.Tensor, aten.div.Scalar, promotion=INT_TO_FLOAT)
+@register_pointwise(aten.div.Tensor, aten.div.Scalar, aten.true_divide.Tensor, aten.true_divide.Scalar,
+                    promotion=INT_TO_FLOAT)  # fmt: skip
 def true_divide(a, b):
     return lax.div(a, b)
 
 
+@register_pointwise(aten.copysign.Tensor, aten.copysign.Scalar, promotion=INT_TO_FLOAT)
+def _copysign(a, b):
+    return jnp.copysign(a, b)
+
+
+def _fmod(a, b):
+    # lax.rem is C's fmod for floats and truncating % for integers: torch's fmod in both cases.
+    return lax.rem(a, b)
+
+
+def _remainder(a, b):
+    # Python's sign rule: a nonzero remainder takes the divisor's sign.
+    mod = lax.rem(a, b)
+    zero = jnp.zeros_like(mod)
+    fix = lax.bitwise_and(lax.ne(mod, zero), lax.ne(lax.lt(b, zero), lax.lt(mod, zero)))
+    return lax.select(fix, lax.add(mod, b), mod)
+
+
 def _floor_divide(a, b):
-    if is_float(a.dtype):
-        return jnp.floor_divide(a, b)  # torch: floor(a / b) with python's sign rules
-    return jnp.floor_divide(a, b)
+    """torch's div(rounding_mode="floor"), including its float algorithm (exact for huge quotients)."""
+    zero = jnp.zeros_like(a)
+    if not is_float(a.dtype):
+        q = lax.div(a, b)
+        fix = lax.bitwise_and(lax.ne(lax.rem(a, b), zero), lax.ne(lax.lt(a, zero), lax.lt(b, zero)))
+        return lax.select(fix, lax.sub(q, jnp.ones_like(q)), q)
+    one = jnp.ones_like(a)
+    mod = lax.rem(a, b)
+    div = lax.div(lax.sub(a, mod), b)
+    fix = lax.bitwise_and(lax.ne(mod, zero), lax.ne(lax.lt(b, zero), lax.lt(mod, zero)))
+    div = lax.select(fix, lax.sub(div, one), div)
+    floordiv = lax.floor(div)
+    floordiv = lax.select(lax.gt(lax.sub(div, floordiv), jnp.full_like(a, 0.5)), lax.add(floordiv, one), floordiv)
+    quotient = lax.div(a, b)
+    floordiv = lax.select(lax.eq(div, zero), _copysign(zero, quotient), floordiv)
+    return lax.select(lax.eq(b, zero), quotient, floordiv)
 
 
-@register_pointwise(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def _trunc_divide(a, b):
+    return jnp.trunc(lax.div(a, b)) if is_float(a.dtype) else lax.div(a, b)
+
+
+_DIV_MODES = {
+    None: pointwise(true_divide, INT_TO_FLOAT),
+    "trunc": pointwise(_trunc_divide),
+    "floor": pointwise(_floor_divide),
+}
+
+
+@register_lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div_mode(a, b, *, rounding_mode=None):
-    if rounding_mode is None:
-        return lax.div(a, b) if is_float(a.dtype) else lax.div(a.astype(jnp.float32), b.astype(jnp.float32))
-    if rounding_mode == "trunc":
-        return lax.div(a, b) if not is_float(a.dtype) else jnp.trunc(lax.div(a, b))
-    return _floor_divide(a, b)
+    # The rounding mode decides the promotion: none is true division (int -> float), the others keep ints.
+    return _DIV_MODES[rounding_mode](a, b)
+
+
+register_pointwise(aten.floor_divide)(_floor_divide)
+register_pointwise(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)(_remainder)
+register_pointwise(aten.fmod.Tensor, aten.fmod.Scalar)(_fmod)
 
 
 @register_pointwise(aten.neg)
@@ -77,7 +141,7 @@ def reciprocal(a):
 
 @register_pointwise(aten.maximum, aten.clamp_min.Tensor)
 def maximum(a, b):
-    # torch propagates NaN; lax.max on CPU does too, but be explicit for the device.
+    # torch propagates NaN from either side; say so explicitly rather than rely on the backend's max.
     return jnp.where(jnp.isnan(a) | jnp.isnan(b), a + b, lax.max(a, b)) if is_float(a.dtype) else lax.max(a, b)
 
 
@@ -86,11 +150,70 @@ def minimum(a, b):
     return jnp.where(jnp.isnan(a) | jnp.isnan(b), a + b, lax.min(a, b)) if is_float(a.dtype) else lax.min(a, b)
 
 
-@register_pointwise(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
+register_pointwise(aten.clamp_min.default)(maximum)
+register_pointwise(aten.clamp_max.default)(minimum)
+
+
+@register_pointwise(aten.clamp.default, aten.clamp.Tensor)
+def clamp(a, lo=None, hi=None):
+    # min(max(a, lo), hi): NaN anywhere gives NaN, and lo > hi gives hi, as in eager.
+    if lo is not None:
+        a = maximum(a, lo)
+    if hi is not None:
+        a = minimum(a, hi)
+    return a
+
+
+@register_pointwise(aten.fmax)
+def fmax(a, b):
+    return jnp.fmax(a, b) if is_float(a.dtype) else lax.max(a, b)  # NaN only when both are NaN
+
+
+@register_pointwise(aten.fmin)
+def fmin(a, b):
+    return jnp.fmin(a, b) if is_float(a.dtype) else lax.min(a, b)
+
+
+def _int_pow(a, b):
+    """Integer power with eager's rules: exact modulo 2**bits, and for negative exponents
+    1 for base 1, +-1 for base -1, else 0."""
+    one, zero = jnp.ones_like(a), jnp.zeros_like(a)
+    acc, base, exp = one, a, b
+    for _ in range(jnp.dtype(a.dtype).itemsize * 8):
+        acc = lax.select(lax.ne(lax.bitwise_and(exp, one), zero), lax.mul(acc, base), acc)
+        base = lax.mul(base, base)
+        exp = lax.shift_right_logical(exp, one)
+    if jnp.issubdtype(a.dtype, jnp.unsignedinteger):
+        return acc
+    odd = lax.ne(lax.bitwise_and(b, one), zero)
+    negative = lax.select(lax.eq(a, one), one, lax.select(lax.eq(a, -one), lax.select(odd, -one, one), zero))
+    return lax.select(lax.lt(b, zero), negative, acc)
+
+
+def _pow_body(a, b):
+    return lax.pow(a, b) if is_float(a.dtype) else _int_pow(a, b)
+
+
+_pow = pointwise(_pow_body)
+
+#: Eager computes these scalar exponents with plain arithmetic, not with std::pow.
+_POW_SPECIAL = {
+    2: lambda a: lax.mul(a, a),
+    3: lambda a: lax.mul(lax.mul(a, a), a),
+    0.5: lax.sqrt,
+    -0.5: lax.rsqrt,
+    -1: lambda a: lax.div(jnp.ones_like(a), a),
+    -2: lambda a: lax.div(jnp.ones_like(a), lax.mul(a, a)),
+}
+
+
+@register_lowering(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 def pow_(a, b):
-    if is_float(a.dtype):
-        return lax.pow(a, b)
-    return jnp.power(a, b)  # integer power: repeated squaring, exact
+    if is_array(a) and not is_array(b) and not isinstance(b, bool) and b in _POW_SPECIAL:
+        _, result = promote_types([a, b], Promotion.DEFAULT)
+        if is_float(result):
+            return pointwise(_POW_SPECIAL[b])(convert(a, result))
+    return _pow(a, b)
 
 
 # ---- comparisons and logic --------------------------------------------------------------------------
@@ -206,7 +329,7 @@ for _op, _fn in [
     (aten.acosh, lax.acosh),
     (aten.atanh, lax.atanh),
     (aten.sigmoid, lax.logistic),
-    (aten.erf, lax.erf),
+    (aten.erf, device_calls.erf),  # AwsNeuronErf on the device: older neuronx-cc rejected HLO erf
     (aten.erfc, lax.erfc),
     (aten.erfinv, lax.erf_inv),
     (aten.lgamma, lax.lgamma),
@@ -220,9 +343,14 @@ def atan2(a, b):
     return lax.atan2(a, b)
 
 
-@register_pointwise(aten.sign)
+@register_pointwise(aten.sign, aten.sgn)
 def sign(a):
-    return lax.sign(a) if a.dtype != jnp.bool_ else a
+    if a.dtype == jnp.bool_:
+        return a
+    if is_float(a.dtype):  # (0 < a) - (a < 0): NaN gives 0 in eager, not NaN
+        zero = jnp.zeros_like(a)
+        return lax.sub(lax.convert_element_type(lax.lt(zero, a), a.dtype), lax.convert_element_type(lax.lt(a, zero), a.dtype))
+    return lax.sign(a)
 
 
 @register_pointwise(aten.floor)

@@ -160,8 +160,9 @@ def _avg_geometry(in_spatial, out_spatial, kernel, stride, padding, count_includ
 
 def _window_sum(x, nd, kernel, stride, pads):
     lead = x.ndim - nd
+    # A concrete zero init (not a traced one) makes this jax's differentiable window-sum primitive.
     return lax.reduce_window(
-        x, jnp.zeros((), x.dtype), lax.add, (1,) * lead + kernel, (1,) * lead + stride,
+        x, np.zeros((), x.dtype), lax.add, (1,) * lead + kernel, (1,) * lead + stride,
         [(0, 0)] * lead + list(pads),
     )
 

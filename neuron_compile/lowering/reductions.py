@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from . import device_calls
 from .registry import register_lowering
 from .semantics import convert, is_float, out_dtype
 
@@ -59,22 +60,25 @@ def amin(x, dim=(), keepdim=False):
     return jnp.min(x, axis=_axes(x, dim), keepdims=keepdim)
 
 
+def _arg_extreme(x, dim, keepdim, largest):
+    # Through AwsNeuronArgMax/ArgMin (device_calls): the HLO form, a variadic (value, index) reduce,
+    # is not taken by neuronx-cc. The CPU target runs jnp.argmax/argmin (first index, NaN as extreme).
+    if dim is None or x.ndim == 0:
+        index = device_calls.arg_extreme(jnp.reshape(x, (-1,)), 0, largest).astype(jnp.int64)
+        return jnp.reshape(index, (1,) * x.ndim if keepdim else ())
+    axis = dim % x.ndim
+    index = device_calls.arg_extreme(x, axis, largest).astype(jnp.int64)
+    return jnp.expand_dims(index, axis) if keepdim else index
+
+
 @register_lowering(aten.argmax)
 def argmax(x, dim=None, keepdim=False):
-    if dim is None:
-        return jnp.argmax(jnp.reshape(x, (-1,)), keepdims=False).astype(jnp.int64).reshape(
-            (1,) * x.ndim if keepdim else ()
-        )
-    return jnp.argmax(x, axis=dim % max(x.ndim, 1), keepdims=keepdim).astype(jnp.int64)
+    return _arg_extreme(x, dim, keepdim, largest=True)
 
 
 @register_lowering(aten.argmin)
 def argmin(x, dim=None, keepdim=False):
-    if dim is None:
-        return jnp.argmin(jnp.reshape(x, (-1,)), keepdims=False).astype(jnp.int64).reshape(
-            (1,) * x.ndim if keepdim else ()
-        )
-    return jnp.argmin(x, axis=dim % max(x.ndim, 1), keepdims=keepdim).astype(jnp.int64)
+    return _arg_extreme(x, dim, keepdim, largest=False)
 
 
 @register_lowering(aten.max.dim)

@@ -112,30 +112,41 @@ def is_integer(dtype: Any) -> bool:
     return jnp.issubdtype(dtype, jnp.integer)
 
 
+def pointwise(
+    fn: Callable[..., Any],
+    promotion: Promotion = Promotion.DEFAULT,
+    compute_in_result: bool = False,
+) -> Callable[..., Any]:
+    """The lowering of an elementwise op from ``fn``, a body written for same-dtype, same-shape jax arrays.
+
+    Arguments are promoted with torch's rules (``promotion``), converted to the computation dtype
+    (float32 for bfloat16/float16 inputs, as eager's opmath does), broadcast, and the result is
+    converted to the result dtype. Keyword arguments are passed through unchanged. Use it directly for
+    ops whose promotion depends on an argument (``div`` with a rounding mode); else ``register_pointwise``.
+    """
+
+    def lower(*args: Any, **kwargs: Any) -> Any:
+        compute, result = promote_types(args, promotion)
+        if compute_in_result:
+            compute = result
+        arrays = broadcast(*[convert(a, compute) if a is not None else None for a in args])
+        out = fn(*arrays, **kwargs)
+        if promotion is Promotion.ALWAYS_BOOL:
+            return convert(out, jnp.bool_)
+        return convert(out, result)
+
+    return lower
+
+
 def register_pointwise(
     *ops: Any,
     promotion: Promotion = Promotion.DEFAULT,
     compute_in_result: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register an elementwise lowering written for same-dtype, same-shape jax arrays.
-
-    Arguments are promoted with torch's rules (``promotion``), converted to the computation dtype
-    (float32 for bfloat16/float16 inputs, as eager's opmath does), broadcast, and the result is
-    converted to the result dtype. Keyword arguments are passed through unchanged.
-    """
+    """Register an elementwise lowering written for same-dtype, same-shape jax arrays (see ``pointwise``)."""
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        def lower(*args: Any, **kwargs: Any) -> Any:
-            compute, result = promote_types(args, promotion)
-            if compute_in_result:
-                compute = result
-            arrays = broadcast(*[convert(a, compute) if a is not None else None for a in args])
-            out = fn(*arrays, **kwargs)
-            if promotion is Promotion.ALWAYS_BOOL:
-                return convert(out, jnp.bool_)
-            return convert(out, result)
-
-        register_lowering(*ops)(lower)
+        register_lowering(*ops)(pointwise(fn, promotion, compute_in_result))
         return fn
 
     return decorate

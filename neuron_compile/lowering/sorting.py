@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from . import device_calls
 from .registry import register_lowering
 from .semantics import convert, is_float, out_shape
 
@@ -72,10 +73,18 @@ def sort(x, dim=-1, descending=False, *, stable=None):
 @register_lowering(aten.topk)
 def topk(x, k, dim=-1, largest=True, sorted=True):
     # sorted=False lets torch return the k elements in any order; sorted order is one of them.
-    values, indices, axis = _sorted(x, dim, largest)
+    # Emitted as AwsNeuronTopK (device_calls), the form the device takes, so its limits (k <= 16384,
+    # no 32/64-bit integers) are held against the graph; the CPU target runs this sort + slice.
+    xs = jnp.reshape(x, (1,)) if x.ndim == 0 else x
+
+    def reference(v):  # ``v``: xs with the top-k axis moved last
+        values, indices = sort_along(v, v.ndim - 1, largest)
+        pick = lambda a: lax.slice_in_dim(a, 0, k, axis=v.ndim - 1)  # noqa: E731
+        return pick(values), pick(indices)
+
+    values, indices = device_calls.topk(xs, k, _axis(dim, xs.ndim), largest, reference)
     shape = out_shape(0)
-    pick = lambda a: jnp.reshape(lax.slice_in_dim(a, 0, k, axis=axis), shape)  # noqa: E731
-    return pick(values), pick(indices)
+    return jnp.reshape(values, shape), jnp.reshape(convert(indices, jnp.int64), shape)
 
 
 def _take(values: Any, indices: Any, axis: int, position: Any, keepdim: bool, shape: Any) -> tuple[Any, Any]:

@@ -33,6 +33,8 @@ class NeuronTarget:
             f"-O{opt}",
             "--model-type", "transformer",
             "--auto-cast", "none",
+            # torch's int64 (indices, argmax, embeddings) stays 64-bit, as on the CPU target (trn2+).
+            "--native-int64",
             *self.flags,
             "--output", neff_path,
         ]  # fmt: skip

@@ -1,0 +1,196 @@
+"""Random ops: rand/randn(+_like), uniform, normal, bernoulli, exponential, randint, randperm,
+native_dropout (+backward).
+
+Every random node draws its bits from one RngBitGenerator (RNG_DEFAULT: the only algorithm the Neuron
+compiler takes; it is Philox on XLA CPU) keyed by ``registry.current().rng_seed()``, a fresh uint32[2]
+per node and per call that the runtime draws from torch's default generator. So ``torch.manual_seed``
+makes compiled runs reproducible, and two calls differ. The stream is not eager's (eager uses mt19937 /
+Philox with its own offsets), so results match eager in distribution, not bitwise.
+
+Bits become floats as eager does: the top ``mantissa + 1`` bits scaled by 2**-(mantissa + 1), which is
+exact in the output dtype and never reaches 1.0 (a float32 uniform rounded to bfloat16 could).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from .registry import Unsupported, current, register_lowering
+from .semantics import broadcast, convert, is_float, out_dtype, out_shape
+from .sorting import sort_along
+
+aten = torch.ops.aten
+
+# The generator state is 128 bits; the per-call seed fills half of it, a constant the rest.
+_STATE_TAIL = (0x6A09E667, 0xBB67AE85)
+
+
+def random_bits(shape: Sequence[int]) -> Any:
+    """uint32 random bits of ``shape`` for the current node (fresh per call of the graph)."""
+    seed = lax.convert_element_type(current().rng_seed(), jnp.uint32)
+    state = jnp.concatenate([seed, jnp.asarray(_STATE_TAIL, jnp.uint32)])
+    _, bits = lax.rng_bit_generator(state, tuple(shape), dtype=jnp.uint32,
+                                    algorithm=lax.RandomAlgorithm.RNG_DEFAULT)
+    return bits
+
+
+def _digits(dtype: Any) -> int:
+    return min(jnp.finfo(dtype).nmant + 1, 24)  # float64 is computed as float32 on the device
+
+
+def uniform01(bits: Any, dtype: Any) -> Any:
+    """Floats in [0, 1) on the grid 2**-digits of ``dtype``, exact in ``dtype``, computed in float32."""
+    digits = _digits(dtype)
+    top = lax.shift_right_logical(bits, jnp.uint32(32 - digits))
+    return lax.convert_element_type(top, jnp.float32) * jnp.float32(2.0**-digits)
+
+
+def _float_out() -> Any:
+    dtype = out_dtype()
+    if not is_float(dtype):
+        raise Unsupported(f"random floats of dtype {jnp.dtype(dtype)}")
+    return dtype
+
+
+def _uniform(shape: Sequence[int], dtype: Any) -> Any:
+    return uniform01(random_bits(shape), dtype)
+
+
+def _standard_normal(shape: Sequence[int]) -> Any:
+    """Box-Muller in float32 (log, sqrt, cos: ops every target has)."""
+    bits = random_bits((2, *shape))
+    u1 = jnp.float32(1) - uniform01(bits[0], jnp.float32)  # (0, 1]: log is finite
+    u2 = uniform01(bits[1], jnp.float32)
+    return lax.sqrt(jnp.float32(-2) * lax.log(u1)) * lax.cos(jnp.float32(2 * np.pi) * u2)
+
+
+@register_lowering(aten.rand.default, aten.rand.generator, aten.rand_like)
+def rand(*args, **kwargs):
+    dtype = _float_out()
+    return convert(_uniform(out_shape(), dtype), dtype)
+
+
+@register_lowering(aten.uniform)
+def uniform(x, low=0.0, high=1.0, *, generator=None):
+    dtype = _float_out()
+    u = _uniform(out_shape(), dtype)
+    return convert(u * jnp.float32(high - low) + jnp.float32(low), dtype)
+
+
+@register_lowering(aten.randn.default, aten.randn.generator, aten.randn_like)
+def randn(*args, **kwargs):
+    dtype = _float_out()
+    return convert(_standard_normal(out_shape()), dtype)
+
+
+def _normal(mean: Any, std: Any) -> Any:
+    dtype = _float_out()
+    z = _standard_normal(out_shape())
+    mean, std = (convert(v, jnp.float32) for v in (mean, std))
+    z, mean, std = broadcast(z, mean, std)
+    return convert(z * std + mean, dtype)
+
+
+@register_lowering(aten.normal_functional)
+def normal_functional(x, mean=0.0, std=1.0, *, generator=None):
+    return _normal(mean, std)
+
+
+@register_lowering(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor)
+def normal(mean, std=1.0, *, generator=None):
+    return _normal(mean, std)
+
+
+@register_lowering(aten.normal.float_float)
+def normal_float_float(mean, std, size, **kwargs):
+    return _normal(mean, std)
+
+
+@register_lowering(aten.exponential)
+def exponential(x, lambd=1.0, *, generator=None):
+    dtype = _float_out()
+    u = _uniform(out_shape(), jnp.float32)
+    return convert(-lax.log1p(-u) / jnp.float32(lambd), dtype)
+
+
+def _bernoulli(p: Any) -> Any:
+    u = _uniform(out_shape(), jnp.float32)
+    u, p = broadcast(u, convert(p, jnp.float32))
+    return convert(u < p, out_dtype())
+
+
+@register_lowering(aten.bernoulli.default, aten.bernoulli.Tensor)
+def bernoulli(x, p=None, *, generator=None):
+    return _bernoulli(x if p is None else p)
+
+
+@register_lowering(aten.bernoulli.p)
+def bernoulli_p(x, p=0.5, *, generator=None):
+    return _bernoulli(p)
+
+
+def _randint(low: int, high: int) -> Any:
+    span = int(high) - int(low)
+    if span <= 0:
+        raise Unsupported(f"randint with empty range [{low}, {high})")
+    shape = out_shape()
+    # As eager: 32 random bits modulo the span when it fits, 64 bits otherwise.
+    if span <= 2**32:
+        r = convert(random_bits(shape), jnp.uint64) % jnp.uint64(span)
+    else:
+        bits = convert(random_bits((2, *shape)), jnp.uint64)
+        r = (lax.shift_left(bits[0], jnp.uint64(32)) | bits[1]) % jnp.uint64(span)
+    return convert(convert(r, jnp.int64) + jnp.int64(low), out_dtype())
+
+
+@register_lowering(aten.randint.default, aten.randint.generator)
+def randint(high, size, **kwargs):
+    return _randint(0, high)
+
+
+@register_lowering(aten.randint.low, aten.randint.low_generator)
+def randint_low(low, high, size, **kwargs):
+    return _randint(low, high)
+
+
+@register_lowering(aten.randint_like.default, aten.randint_like.generator)
+def randint_like(x, high, **kwargs):
+    return _randint(0, high)
+
+
+@register_lowering(aten.randint_like.low_dtype, aten.randint_like.low_generator_dtype)
+def randint_like_low(x, low, high, **kwargs):
+    return _randint(low, high)
+
+
+@register_lowering(aten.randperm.default, aten.randperm.generator)
+def randperm(n, **kwargs):
+    # Positions sorted by random keys: always a permutation; equal keys (rare) keep their order.
+    keys = convert(random_bits((n,)), jnp.int64)
+    _, perm = sort_along(keys, 0)
+    return convert(perm, out_dtype())
+
+
+@register_lowering(aten.native_dropout)
+def native_dropout(x, p, train):
+    if train is False:
+        return x, jnp.ones(x.shape, jnp.bool_)
+    keep = 1.0 - float(p)
+    scale = 0.0 if keep == 0 else 1.0 / keep
+    mask = _uniform(x.shape, jnp.float32) < jnp.float32(keep)
+    # As eager: input * mask * scale, rounded once (so inf * dropped = nan, as in eager).
+    acc = jnp.float32 if jnp.dtype(x.dtype).itemsize < 4 else x.dtype
+    out = convert(x, acc) * convert(mask, acc) * jnp.asarray(scale, acc)
+    return convert(out, x.dtype), mask
+
+
+@register_lowering(aten.native_dropout_backward)
+def native_dropout_backward(grad, mask, scale):
+    acc = jnp.float32 if jnp.dtype(grad.dtype).itemsize < 4 else grad.dtype
+    out = convert(grad, acc) * convert(mask, acc) * jnp.asarray(scale, acc)
+    return convert(out, grad.dtype)

@@ -1,0 +1,574 @@
+"""Op families real models need: indexing, sorting, scans, pooling, padding/upsampling, random ops.
+
+Two routes, both compared with eager on the same inputs:
+- ``torch.compile(backend="neuron")``: the aten ops AOTAutograd actually leaves (forward and gradients of
+  every floating input, with a random cotangent so index mix-ups cannot cancel out);
+- aten level: an FX graph of explicit aten calls (``make_fx``) lowered and run directly, for ops the
+  current decomposition table breaks up before they reach us (upsample, reflection/replication pads) and
+  for behaviours Dynamo never hands us (data-dependent shapes, out-of-range indices).
+
+Integer outputs (indices, int64 results) must match exactly. Tolerances: float32 1e-5 where we compute in
+eager's order; 1e-4 where a sum is rounded in another order (scans, pooling windows, scatter-add of
+duplicates); bfloat16 1.6e-2 (one ulp is 7.8e-3; both sides round). Random ops are checked by shape,
+dtype, range, statistics and reproducibility under ``torch.manual_seed``: the compiled stream is not
+eager's, so they match in distribution only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import neuron_compile.lowering as lowering
+from neuron_compile.errors import NeuronUnsupportedOpError
+from neuron_compile.lowering import lower_graph
+from neuron_compile.runtime.cpu import CpuTarget
+from neuron_compile.runtime.executor import CompiledGraph
+
+aten = torch.ops.aten
+F32, BF16, I64 = torch.float32, torch.bfloat16, torch.int64
+
+TOL = {
+    "exact": {F32: (1e-5, 1e-5), BF16: (1.6e-2, 1e-2)},
+    "sum": {F32: (1e-4, 1e-4), BF16: (1.6e-2, 2e-2)},
+}
+
+
+# ---- helpers ---------------------------------------------------------------------------------------------
+def randn(*shape: int) -> Callable[[torch.dtype], torch.Tensor]:
+    return lambda dtype: torch.randn(shape).to(dtype)
+
+
+def distinct(*shape: int, scale: float = 0.25) -> Callable[[torch.dtype], torch.Tensor]:
+    """Values without ties (exact in bfloat16 for up to 512 elements), so sort/max indices are defined."""
+    n = 1
+    for s in shape:
+        n *= s
+    return lambda dtype: ((torch.randperm(n) - n // 2).float() * scale).reshape(shape).to(dtype)
+
+
+def const(t: torch.Tensor) -> Callable[[torch.dtype], torch.Tensor]:
+    return lambda dtype: t.clone()
+
+
+def with_nans(make: Callable[[torch.dtype], torch.Tensor], where: tuple) -> Callable[[torch.dtype], torch.Tensor]:
+    def build(dtype):
+        t = make(dtype)
+        t[where] = float("nan")
+        return t
+
+    return build
+
+
+def _flatten(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _flatten(o)]
+    return []
+
+
+def _describe(inputs: list[Any]) -> str:
+    return ", ".join(f"{t.dtype}{list(t.shape)}" if isinstance(t, torch.Tensor) else repr(t) for t in inputs)
+
+
+def _assert_same(actual: torch.Tensor, expected: torch.Tensor, tol: tuple[float, float], what: str) -> None:
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != eager {expected.dtype}"
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != eager {tuple(expected.shape)}"
+    if not expected.is_floating_point():
+        assert torch.equal(actual, expected), f"{what}: integer results differ\n{actual}\n!= eager\n{expected}"
+        return
+    rtol, atol = tol
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
+def _missing(requires: tuple[str, ...]) -> list[str]:
+    have = set(lowering.supported_ops())
+    return [op for op in requires if op not in have]
+
+
+@dataclass
+class Case:
+    name: str
+    fn: Callable[..., Any]
+    inputs: list[Any]  # makers (dtype -> tensor) or constants (index tensors, scalars)
+    dtypes: tuple[torch.dtype, ...] = (F32,)
+    grad: bool = True
+    tol: str = "exact"
+    #: aten ops of other families this case's graph needs; the case is skipped (naming them) until lowered.
+    requires: tuple[str, ...] = ()
+
+    def params(self) -> list[Any]:
+        return [pytest.param(self, d, id=f"{self.name}-{str(d).split('.')[-1]}") for d in self.dtypes]
+
+
+def _materialize(case: Case, dtype: torch.dtype) -> list[Any]:
+    torch.manual_seed(0)
+    return [m(dtype) if callable(m) else m for m in case.inputs]
+
+
+def check_compiled(case: Case, dtype: torch.dtype) -> None:
+    missing = _missing(case.requires)
+    if missing:
+        pytest.skip(f"{case.name}: needs {missing} (lowered by another family)")
+    inputs = _materialize(case, dtype)
+    what = f"{case.name}[{dtype}]({_describe(inputs)})"
+    tol = TOL[case.tol][dtype] if dtype in TOL[case.tol] else (0, 0)
+
+    def leaves():
+        out = []
+        for t in inputs:
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and case.grad:
+                t = t.detach().clone().requires_grad_(True)
+            elif isinstance(t, torch.Tensor):
+                t = t.clone()
+            out.append(t)
+        return out
+
+    eager_in, comp_in = leaves(), leaves()
+    expected = _flatten(case.fn(*eager_in))
+    compiled = torch.compile(case.fn, backend="neuron", dynamic=False)
+    actual = _flatten(compiled(*comp_in))
+    assert len(actual) == len(expected), what
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        _assert_same(a.detach(), e.detach(), tol, f"{what} output {i}")
+    if not case.grad:
+        return
+    diff = [(a, e) for a, e in zip(actual, expected) if e.requires_grad]
+    if not diff:
+        return
+    gen = torch.Generator().manual_seed(1)
+    weights = [torch.randn(e.shape, generator=gen).to(e.dtype) for _, e in diff]
+    sum((e * w).float().sum() for (_, e), w in zip(diff, weights)).backward()
+    sum((a * w).float().sum() for (a, _), w in zip(diff, weights)).backward()
+    for i, (a, e) in enumerate(zip(comp_in, eager_in)):
+        if isinstance(e, torch.Tensor) and e.requires_grad:
+            assert (a.grad is None) == (e.grad is None), f"{what}: grad of input {i} presence"
+            if e.grad is not None:
+                grad_tol = TOL["sum"][dtype]
+                _assert_same(a.grad, e.grad, grad_tol, f"{what} grad of input {i}")
+
+
+def run_aten(fn: Callable[..., Any], inputs: list[Any], tracing_mode: str = "real") -> list[torch.Tensor]:
+    """Lower the aten graph of ``fn`` (no decompositions) and run it on the CPU target."""
+
+    def as_tuple(*args):
+        return tuple(_flatten(fn(*args)))
+
+    gm = make_fx(as_tuple, tracing_mode=tracing_mode)(*inputs)
+    lowered = lower_graph(gm, list(inputs), "families")
+    executable = CpuTarget().compile(lowered.stablehlo())
+    graph = CompiledGraph("families", executable, lowered.inputs, lowered.outputs, lowered.needs_rng_seed)
+    return graph(list(inputs))
+
+
+def check_aten(case: Case, dtype: torch.dtype) -> None:
+    inputs = _materialize(case, dtype)
+    what = f"{case.name}[{dtype}]({_describe(inputs)})"
+    expected = _flatten(case.fn(*inputs))
+    actual = run_aten(case.fn, inputs)
+    assert len(actual) == len(expected), what
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        _assert_same(a, e, TOL[case.tol][dtype], f"{what} output {i}")
+
+
+# ---- indexing ----------------------------------------------------------------------------------------------
+IDX = torch.tensor([[0, 2, 1], [3, 0, 2]])
+ROW_PERM = torch.tensor([[1, 3, 0], [2, 0, 3]])  # unique per row: scatter without duplicate writes
+I1 = torch.tensor([2, 0, 1, 2])
+NEG = torch.tensor([-1, 0, -3])
+# Index tensors live at module level: Dynamo lifts them into graph inputs. (A torch.tensor(...) built
+# inside the compiled function becomes a graph constant, which the cache key cannot hash yet.)
+ROWS_02 = torch.tensor([0, 2])
+ROWS_20 = torch.tensor([2, 0])
+COLS_13 = torch.tensor([1, 3])
+COLS_031 = torch.tensor([0, 3, 1])
+COLS_1011 = torch.tensor([1, 0, 1, 1])
+DUP = torch.tensor([[0, 0, 2], [3, 3, 3]])
+ZEROS_52 = torch.zeros(5, 2, dtype=torch.long)
+SMALL = torch.tensor([[0, 2], [2, 0]])
+FLAT = torch.tensor([[0, 11], [5, -1]])
+
+INDEXING = [
+    Case("gather_dim1", lambda x: torch.gather(x, 1, IDX), [randn(2, 4)], (F32, BF16)),
+    Case("gather_dim0_small_index", lambda x: torch.gather(x, 0, SMALL), [randn(3, 5)]),
+    Case("gather_int64", lambda x: torch.gather(x, -1, IDX), [const(torch.arange(8).reshape(2, 4) * 7)], (I64,)),
+    Case("scatter_src", lambda x, s: x.scatter(1, ROW_PERM, s), [randn(2, 4), randn(2, 3)], (F32, BF16)),
+    # torch's own derivative of scatter breaks when src is larger than index: forward only.
+    Case("scatter_src_larger", lambda x, s: x.scatter(1, ROW_PERM, s), [randn(2, 4), randn(3, 5)], grad=False),
+    Case("scatter_value", lambda x: x.scatter(1, ROW_PERM, -2.5), [randn(2, 4)]),
+    Case("scatter_reduce_add_legacy", lambda x, s: x.scatter(1, IDX, s, reduce="add"), [randn(2, 4), randn(2, 3)],
+         grad=False),
+    Case("scatter_reduce_mul_legacy", lambda x, s: x.scatter(1, IDX, s, reduce="multiply"),
+         [randn(2, 4), randn(2, 3)], grad=False),
+    Case("scatter_add", lambda x, s: x.scatter_add(1, IDX, s), [randn(2, 4), randn(2, 3)], (F32, BF16)),
+    Case("scatter_add_dup", lambda x, s: x.scatter_add(0, ZEROS_52, s),
+         [randn(2, 2), randn(5, 2)], tol="sum"),
+    *[
+        Case(f"scatter_reduce_{r}_self{int(s)}",
+             lambda x, v, r=r, s=s: x.scatter_reduce(1, DUP, v, r, include_self=s),
+             [distinct(2, 4), distinct(2, 3, scale=0.5)], tol="sum", grad=r != "prod")
+        for r in ("sum", "prod", "mean", "amax", "amin")
+        for s in (True, False)
+    ],
+    Case("index_rows", lambda x: x[I1], [randn(3, 4)], (F32, BF16)),
+    Case("index_cols_negative", lambda x: x[:, NEG], [randn(3, 4)]),
+    Case("index_broadcast_2d", lambda x: x[I1[:, None], COLS_031], [randn(3, 4)]),
+    Case("index_none_ellipsis", lambda x: x[None, I1, ..., None], [randn(3, 4, 2)]),
+    Case("index_separated_front", lambda x: x[I1, :, COLS_1011], [randn(3, 2, 2)]),
+    Case("index_int64_values", lambda x: x[NEG], [const(torch.arange(12).reshape(3, 4))], (I64,)),
+    Case("index_put_accumulate_dup", lambda x, v: x.index_put((I1,), v, accumulate=True), [randn(3, 4), randn(4, 4)],
+         (F32, BF16), tol="sum"),
+    Case("index_put_set", lambda x, v: x.index_put((ROWS_20,), v), [randn(3, 4), randn(2, 4)]),
+    Case("index_put_2d_broadcast", lambda x, v: x.index_put((ROWS_02, COLS_13), v),
+         [randn(3, 4), randn(1)]),
+    Case("setitem_bool_mask", lambda x, v: _setitem_mask(x, v), [randn(3, 4), randn()]),
+    Case("setitem_bool_mask_rows", lambda x, v: _setitem_mask(x, v), [randn(3, 4), randn(4)]),
+    Case("setitem_rows", lambda x, v: _setitem_rows(x, v), [randn(3, 4), randn(4)]),
+    Case("index_select", lambda x: x.index_select(1, I1), [randn(3, 4)], (F32, BF16)),
+    Case("index_add_alpha", lambda x, s: x.index_add(0, I1, s, alpha=2), [randn(3, 4), randn(4, 4)], tol="sum"),
+    Case("index_copy", lambda x, s: x.index_copy(0, ROWS_20, s), [randn(3, 4), randn(2, 4)]),
+    Case("index_fill", lambda x: x.index_fill(1, COLS_13, 3.0), [randn(3, 4)]),
+    Case("take", lambda x: torch.take(x, FLAT), [randn(3, 4)]),
+    Case("take_along_dim", lambda x: torch.take_along_dim(x, IDX, 1), [randn(2, 4)],
+         requires=("aten.remainder.Scalar",)),
+    Case("select_scatter", lambda x, s: torch.select_scatter(x, s, 0, -1), [randn(3, 4), randn(4)]),
+    Case("slice_scatter_step", lambda x, s: torch.slice_scatter(x, s, 1, 1, 6, 2), [randn(3, 7), randn(3, 3)]),
+    Case("slice_scatter_dim0", lambda x, s: torch.slice_scatter(x, s, 0, 1, 3), [randn(4, 3), randn(2, 3)]),
+    Case("diagonal_scatter", lambda x, s: torch.diagonal_scatter(x, s, 1), [randn(3, 4), randn(3)],
+         requires=("aten.diagonal.default",)),
+    Case("diagonal_scatter_fw", lambda x, s: torch.diagonal_scatter(x, s, -1, 1, 0), [randn(3, 4), randn(3)],
+         grad=False),
+    Case("masked_scatter", lambda x, s: x.masked_scatter(x > 0, s), [randn(3, 4), randn(13)]),
+]
+
+
+def _setitem_mask(x, v):
+    # (A Python-scalar value, y[m] = 0.5, becomes a graph constant: see ROWS_02 above.)
+    y = x * 2
+    if v.ndim == 0:
+        y[y > 0] = v
+    else:
+        y[y[:, 0] > 0] = v  # one value row broadcast to every selected row
+    return y
+
+
+def _setitem_rows(x, v):
+    y = x * 2
+    y[ROWS_02] = v
+    return y
+
+
+@pytest.mark.parametrize("case,dtype", [p for c in INDEXING for p in c.params()])
+def test_indexing(case: Case, dtype: torch.dtype) -> None:
+    check_compiled(case, dtype)
+
+
+def test_out_of_range_indices_clamp_on_read_and_drop_on_write() -> None:
+    # Eager raises for these; a compiled graph cannot, so reads clamp into range and writes are dropped
+    # (XLA's gather/scatter semantics). Documented in lowering/indexing.py.
+    x = torch.arange(12.0).reshape(3, 4)
+    (read,) = run_aten(lambda t, i: aten.index.Tensor(t, [i]), [x, torch.tensor([5, -1])], "fake")
+    assert torch.equal(read, x[[2, 2]])
+    (written,) = run_aten(lambda t, i: aten.index_put.default(t, [i], torch.ones(4)), [x, torch.tensor([7])], "fake")
+    assert torch.equal(written, x)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, s: x.scatter_add(1, IDX, s),
+        lambda x, s: x.scatter_reduce(1, IDX, s, "amax"),
+        lambda x, s: x.index_put((ROWS_02,), s[:, :1], accumulate=True),
+    ],
+    ids=["scatter_add", "scatter_reduce_amax", "index_put_accumulate"],
+)
+def test_integer_scatter_reductions_are_refused(fn) -> None:
+    # neuronx-cc has no integer scatter reduction; the legality pass says so on every target.
+    x, s = torch.arange(8).reshape(2, 4), torch.arange(6).reshape(2, 3) * 100
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="no integer/bool scatter reduction"):
+        torch.compile(fn, backend="neuron", dynamic=False)(x, s)
+
+
+@pytest.mark.parametrize(
+    "fn,reason",
+    [
+        (lambda t: aten.nonzero.default(t), "depends on tensor values"),
+        (lambda t: aten.index.Tensor(t, [t[:, 0] > 0]), "boolean mask"),
+        (lambda t: aten.masked_select.default(t, t > 0), "depends on tensor values"),
+    ],
+    ids=["nonzero", "index_bool_mask", "masked_select"],
+)
+def test_data_dependent_shapes_are_refused(fn, reason) -> None:
+    x = torch.tensor([[1.0, -2.0], [3.0, 0.0]])
+    with pytest.raises(NeuronUnsupportedOpError, match=reason):
+        run_aten(fn, [x])
+
+
+# ---- sorting --------------------------------------------------------------------------------------------------
+def _nan_ties(dtype):
+    # NaNs, -0.0 next to 0.0, ties and infinities: all the cases where sort order is subtle.
+    t = torch.tensor([[3.0, float("nan"), -0.0, 0.0, 1.0, float("-inf"), 1.0, float("nan"), float("inf"), -2.0],
+                      [0.5, 0.5, 0.5, -1.0, float("nan"), 2.0, -0.0, 7.0, 0.0, -3.0]])
+    return t.to(dtype)
+
+
+SORTING = [
+    Case("sort_asc", lambda x: torch.sort(x, dim=1), [distinct(3, 5)], (F32, BF16)),
+    Case("sort_desc_dim0", lambda x: torch.sort(x, dim=0, descending=True), [distinct(4, 3)], (F32, BF16)),
+    Case("sort_stable_nan_ties", lambda x: torch.sort(x, dim=1, stable=True), [_nan_ties], (F32, BF16)),
+    Case("sort_stable_desc_nan_ties", lambda x: torch.sort(x, dim=-1, descending=True, stable=True), [_nan_ties],
+         (F32, BF16)),
+    Case("sort_int64", lambda x: torch.sort(x, stable=True, descending=True),
+         [const(torch.tensor([[5, -3, 5, 2**40, -(2**40), 0]]))], (I64,)),
+    Case("argsort", lambda x: torch.argsort(x, dim=1), [distinct(3, 6)]),
+    Case("msort", lambda x: torch.msort(x), [distinct(4, 3)]),
+    Case("topk_largest", lambda x: torch.topk(x, 3, dim=1), [distinct(3, 7)], (F32, BF16)),
+    Case("topk_smallest_dim0", lambda x: torch.topk(x, 2, dim=0, largest=False), [distinct(5, 3)]),
+    Case("topk_nan", lambda x: torch.topk(x, 3, dim=1), [_nan_ties]),
+    Case("kthvalue", lambda x: torch.kthvalue(x, 2, dim=1), [distinct(3, 5)]),
+    Case("kthvalue_keepdim", lambda x: torch.kthvalue(x, 3, dim=0, keepdim=True), [distinct(4, 3)]),
+    Case("median_dim", lambda x: torch.median(x, dim=1), [distinct(3, 6)]),
+    Case("median_dim_nan", lambda x: torch.median(x, dim=1), [with_nans(distinct(3, 5), (1, 2))], grad=False),
+    Case("median_all", lambda x: torch.median(x), [distinct(3, 5)]),
+]
+
+
+@pytest.mark.parametrize("case,dtype", [p for c in SORTING for p in c.params()])
+def test_sorting(case: Case, dtype: torch.dtype) -> None:
+    check_compiled(case, dtype)
+
+
+# ---- scans ------------------------------------------------------------------------------------------------------
+def _cum_ties(dtype):
+    return torch.tensor([[1.0, 3.0, 3.0, 2.0, float("nan"), 5.0, float("nan"), 0.0],
+                         [-1.0, -1.0, -4.0, -4.0, 2.0, -5.0, -5.0, 9.0]]).to(dtype)
+
+
+SCANS = [
+    Case("cumsum", lambda x: torch.cumsum(x, 1), [randn(3, 37)], (F32, BF16), tol="sum"),
+    Case("cumsum_dim0", lambda x: torch.cumsum(x, 0), [randn(9, 4)], tol="sum"),
+    Case("cumsum_int_to_int64", lambda x: torch.cumsum(x, -1), [const(torch.arange(20, dtype=torch.int32) - 9)],
+         (torch.int32,)),
+    Case("cumsum_dtype_arg", lambda x: torch.cumsum(x, 0, dtype=torch.float32), [randn(6)], (BF16,), tol="sum"),
+    Case("cumprod", lambda x: torch.cumprod(x, 1), [lambda d: (torch.rand(2, 9) + 0.5).to(d)], (F32, BF16),
+         tol="sum"),
+    Case("logcumsumexp", lambda x: torch.logcumsumexp(x, 1), [randn(3, 17)], (F32, BF16), tol="sum"),
+    Case("logcumsumexp_inf", lambda x: torch.logcumsumexp(x, 0),
+         [const(torch.tensor([float("-inf"), float("-inf"), 1.0, float("inf"), 2.0]))], grad=False),
+    Case("cummax", lambda x: torch.cummax(x, 1), [randn(3, 11)], (F32, BF16)),
+    Case("cummin_dim0", lambda x: torch.cummin(x, 0), [randn(7, 3)]),
+    Case("cummax_ties_nan", lambda x: torch.cummax(x, 1), [_cum_ties], grad=False),
+    Case("cummin_ties_nan", lambda x: torch.cummin(x, 1), [_cum_ties], grad=False),
+    Case("cummax_int64", lambda x: torch.cummax(x, 0), [const(torch.tensor([3, 1, 3, 7, 7, -2]))], (I64,)),
+]
+
+
+@pytest.mark.parametrize("case,dtype", [p for c in SCANS for p in c.params()])
+def test_scans(case: Case, dtype: torch.dtype) -> None:
+    check_compiled(case, dtype)
+
+
+# ---- pooling ------------------------------------------------------------------------------------------------------
+POOLING = [
+    Case("max_pool2d_indices", lambda x: F.max_pool2d(x, 2, return_indices=True), [distinct(2, 2, 6, 6)],
+         (F32, BF16)),
+    Case("max_pool2d_pad_ceil", lambda x: F.max_pool2d(x, 3, 2, 1, ceil_mode=True, return_indices=True),
+         [distinct(1, 2, 7, 6)]),
+    Case("max_pool2d_dilation", lambda x: F.max_pool2d(x, (2, 3), (1, 2), (1, 1), dilation=2, return_indices=True),
+         [distinct(2, 7, 8)]),
+    Case("max_pool2d_overlap_grad", lambda x: F.max_pool2d(x, 3, 1), [distinct(1, 1, 5, 5)], tol="sum"),
+    Case("max_pool2d_nan", lambda x: F.max_pool2d(x, 2, return_indices=True),
+         [with_nans(distinct(1, 1, 4, 4), (0, 0, slice(0, 2), 1))], grad=False),
+    Case("max_pool1d", lambda x: F.max_pool1d(x, 3, 2, 1, return_indices=True), [distinct(2, 3, 9)]),
+    Case("max_pool3d", lambda x: F.max_pool3d(x, 2, return_indices=True), [distinct(1, 2, 4, 4, 4)]),
+    Case("avg_pool2d", lambda x: F.avg_pool2d(x, 2), [randn(2, 3, 6, 6)], (F32, BF16), tol="sum"),
+    Case("avg_pool2d_pad_ceil_exclude", lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+         [randn(1, 2, 7, 6)], tol="sum"),
+    Case("avg_pool2d_pad_include", lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True), [randn(1, 2, 7, 6)],
+         tol="sum"),
+    Case("avg_pool2d_divisor", lambda x: F.avg_pool2d(x, (2, 3), 1, (1, 0), divisor_override=5), [randn(2, 5, 6)],
+         tol="sum"),
+    Case("avg_pool1d", lambda x: F.avg_pool1d(x, 3, 2, 1, count_include_pad=False), [randn(2, 3, 10)], tol="sum"),
+    Case("avg_pool3d", lambda x: F.avg_pool3d(x, 2, 2, 1), [randn(1, 2, 5, 4, 4)], tol="sum"),
+    Case("adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(x, (3, 4)), [randn(2, 3, 7, 9)], (F32, BF16),
+         tol="sum"),
+    Case("adaptive_avg_pool1d", lambda x: F.adaptive_avg_pool1d(x, 4), [randn(2, 3, 10)], tol="sum"),
+    Case("adaptive_avg_pool3d", lambda x: F.adaptive_avg_pool3d(x, (2, 3, 2)), [randn(1, 2, 5, 7, 3)], tol="sum"),
+    Case("adaptive_max_pool2d", lambda x: F.adaptive_max_pool2d(x, (3, 4), return_indices=True),
+         [distinct(2, 2, 7, 9)], (F32, BF16)),
+    Case("adaptive_max_pool1d", lambda x: F.adaptive_max_pool1d(x, 4, return_indices=True), [distinct(2, 3, 10)]),
+    Case("adaptive_max_pool2d_nan", lambda x: F.adaptive_max_pool2d(x, 3, return_indices=True),
+         [with_nans(distinct(1, 1, 5, 5), (0, 0, 1, slice(1, 3)))], grad=False),
+]
+
+
+@pytest.mark.parametrize("case,dtype", [p for c in POOLING for p in c.params()])
+def test_pooling(case: Case, dtype: torch.dtype) -> None:
+    check_compiled(case, dtype)
+
+
+# ---- padding and upsampling -------------------------------------------------------------------------------------
+PADDING = [
+    Case("pad_constant_crop", lambda x: F.pad(x, (1, -1, 2, 0), value=0.5), [randn(1, 2, 5, 5)], (F32, BF16)),
+    Case("pad_constant_int", lambda x: F.pad(x, (2, 1)), [const(torch.arange(6).reshape(2, 3))], (I64,)),
+    Case("pad_reflect_2d", lambda x: F.pad(x, (1, 2, 2, 1), mode="reflect"), [randn(1, 2, 5, 5)], tol="sum"),
+    Case("pad_replicate_2d", lambda x: F.pad(x, (1, 2, 2, 1), mode="replicate"), [randn(1, 2, 5, 5)], tol="sum",
+         requires=("aten.clamp.default",)),
+    Case("interpolate_nearest", lambda x: F.interpolate(x, scale_factor=2, mode="nearest"), [randn(1, 2, 3, 4)],
+         tol="sum"),
+    Case("interpolate_bilinear", lambda x: F.interpolate(x, size=(5, 7), mode="bilinear"), [randn(1, 2, 3, 4)],
+         tol="sum", requires=("aten.clamp.default",)),
+]
+
+
+@pytest.mark.parametrize("case,dtype", [p for c in PADDING for p in c.params()])
+def test_padding_compiled(case: Case, dtype: torch.dtype) -> None:
+    check_compiled(case, dtype)
+
+
+def _grad_probe(shape):
+    return lambda dtype: torch.randn(shape).to(dtype)
+
+
+ATEN_PADDING = [
+    Case("reflection_pad1d", lambda x: aten.reflection_pad1d(x, [2, 3]), [randn(2, 3, 6)]),
+    Case("reflection_pad2d", lambda x: aten.reflection_pad2d(x, [1, 2, 3, 0]), [randn(2, 4, 5)], (F32, BF16)),
+    Case("reflection_pad3d", lambda x: aten.reflection_pad3d(x, [1, 1, 0, 2, 2, 1]), [randn(1, 2, 3, 4, 5)]),
+    Case("replication_pad1d", lambda x: aten.replication_pad1d(x, [3, 1]), [randn(2, 3, 4)]),
+    Case("replication_pad2d", lambda x: aten.replication_pad2d(x, [2, 0, 1, 3]), [randn(1, 2, 3, 4)], (F32, BF16)),
+    Case("replication_pad3d", lambda x: aten.replication_pad3d(x, [1, 2, 1, 0, 0, 1]), [randn(1, 1, 2, 3, 4)]),
+    Case("reflection_pad2d_backward", lambda g, x: aten.reflection_pad2d_backward(g, x, [1, 2, 3, 0]),
+         [_grad_probe((2, 7, 8)), randn(2, 4, 5)], tol="sum"),
+    Case("reflection_pad1d_backward", lambda g, x: aten.reflection_pad1d_backward(g, x, [2, 3]),
+         [_grad_probe((2, 3, 11)), randn(2, 3, 6)], tol="sum"),
+    Case("replication_pad2d_backward", lambda g, x: aten.replication_pad2d_backward(g, x, [2, 0, 1, 3]),
+         [_grad_probe((1, 2, 7, 6)), randn(1, 2, 3, 4)], (F32, BF16), tol="sum"),
+    Case("replication_pad3d_backward", lambda g, x: aten.replication_pad3d_backward(g, x, [1, 2, 1, 0, 0, 1]),
+         [_grad_probe((1, 1, 3, 4, 7)), randn(1, 1, 2, 3, 4)], tol="sum"),
+    Case("upsample_nearest2d_scale", lambda x: aten.upsample_nearest2d.vec(x, None, [2.0, 3.0]), [randn(1, 2, 3, 4)],
+         (F32, BF16)),
+    Case("upsample_nearest2d_size", lambda x: aten.upsample_nearest2d.vec(x, [5, 7], None), [randn(1, 2, 3, 4)]),
+    Case("upsample_nearest2d_down", lambda x: aten.upsample_nearest2d.default(x, [2, 3]), [randn(1, 2, 5, 7)]),
+    Case("upsample_nearest1d", lambda x: aten.upsample_nearest1d.vec(x, None, [1.7]), [randn(2, 3, 5)]),
+    Case("upsample_nearest_exact2d", lambda x: aten._upsample_nearest_exact2d.vec(x, [5, 7], None),
+         [randn(1, 2, 3, 4)]),
+    Case("upsample_nearest2d_backward",
+         lambda g: aten.upsample_nearest2d_backward.default(g, [5, 7], [1, 2, 3, 4], None, None),
+         [_grad_probe((1, 2, 5, 7))], tol="sum"),
+    *[
+        Case(f"upsample_bilinear2d_{how}_ac{int(ac)}", fn, [randn(1, 2, 4, 5)], (F32, BF16), tol="sum")
+        for ac in (False, True)
+        for how, fn in (
+            ("size", lambda x, ac=ac: aten.upsample_bilinear2d.vec(x, [7, 3], ac, None)),
+            ("scale", lambda x, ac=ac: aten.upsample_bilinear2d.vec(x, None, ac, [1.5, 2.0])),
+            ("same", lambda x, ac=ac: aten.upsample_bilinear2d.default(x, [4, 9], ac, None, None)),
+        )
+    ],
+    Case("upsample_linear1d", lambda x: aten.upsample_linear1d.vec(x, [9], False, None), [randn(2, 3, 4)], tol="sum"),
+    *[
+        Case(f"upsample_bilinear2d_backward_ac{int(ac)}",
+             lambda g, ac=ac: aten.upsample_bilinear2d_backward.default(g, [7, 3], [1, 2, 4, 5], ac, None, None),
+             [_grad_probe((1, 2, 7, 3))], tol="sum")
+        for ac in (False, True)
+    ],
+]
+
+
+@pytest.mark.parametrize("case,dtype", [p for c in ATEN_PADDING for p in c.params()])
+def test_padding_aten(case: Case, dtype: torch.dtype) -> None:
+    check_aten(case, dtype)
+
+
+# ---- random ---------------------------------------------------------------------------------------------------------
+def _compiled(fn):
+    return torch.compile(fn, backend="neuron", dynamic=False)
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["float32", "bfloat16"])
+def test_rand_randn_statistics(dtype) -> None:
+    x = torch.zeros(256, 64, dtype=dtype)
+    u, z, zl = _compiled(lambda t: (torch.rand(256, 64, dtype=dtype), torch.randn(256, 64, dtype=dtype),
+                                    torch.randn_like(t)))(x)
+    for t in (u, z, zl):
+        assert t.dtype == dtype and t.shape == (256, 64)
+    assert 0 <= u.min() and u.max() < 1, "rand must lie in [0, 1)"
+    u, z, zl = u.float(), z.float(), zl.float()
+    n = u.numel()
+    assert abs(u.mean() - 0.5) < 5 * (1 / 12 / n) ** 0.5 + 4e-3, f"rand mean {u.mean()}"
+    assert abs(u.var() - 1 / 12) < 4e-3, f"rand var {u.var()}"
+    for t in (z, zl):
+        assert abs(t.mean()) < 5 / n**0.5 + 4e-3, f"randn mean {t.mean()}"
+        assert abs(t.std() - 1) < 1e-2, f"randn std {t.std()}"
+    assert not torch.equal(z, zl), "two random nodes must draw different streams"
+
+
+def test_uniform_normal_bernoulli_exponential_randint() -> None:
+    def fn(x):
+        return (
+            x.detach().clone().uniform_(-2.0, 3.0),
+            x.detach().clone().normal_(1.5, 0.5),
+            torch.normal(x, 2.0),
+            torch.bernoulli(torch.full_like(x, 0.3)),
+            x.detach().clone().bernoulli_(0.8),
+            x.detach().clone().exponential_(2.0),
+            torch.randint(3, 11, (128, 64)),
+            torch.randint_like(x, 5),
+        )
+
+    x = torch.zeros(128, 64)
+    uni, nor, nor_t, ber, ber_p, expo, ri, ril = _compiled(fn)(x)
+    assert uni.min() >= -2 and uni.max() < 3 and abs(uni.mean() - 0.5) < 0.05
+    assert abs(nor.mean() - 1.5) < 0.02 and abs(nor.std() - 0.5) < 0.01
+    assert abs(nor_t.mean()) < 0.06 and abs(nor_t.std() - 2) < 0.04
+    assert set(ber.unique().tolist()) <= {0.0, 1.0} and abs(ber.mean() - 0.3) < 0.02
+    assert abs(ber_p.mean() - 0.8) < 0.02
+    assert expo.min() >= 0 and abs(expo.mean() - 0.5) < 0.02
+    assert ri.dtype == torch.int64 and ri.min() == 3 and ri.max() == 10
+    assert abs(ri.float().mean() - 6.5) < 0.1
+    assert ril.dtype == torch.float32 and set(ril.unique().tolist()) == {0.0, 1.0, 2.0, 3.0, 4.0}
+
+
+def test_randperm_is_a_permutation() -> None:
+    x = torch.arange(50.0)
+    out = _compiled(lambda t: t[torch.randperm(50)])(x)
+    assert sorted(out.tolist()) == x.tolist() and not torch.equal(out, x)
+
+
+def test_random_reproducible_under_manual_seed() -> None:
+    fn = _compiled(lambda t: t + torch.rand(4, 5) + F.dropout(torch.ones(4, 5), 0.5))
+    x = torch.zeros(4, 5)
+    torch.manual_seed(123)
+    a = fn(x)
+    b = fn(x)
+    torch.manual_seed(123)
+    c = fn(x)
+    assert torch.equal(a, c), "torch.manual_seed must make compiled random ops reproducible"
+    assert not torch.equal(a, b), "each call must draw fresh random numbers"
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["float32", "bfloat16"])
+def test_native_dropout_mask_output_and_grad_agree(dtype) -> None:
+    p = 0.3
+    x = (torch.randn(64, 128) + 3).to(dtype).requires_grad_(True)  # never 0: a dropped element is visible
+    out = _compiled(lambda t: F.dropout(t, p, training=True))(x)
+    kept = out != 0
+    frac = kept.float().mean().item()
+    assert abs(frac - (1 - p)) < 0.02, f"kept fraction {frac}"
+    expected = (x.detach().float() * (1 / (1 - p))).to(dtype)
+    torch.testing.assert_close(out[kept], expected[kept], rtol=TOL["exact"][dtype][0], atol=0)
+    g = torch.randn(64, 128).to(dtype)
+    out.backward(g)
+    torch.testing.assert_close(x.grad, torch.where(kept, (g.float() / (1 - p)).to(dtype), 0),
+                               rtol=TOL["exact"][dtype][0], atol=0)
+
+
+def test_dropout_eval_is_identity() -> None:
+    x = torch.randn(8, 8)
+    out = _compiled(lambda t: F.dropout(t, 0.5, training=False) * 1.0)(x)
+    assert torch.equal(out, x)
