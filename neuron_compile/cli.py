@@ -36,10 +36,10 @@ def human_age(seconds: float) -> str:
 
 
 def parse_size(text: str) -> int:
-    raw = text.strip().upper().removesuffix("B").removesuffix("I")
-    scale = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}.get(raw[-1:], 1)
+    from .options import parse_size as parse
+
     try:
-        return int(float(raw[:-1] if scale > 1 else raw) * scale)
+        return parse(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 500M, 2G)") from None
 

@@ -24,15 +24,21 @@ def _env_bool(name: str, default: bool) -> bool:
     return raw.strip().lower() in ("1", "true", "yes", "on")
 
 
+def parse_size(text: str) -> int:
+    """Bytes from "123", "500K", "500M", "10G", "10GiB"... Raises ValueError."""
+    raw = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}.get(raw[-1:], 1)
+    return int(float(raw[:-1] if scale > 1 else raw) * scale)
+
+
 def _env_size(name: str) -> int | None:
-    raw = os.environ.get(name, "").strip().upper().removesuffix("B").removesuffix("I")
+    raw = os.environ.get(name, "").strip()
     if not raw:
         return None
-    scale = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}.get(raw[-1], 1)
     try:
-        return int(float(raw[:-1] if scale > 1 else raw) * scale)
+        return parse_size(raw)
     except ValueError:
-        raise NeuronOptionsError(f"{name}={os.environ[name]!r} is not a size (e.g. 500M, 10G)") from None
+        raise NeuronOptionsError(f"{name}={raw!r} is not a size (e.g. 500M, 10G)") from None
 
 
 def neuron_toolchain_available() -> bool:

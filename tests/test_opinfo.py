@@ -71,7 +71,7 @@ def _cases(op) -> list:
 @pytest.mark.parametrize("entry", sorted(OP_DB))
 def test_opinfo(entry: str) -> None:
     op = OP_DB[entry]
-    results = [H.run_case(op, *case) for case in _cases(op)]
+    results = H.run_cases(op, _cases(op))
     failures = [r for r in results if r.outcome == H.FAIL]
     assert not failures, "compiled result differs from eager or crashed without the clear error:\n" + "\n".join(
         r.line() for r in failures

@@ -41,8 +41,7 @@ def _run_entry(task: tuple[str, dict[str, int | None]]) -> dict[str, Any]:
     t0 = time.perf_counter()
     results = []
     try:
-        for dtype_name, index, sample, with_grad in H.cases(op, per_dtype):
-            results.append(H.run_case(op, dtype_name, index, sample, with_grad))
+        results = H.run_cases(op, list(H.cases(op, per_dtype)))
     except Exception as e:  # noqa: BLE001 - sample generation itself failed
         results.append(H.CaseResult(name, "float32", -1, H.FAIL, f"sample generation: {type(e).__name__}: {e}"))
     return H.entry_record(op, results, time.perf_counter() - t0)

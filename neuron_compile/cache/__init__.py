@@ -69,6 +69,9 @@ _memory: OrderedDict[str, Artifact] = OrderedDict()
 _process_stats: dict[str, float] = dict.fromkeys(COUNTERS, 0.0)
 _unflushed: dict[str, dict[str, float]] = {}  # root -> counters not yet added to its stats.json
 _warned: set[tuple[str, str]] = set()
+_last_flush: dict[str, float] = {}
+#: Disk hits update stats.json at most this often (misses always do; the rest at exit).
+FLUSH_INTERVAL = 2.0
 _trusted_roots: set[str] = set()  # roots usable_store() accepted: memory hits count there
 _recorded: set[str] = set()  # keys already handed to torch's mega-cache in this process
 
@@ -112,8 +115,12 @@ def _count(root: str | None, **delta: float) -> None:
                 pending[k] += v
 
 
-def _flush(root: str) -> None:
+def _flush(root: str, min_interval: float = 0.0) -> None:
+    """Add this process's pending counters to ``root``'s stats.json (at most every ``min_interval`` s)."""
     with _lock:
+        if time.monotonic() - _last_flush.get(root, -1e9) < min_interval:
+            return
+        _last_flush[root] = time.monotonic()
         pending = _unflushed.pop(root, None)
     if not pending:
         return
@@ -271,7 +278,7 @@ class CompileCache:
             self._report_corrupt(store, key, f"executable could not be loaded ({type(e).__name__}: {e})")
             return None
         _count(store.root, hits=1, disk_hits=1, compile_seconds_saved=artifact.lower_seconds + artifact.compile_seconds)
-        _flush(store.root)
+        _flush(store.root, min_interval=FLUSH_INTERVAL)
         self._remember(key, artifact)
         self._record_megacache(key.digest, parts)
         return artifact

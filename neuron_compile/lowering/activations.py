@@ -115,7 +115,9 @@ def _silu_backward_formula(grad, x):
 def hardtanh(x, min_val=-1, max_val=1):
     # clamp semantics: NaN stays NaN (x < lo and x > hi are both False for it).
     lo, hi = _c(min_val, x), _c(max_val, x)
-    return lax.select(lax.lt(x, lo), jnp.broadcast_to(lo, x.shape), lax.select(lax.gt(x, hi), jnp.broadcast_to(hi, x.shape), x))
+    return lax.select(
+        lax.lt(x, lo), jnp.broadcast_to(lo, x.shape), lax.select(lax.gt(x, hi), jnp.broadcast_to(hi, x.shape), x)
+    )
 
 
 @_with_scalar_params(aten.leaky_relu)

@@ -79,10 +79,7 @@ def conv_core(
         )
     output_padding = _per_dim(output_padding, n_spatial)
     k = w.shape[2:]
-    pads = [
-        (d * (kk - 1) - p, d * (kk - 1) - p + op)
-        for kk, p, d, op in zip(k, padding, dilation, output_padding)
-    ]
+    pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op) for kk, p, d, op in zip(k, padding, dilation, output_padding)]
     lhs_dilation = stride
     if any(s > 1 for s in stride) and any(d > 1 for d in dilation):
         x = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0)] * 2 + [(lo, hi, s - 1) for (lo, hi), s in zip(pads, stride)])
@@ -130,7 +127,14 @@ def convolution_backward(
             grad = conv_core(grad_out, weight, stride, padding, dilation, False, (0,), groups)
         else:
             grad = conv_core(
-                grad_out, weight, stride, padding, dilation, True, _output_padding(x, weight, grad_out, stride, padding, dilation), groups
+                grad_out,
+                weight,
+                stride,
+                padding,
+                dilation,
+                True,
+                _output_padding(x, weight, grad_out, stride, padding, dilation),
+                groups,
             )
         grad_input = convert(grad, out_dtype(0))
     if output_mask[1]:

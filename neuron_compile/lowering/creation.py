@@ -4,6 +4,7 @@ node's output metadata, which torch has already computed (default dtypes include
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 
@@ -24,7 +25,7 @@ def scalar_tensor(value, **kwargs):
     return jnp.asarray(value, out_dtype())
 
 
-@register_lowering(aten.zeros.default, aten.new_zeros, aten.zeros_like)
+@register_lowering(aten.zeros.default, aten.new_zeros, aten.zeros_like, aten._efficientzerotensor)
 def zeros(*args, **kwargs):
     return jnp.zeros(out_shape(), out_dtype())
 
@@ -34,7 +35,10 @@ def ones(*args, **kwargs):
     return jnp.ones(out_shape(), out_dtype())
 
 
-@register_lowering(aten.empty.memory_format, aten.new_empty, aten.empty_like, aten.empty_strided)
+@register_lowering(
+    aten.empty.memory_format, aten.new_empty, aten.empty_like, aten.empty_strided, aten.new_empty_strided,
+    aten.empty_permuted,
+)
 def empty(*args, **kwargs):
     # Uninitialized memory has no defined value; zeros is one valid choice and keeps runs deterministic.
     return jnp.zeros(out_shape(), out_dtype())
@@ -55,6 +59,7 @@ def arange(*args, **kwargs):
     dtype = out_dtype()
     if jnp.issubdtype(dtype, jnp.integer):
         return lax.iota(dtype, n) * jnp.asarray(step, dtype) + jnp.asarray(start, dtype)
-    # Match eager: start + i * step computed in double precision, then rounded.
-    idx = lax.iota(jnp.float64, n)
-    return (jnp.asarray(start, jnp.float64) + idx * jnp.asarray(step, jnp.float64)).astype(dtype)
+    # Eager computes start + i * step in double precision, then rounds. Start, step and n are static,
+    # so do exactly that at trace time: the device gets a constant and never sees a float64 op.
+    values = np.float64(start) + np.arange(n, dtype=np.float64) * np.float64(step)
+    return jnp.asarray(values.astype(np.dtype(dtype)))

@@ -72,9 +72,7 @@ def _add_scaled(product: Any, bias: Any, beta: Any, alpha: Any) -> Any:
     out = _scaled(product, alpha)
     if beta == 0:
         return out
-    bias = lax.broadcast_in_dim(
-        convert(bias, out.dtype), out.shape, tuple(range(out.ndim - bias.ndim, out.ndim))
-    )
+    bias = lax.broadcast_in_dim(convert(bias, out.dtype), out.shape, tuple(range(out.ndim - bias.ndim, out.ndim)))
     return lax.add(_scaled(bias, beta), out)
 
 

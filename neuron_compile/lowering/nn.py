@@ -9,7 +9,7 @@ Outputs that torch returns as None (a False in ``output_mask``) are None.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any
 
 import jax.numpy as jnp
 import torch
@@ -189,7 +189,9 @@ def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, 
             )
         if running_var is not None:
             count = x.size // x.shape[1]
-            unbiased = lax.mul(jnp.reshape(biased_var, (-1,)), jnp.asarray(count / (count - 1) if count > 1 else math.inf, jnp.float32))
+            unbiased = lax.mul(
+                jnp.reshape(biased_var, (-1,)), jnp.asarray(count / (count - 1) if count > 1 else math.inf, jnp.float32)
+            )
             new_var = lax.add(
                 lax.mul(jnp.asarray(momentum, jnp.float32), unbiased),
                 lax.mul(jnp.asarray(1 - momentum, jnp.float32), convert(running_var, jnp.float32)),

@@ -6,6 +6,8 @@ written for same-shape arrays of the computation dtype.
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import torch
 from jax import lax
@@ -302,6 +304,22 @@ def isinf(a):
 
 
 # ---- unary math (integers promote to float) ---------------------------------------------------------
+def _erfinv(x):
+    # lax.erf_inv alone is up to ~50 ulp off near +-1, where erfinv's derivative amplifies it. One Newton
+    # step on erf(y) = x brings it to ~2 ulp; in the tails the residual is formed from erfc and the
+    # exact 1 -+ x, since erf(y) - x itself cancels to nothing there.
+    y = lax.erf_inv(x)
+    one = jnp.ones_like(x)
+    half = jnp.full_like(x, 0.5)
+    residual = lax.select(
+        lax.gt(x, half),
+        lax.sub(lax.sub(one, x), lax.erfc(y)),
+        lax.select(lax.lt(x, -half), lax.sub(lax.erfc(lax.neg(y)), lax.add(one, x)), lax.sub(device_calls.erf(y), x)),
+    )
+    slope = lax.mul(jnp.full_like(x, 2 / math.sqrt(math.pi)), lax.exp(lax.neg(lax.mul(y, y))))
+    return lax.select(jnp.isfinite(y), lax.sub(y, lax.div(residual, slope)), y)
+
+
 def _unary(op, fn):
     register_pointwise(op, promotion=INT_TO_FLOAT)(fn)
 
@@ -311,8 +329,9 @@ for _op, _fn in [
     (aten.exp2, lambda a: lax.exp2(a)),
     (aten.expm1, lax.expm1),
     (aten.log, lax.log),
-    (aten.log2, lambda a: lax.div(lax.log(a), jnp.asarray(jnp.log(2.0), a.dtype))),
-    (aten.log10, lambda a: lax.div(lax.log(a), jnp.asarray(jnp.log(10.0), a.dtype))),
+    # math.log, not jnp.log: a jnp constant would be traced as a float64 op under x64.
+    (aten.log2, lambda a: lax.div(lax.log(a), jnp.asarray(math.log(2.0), a.dtype))),
+    (aten.log10, lambda a: lax.div(lax.log(a), jnp.asarray(math.log(10.0), a.dtype))),
     (aten.log1p, lax.log1p),
     (aten.sqrt, lax.sqrt),
     (aten.rsqrt, lax.rsqrt),
@@ -331,7 +350,7 @@ for _op, _fn in [
     (aten.sigmoid, lax.logistic),
     (aten.erf, device_calls.erf),  # AwsNeuronErf on the device: older neuronx-cc rejected HLO erf
     (aten.erfc, lax.erfc),
-    (aten.erfinv, lax.erf_inv),
+    (aten.erfinv, _erfinv),
     (aten.lgamma, lax.lgamma),
     (aten.digamma, lax.digamma),
 ]:
@@ -372,6 +391,17 @@ def trunc(a):
 def round_(a):
     # torch rounds half to even, like lax's TO_NEAREST_EVEN.
     return lax.round(a, lax.RoundingMethod.TO_NEAREST_EVEN) if is_float(a.dtype) else a
+
+
+@register_pointwise(aten.round.decimals)
+def round_decimals(a, *, decimals=0):
+    if not is_float(a.dtype):
+        return a
+    # Eager's kernel: nearbyint(a * 10**d) / 10**d, or nearbyint(a / 10**-d) * 10**-d for d < 0.
+    scale = jnp.asarray(10.0 ** abs(decimals), a.dtype)
+    if decimals < 0:
+        return lax.mul(round_(lax.div(a, scale)), scale)
+    return lax.div(round_(lax.mul(a, scale)), scale)
 
 
 @register_lowering(aten.where.self)

@@ -5,6 +5,8 @@ Accumulation follows eager: low-precision floats accumulate in float32, integer/
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import torch
 from jax import lax
@@ -103,14 +105,26 @@ def min_all(x):
 
 @register_lowering(aten.var.correction, aten.var.dim)
 def var(x, dim=None, *, correction=None, keepdim=False, unbiased=None):
-    result = out_dtype()
+    return _var(x, dim, correction, keepdim, out_dtype())
+
+
+def _var(x, dim, correction, keepdim, result):
+    # Written out (not jnp.var) so that no float64 constant leaks into the module under x64 tracing.
+    acc = _acc_dtype(result)
+    axes = _axes(x, dim)
+    xs = convert(x, acc)
+    n = math.prod(x.shape[a] for a in axes)
+    centered = lax.sub(xs, lax.div(jnp.sum(xs, axis=axes, keepdims=True), jnp.asarray(n, acc)))
+    squares = jnp.sum(lax.mul(centered, centered), axis=axes, keepdims=keepdim)
     ddof = 1 if correction is None else correction
-    return convert(jnp.var(convert(x, _acc_dtype(result)), axis=_axes(x, dim), ddof=ddof, keepdims=keepdim), result)
+    return convert(lax.div(squares, jnp.asarray(max(n - ddof, 0), acc)), result)
 
 
 @register_lowering(aten.var_mean.correction)
 def var_mean(x, dim=None, *, correction=None, keepdim=False):
-    return var(x, dim, correction=correction, keepdim=keepdim), mean(x, dim, keepdim)
+    result = out_dtype(1)
+    m = convert(jnp.mean(convert(x, _acc_dtype(result)), axis=_axes(x, dim), keepdims=keepdim), result)
+    return _var(x, dim, correction, keepdim, out_dtype(0)), m
 
 
 @register_lowering(aten.any.dim, aten.any.default, aten.any.dims)

@@ -4,10 +4,11 @@ transpose/slice of its input. Aliasing with inputs is restored by AOTAutograd's 
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 
-from .registry import Unsupported, register_lowering
+from .registry import Unsupported, current, register_lowering
 from .semantics import convert, jax_dtype, out_dtype, out_shape
 
 aten = torch.ops.aten
@@ -129,3 +130,63 @@ def flip(x, dims):
 @register_lowering(aten._to_copy)
 def to_copy(x, *args, **kwargs):
     return convert(x, out_dtype())
+
+
+@register_lowering(aten.copy)
+def copy(x, src, non_blocking=False):
+    # Functional copy_: the result has x's shape and dtype and src's values (broadcast).
+    src, shape = convert(src, out_dtype()), out_shape()
+    if tuple(src.shape) != shape:
+        src = lax.broadcast_in_dim(src, shape, tuple(range(len(shape) - src.ndim, len(shape))))
+    return src
+
+
+@register_lowering(aten.diagonal, aten.diagonal_copy)
+def diagonal(x, offset=0, dim1=0, dim2=1):
+    # Same layout as torch: dim1 and dim2 removed, the diagonal appended as the last dim. A gather with
+    # static indices (jnp.diagonal would emit a conditional, which neuronx-cc refuses).
+    d1, d2 = _dim(dim1, x.ndim), _dim(dim2, x.ndim)
+    rest = [d for d in range(x.ndim) if d not in (d1, d2)]
+    x = lax.transpose(x, (*rest, d1, d2))
+    n1, n2 = x.shape[-2], x.shape[-1]
+    rows, cols = max(0, -offset), max(0, offset)
+    length = max(0, min(n1 - rows, n2 - cols))
+    flat = (np.arange(length) + rows) * n2 + np.arange(length) + cols
+    x = jnp.reshape(x, (*x.shape[:-2], n1 * n2))
+    return jnp.take(x, jnp.asarray(flat.astype(np.int32)), axis=-1)
+
+
+@register_lowering(aten.repeat)
+def repeat(x, repeats):
+    # Tile as broadcast + reshape: x (padded to len(repeats) dims) is broadcast into interleaved
+    # (r0, s0, r1, s1, ...) and the pairs are merged.
+    shape = (1,) * (len(repeats) - x.ndim) + tuple(x.shape)
+    x = jnp.reshape(x, shape)
+    interleaved = tuple(v for r, s in zip(repeats, shape) for v in (r, s))
+    x = lax.broadcast_in_dim(x, interleaved, tuple(range(1, 2 * len(shape), 2)))
+    return jnp.reshape(x, out_shape())
+
+
+@register_lowering(aten.as_strided, aten.as_strided_copy)
+def as_strided(x, size, stride, storage_offset=None):
+    """as_strided reads x's storage. The runtime holds x in logical (row-major) order, so the storage
+    positions are mapped back to logical elements at trace time (shapes and strides are static)."""
+    base = current().node.args[0].meta["val"]
+    in_offset = int(base.storage_offset())
+    in_pos = np.full((), in_offset, np.int64)
+    for n, st in zip(base.shape, base.stride()):
+        in_pos = np.add.outer(in_pos, np.arange(int(n), dtype=np.int64) * int(st))
+    in_pos = in_pos.reshape(-1)
+    if np.unique(in_pos).size != in_pos.size:
+        raise Unsupported("as_strided of a tensor whose elements overlap in storage")
+    logical = np.full(int(in_pos.max(initial=in_offset)) + 1, -1, np.int64)
+    logical[in_pos] = np.arange(in_pos.size)
+    offset = in_offset if storage_offset is None else int(storage_offset)
+    out_pos = np.full((), offset, np.int64)
+    for n, st in zip(size, stride):
+        out_pos = np.add.outer(out_pos, np.arange(int(n), dtype=np.int64) * int(st))
+    out_pos = out_pos.reshape(-1)
+    if out_pos.size and (out_pos.max() >= logical.size or (logical[out_pos] < 0).any()):
+        raise Unsupported("as_strided reads storage outside the elements of its input")
+    index = logical[out_pos].astype(np.int32 if in_pos.size < 2**31 else np.int64)
+    return jnp.reshape(jnp.take(jnp.reshape(x, (-1,)), jnp.asarray(index), axis=0), out_shape())
