@@ -105,6 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     total_ops = sum(g.num_ops for g in STATS.graphs)
     hits = sum(1 for g in STATS.graphs if g.cache == "hit")
     print(f"  {len(STATS.graphs)} graphs, {total_ops} aten ops lowered to StableHLO, cache hits {hits}/{len(STATS.graphs)}")
+    from .cache import cache_stats
+
+    stats = cache_stats()
+    print(
+        f"  compile cache ({'on' if stats['hits'] + stats['misses'] else 'off'}): {int(stats['hits'])} hits, "
+        f"{int(stats['misses'])} misses, {stats['compile_seconds_saved']:.2f} s of compiling saved "
+        "(run the demo again: the second run hits the on-disk cache)"
+    )
     tol = 1e-4 if dtype == torch.float32 else 5e-2
     ok = worst <= tol * max(1.0, abs(ref.item()))
     print(f"max |loss(neuron) - loss(eager)| = {worst:.2e} -> {'MATCH' if ok else 'MISMATCH'}")

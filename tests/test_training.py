@@ -51,9 +51,10 @@ CASES = [
     Case("transformer", lambda: TinyLM(n_layers=1), _lm_batch, lambda m, b: m(*b)),
 ]
 
+OPTIMIZERS_LR = {"sgd": 0.05, "adamw": 1e-3}
 OPTIMIZERS = {
-    "sgd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
-    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-3),
+    "sgd": lambda p: torch.optim.SGD(p, lr=OPTIMIZERS_LR["sgd"], momentum=0.9),
+    "adamw": lambda p: torch.optim.AdamW(p, lr=OPTIMIZERS_LR["adamw"]),
 }
 
 
@@ -64,6 +65,23 @@ def _cast_batch(batch: tuple, dtype: torch.dtype) -> tuple:
 def _assert_close(what: str, actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
     rtol, atol = TOL[dtype]
     torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+
+
+def _rounding_noise(grad: torch.Tensor) -> torch.Tensor:
+    """Elements whose true gradient is zero (e.g. the key bias under softmax's shift invariance, a bias
+    before BatchNorm): eager and compiled both see only rounding noise there."""
+    return grad.abs() <= 1e-6 * max(1.0, grad.abs().max().item()) if grad.dtype == torch.float32 else grad != grad
+
+
+def _assert_params_close(what, p_c, p_e, noise, opt_name, step, dtype) -> None:
+    p_c, p_e = p_c.detach(), p_e.detach()
+    if opt_name == "adamw" and noise.any():
+        # Adam normalizes a noise-level gradient to a full step of size ~lr, in either direction, so on
+        # those elements the two runs may differ by at most 2*lr per step, and must match elsewhere.
+        lr = OPTIMIZERS_LR["adamw"]
+        assert (p_c[noise] - p_e[noise]).abs().max() <= 2 * lr * (step + 1) * 1.01, what
+        p_c, p_e = p_c[~noise], p_e[~noise]
+    _assert_close(what, p_c, p_e, dtype)
 
 
 def run_and_compare(case: Case, opt_name: str, dtype: torch.dtype, steps: int = 3, compile_fn=None) -> None:
@@ -83,10 +101,11 @@ def run_and_compare(case: Case, opt_name: str, dtype: torch.dtype, steps: int = 
         _assert_close(f"{case.name} step {step} loss", losses[1], losses[0], dtype)
         for (name, p_e), p_c in zip(eager_model.named_parameters(), model.parameters()):
             _assert_close(f"{case.name} step {step} grad of {name}", p_c.grad, p_e.grad, dtype)
+        noise = {name: _rounding_noise(p.grad) for name, p in eager_model.named_parameters()}
         opt_e.step()
         opt_c.step()
         for (name, p_e), p_c in zip(eager_model.named_parameters(), model.parameters()):
-            _assert_close(f"{case.name} step {step} param {name}", p_c.detach(), p_e.detach(), dtype)
+            _assert_params_close(f"{case.name} step {step} param {name}", p_c, p_e, noise[name], opt_name, step, dtype)
     for (name, b_e), b_c in zip(eager_model.named_buffers(), model.buffers()):
         _assert_close(f"{case.name} buffer {name}", b_c, b_e, dtype)
 

@@ -123,6 +123,17 @@ def _check_against_meta(node: torch.fx.Node, result: Any) -> str | None:
     return None
 
 
+def _constant(value: Any) -> Any:
+    """A tensor constant baked into the graph, as a jax constant of the device dtype."""
+    if not isinstance(value, torch.Tensor):
+        return value  # e.g. the GraphModule of an invoke_subgraph
+    with torch._subclasses.fake_tensor.unset_fake_temporarily():
+        t = value.detach().cpu()
+        dtype = jax_dtype(t.dtype)
+        array = t.float().numpy() if t.dtype in (torch.bfloat16, torch.float64) else t.numpy()
+    return jnp.asarray(array, dtype=dtype)
+
+
 class _GraphTracer:
     def __init__(self, name: str, target: str) -> None:
         self.name = name
@@ -141,8 +152,10 @@ class _GraphTracer:
         self.used_rng = True
         index = self._node_index.setdefault(node, len(self._node_index) + 1)
         seed = lax.bitcast_convert_type(self.seed, jnp.uint32)
-        # Distinct streams per node: mix the node's ordinal into the second word.
-        return seed.at[1].set(seed[1] ^ jnp.uint32((index * 0x9E3779B9) & 0xFFFFFFFF))
+        # Distinct streams per node: mix the node's ordinal into the second word (xor with a constant
+        # vector, not an indexed update, which would emit a scatter).
+        mix = jnp.asarray([0, (index * 0x9E3779B9) & 0xFFFFFFFF], jnp.uint32)
+        return lax.bitwise_xor(seed, mix)
 
     def fail(self, node: torch.fx.Node, reason: str) -> None:
         self.failures.append(
@@ -161,7 +174,7 @@ class _GraphTracer:
             if node.op == "placeholder":
                 env[node] = next(arg_iter)
             elif node.op == "get_attr":
-                env[node] = getattr(gm, node.target)
+                env[node] = _constant(getattr(gm, node.target))
             elif node.op == "call_function":
                 env[node] = self.call(gm, node, env)
             elif node.op == "output":
