@@ -426,8 +426,7 @@ PADDING = [
     Case("pad_replicate_2d", lambda x: F.pad(x, (1, 2, 2, 1), mode="replicate"), [randn(1, 2, 5, 5)], tol="sum",
          requires=("aten.clamp.default",)),
     Case("interpolate_nearest", lambda x: F.interpolate(x, scale_factor=2, mode="nearest"), [randn(1, 2, 3, 4)],
-         tol="sum", marks=[pytest.mark.xfail(strict=True, reason="creation.arange(dtype=float32) computes in "
-                                             "float64, which the legality pass refuses (not this family)")]),
+         tol="sum"),
     Case("interpolate_bilinear", lambda x: F.interpolate(x, size=(5, 7), mode="bilinear"), [randn(1, 2, 3, 4)],
          tol="sum", requires=("aten.clamp.default",)),
 ]

@@ -13,7 +13,7 @@ import torch
 from jax import lax
 
 from . import device_calls
-from .registry import register_lowering
+from .registry import Unsupported, register_lowering
 from .semantics import (
     Promotion,
     broadcast,
@@ -304,6 +304,11 @@ def isinf(a):
 
 
 # ---- unary math (integers promote to float) ---------------------------------------------------------
+def _digamma(x):
+    # Eager: digamma(+-0) = -+inf (the pole's sign), where lax.digamma gives NaN.
+    return lax.select(lax.eq(x, jnp.zeros_like(x)), _copysign(jnp.full_like(x, jnp.inf), lax.neg(x)), lax.digamma(x))
+
+
 def _erfinv(x):
     # lax.erf_inv alone is up to ~50 ulp off near +-1, where erfinv's derivative amplifies it. One Newton
     # step on erf(y) = x brings it to ~2 ulp; in the tails the residual is formed from erfc and the
@@ -352,9 +357,29 @@ for _op, _fn in [
     (aten.erfc, lax.erfc),
     (aten.erfinv, _erfinv),
     (aten.lgamma, lax.lgamma),
-    (aten.digamma, lax.digamma),
+    (aten.digamma, _digamma),
 ]:
     _unary(_op, _fn)
+
+
+@register_lowering(aten.polygamma)
+def polygamma(n, x):
+    if n not in (0, 1):
+        # lax.polygamma is only right for x > 0 (finite garbage below); orders > 1 need a reflection
+        # formula we do not have.
+        raise Unsupported(f"polygamma of order {n} (orders 0 and 1 are lowered)")
+    return pointwise(_digamma if n == 0 else _trigamma, INT_TO_FLOAT)(x)
+
+
+def _trigamma(x):
+    # Eager's reflection for x < 1/2: trigamma(x) = pi^2 / sin^2(pi x) - trigamma(1 - x).
+    one = jnp.ones_like(x)
+    reflect = lax.lt(x, jnp.full_like(x, 0.5))
+    z = lax.select(reflect, lax.sub(one, x), x)
+    series = lax.polygamma(one, z)
+    sin_pi_x = lax.sin(lax.mul(jnp.full_like(x, math.pi), x))
+    pole = lax.div(jnp.full_like(x, math.pi**2), lax.mul(sin_pi_x, sin_pi_x))
+    return lax.select(reflect, lax.sub(pole, series), series)
 
 
 @register_pointwise(aten.atan2, promotion=INT_TO_FLOAT)

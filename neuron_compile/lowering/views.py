@@ -20,6 +20,9 @@ def _dim(d: int, ndim: int) -> int:
 
 @register_lowering(aten.alias, aten.clone, aten.detach, aten.lift_fresh_copy, aten.contiguous)
 def identity(x, *args, **kwargs):
+    if isinstance(x, torch.Tensor):
+        # A tensor constant of the graph (get_attr, e.g. a literal index list lifted by lift_fresh_copy).
+        return convert(jnp.asarray(x.detach().cpu().numpy()), out_dtype())
     return x
 
 
