@@ -22,4 +22,6 @@ class Artifact:
     lower_seconds: float
     compile_seconds: float
     target_version: str
+    #: (warning class name, message) raised while building; replayed on every use, hits included.
+    warnings: list[tuple[str, str]] = field(default_factory=list)
     loaded: Any = field(default=None, repr=False, compare=False)

@@ -6,7 +6,7 @@ cache store -> a boxed callable. Each step lives in its own module; this one onl
 
 from __future__ import annotations
 
-import logging
+import dataclasses
 import time
 import warnings
 from typing import Any
@@ -15,6 +15,7 @@ import torch
 
 from . import debug, legality
 from .artifact import Artifact
+from .errors import WARNING_CLASSES, NeuronFloat64Warning, NeuronWarning
 from .cache import cache_for
 from .lowering import lower_graph
 from .options import Options
@@ -23,8 +24,6 @@ from .runtime.executor import CompiledGraph
 from .runtime.neuron import NeuronTarget
 from .stats import STATS, GraphRecord
 
-log = logging.getLogger("neuron_compile")
-
 
 def target_for(opts: Options) -> Any:
     if opts.target == "neuron":
@@ -32,20 +31,31 @@ def target_for(opts: Options) -> Any:
     return CpuTarget()
 
 
-def _warn_float64(name: str) -> None:
-    warnings.warn(
-        f"neuron backend: graph '{name}' uses float64; Trainium has no float64, so it is computed as "
-        "float32 (results are returned as float64). Cast to float32 to silence this.",
-        stacklevel=2,
-    )
+_FLOAT64_MESSAGE = (
+    "neuron backend: graph '{name}' uses float64; Trainium has no float64, so it is computed as float32 "
+    "(results are returned as float64). Cast to float32 to silence this."
+)
+
+
+def _replay(artifact: Artifact) -> None:
+    for category, message in artifact.warnings:
+        warnings.warn(message, WARNING_CLASSES.get(category, NeuronWarning), stacklevel=3)
 
 
 def build_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options, name: str) -> Artifact:
     """Everything a cache miss costs: lowering, the legality pass and the target compile."""
     target = target_for(opts)
     t0 = time.perf_counter()
-    lowered = lower_graph(gm, list(example_inputs), name, target=opts.target)
-    report = legality.check(lowered, opts)
+    with warnings.catch_warnings(record=True) as raised:
+        warnings.simplefilter("always", NeuronWarning)
+        lowered = lower_graph(gm, list(example_inputs), name, target=opts.target)
+        report = legality.check(lowered, opts)
+    ours = [(type(w.message).__name__, str(w.message)) for w in raised if isinstance(w.message, NeuronWarning)]
+    for w in raised:  # anything not ours goes on as raised
+        if not isinstance(w.message, NeuronWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if lowered.downcast_float64:
+        ours.append((NeuronFloat64Warning.__name__, _FLOAT64_MESSAGE.format(name=name)))
     stablehlo = lowered.stablehlo()
     t1 = time.perf_counter()
     executable = target.compile(stablehlo)
@@ -63,6 +73,7 @@ def build_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Op
         lower_seconds=t1 - t0,
         compile_seconds=t2 - t1,
         target_version=target.version(),
+        warnings=ours,
         loaded=executable,
     )
 
@@ -72,11 +83,12 @@ def compile_graph(
 ) -> CompiledGraph:
     """Compile ``gm`` for ``opts.target`` (or fetch it from the cache) as a boxed callable."""
     t0 = time.perf_counter()
-    artifact, cache_state = cache_for(opts).get_or_build(
+    # A debug dump must show this run's lowering, so debugging bypasses the cache.
+    cache_opts = dataclasses.replace(opts, cache=False) if opts.debug_dir else opts
+    artifact, cache_state = cache_for(cache_opts).get_or_build(
         gm, example_inputs, opts, lambda: build_artifact(gm, example_inputs, opts, name)
     )
-    if artifact.downcast_float64:
-        _warn_float64(name)
+    _replay(artifact)
     executable = artifact.loaded
     if executable is None:
         executable = target_for(opts).deserialize(artifact.executable)
@@ -84,5 +96,6 @@ def compile_graph(
     STATS.record(
         GraphRecord(name, kind, artifact.num_ops, artifact.lower_seconds, artifact.compile_seconds, cache_state)
     )
-    log.info("neuron: %s %s (%d ops, cache %s) in %.3fs", kind, name, artifact.num_ops, cache_state, elapsed)
+    if cache_state == "hit":  # a miss was summarized by build_artifact, with its legality verdict
+        debug.log_summary(f"neuron_compile: {name}: {artifact.num_ops} aten nodes, cache hit, loaded in {elapsed:.3f}s")
     return CompiledGraph(name, executable, artifact.inputs, artifact.outputs, artifact.needs_rng_seed)

@@ -71,6 +71,12 @@ def _graph_dir(root: str, name: str) -> Path:
         return d
 
 
+def log_summary(line: str) -> None:
+    """One line per compiled graph on the ``neuron_compile.graphs`` logger (stderr with NEURON_COMPILE_LOGS)."""
+    _ensure_summary_handler()
+    log.info(line)
+
+
 def summary_line(name: str, lowered: Any, report: Any, timings: dict[str, float]) -> str:
     n_nodes = getattr(lowered, "num_ops", 0)
     times = " ".join(f"{k.removesuffix('_s')} {v:.3f}s" for k, v in timings.items())
@@ -90,8 +96,7 @@ def dump_graph(opts: Options, name: str, gm: Any, lowered: Any, report: Any, tim
     timings = dict(timings)
     if report is not None and "legality_s" not in timings:
         timings["legality_s"] = getattr(report, "seconds", 0.0)
-    _ensure_summary_handler()
-    log.info(summary_line(name, lowered, report, timings))
+    log_summary(summary_line(name, lowered, report, timings))
     if not opts.debug_dir:
         return
     try:

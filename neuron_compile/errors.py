@@ -61,3 +61,21 @@ class NeuronDynamicShapeError(NeuronCompileError):
 
 class NeuronOptionsError(NeuronCompileError, ValueError):
     """Raised for an unknown or malformed backend option."""
+
+
+class NeuronWarning(UserWarning):
+    """Base class of the backend's warnings. Raised while building a graph, they are stored with the
+    compiled artifact and repeated on every cache hit, so a warm start warns exactly like a cold one."""
+
+
+class NeuronLegalityWarning(NeuronWarning):
+    """strict=False: the graph runs on this target, but neuronx-cc would refuse it."""
+
+
+class NeuronFloat64Warning(NeuronWarning):
+    """float64 is computed as float32, as on Trainium."""
+
+
+WARNING_CLASSES: dict[str, type[NeuronWarning]] = {
+    cls.__name__: cls for cls in (NeuronWarning, NeuronLegalityWarning, NeuronFloat64Warning)
+}

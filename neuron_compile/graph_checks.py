@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from .errors import NeuronDynamicShapeError, NeuronUnsupportedOpError, UnsupportedNode
+from .errors import NeuronDynamicShapeError, NeuronUnsupportedOpError
 from .lowering import provenance
-from .lowering.interpreter import unsupported_tensor_kind
+from .lowering.interpreter import unsupported_inputs
 
 log = logging.getLogger(__name__)
 
@@ -27,21 +27,7 @@ def _symbolic(value: Any) -> bool:
 
 def check_tensor_kinds(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> None:
     """Refuse sparse, nested, complex and quantized inputs up front, naming each and its first use."""
-    bad: list[UnsupportedNode] = []
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for node, value in zip(placeholders, example_inputs):
-        if isinstance(value, torch.Tensor):
-            problem = unsupported_tensor_kind(value)
-            if problem:
-                first_use = next(iter(node.users), node)
-                bad.append(
-                    UnsupportedNode(
-                        op=f"input '{node.name}'",
-                        inputs=f"{type(value).__name__} {value.dtype}",
-                        source=provenance.user_source(first_use),
-                        reason=f"unsupported tensor kind: {problem}",
-                    )
-                )
+    bad = unsupported_inputs(gm, example_inputs)
     if bad:
         raise NeuronUnsupportedOpError(gm.__class__.__name__, bad)
 

@@ -167,15 +167,22 @@ def test_recompile_limit_raises_instead_of_silent_eager() -> None:
         fn(torch.randn(limit + 1))
 
 
-def test_float64_computed_as_float32_with_one_warning() -> None:
+@pytest.mark.parametrize("run", ["cold", "cache hit"])
+def test_float64_computed_as_float32_with_one_warning(run: str) -> None:
     x = torch.randn(16, dtype=torch.float64)
+    fn = lambda t: torch.sin(t) * t + 1.25  # noqa: E731
+    if run == "cache hit":
+        torch.compile(fn, backend="neuron", dynamic=False)(x)
+        torch._dynamo.reset()
+    STATS.reset()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = torch.compile(lambda t: torch.sin(t) * t + 1, backend="neuron", dynamic=False)(x)
+        out = torch.compile(fn, backend="neuron", dynamic=False)(x)
     ours = [w for w in caught if "float64" in str(w.message)]
     assert len(ours) == 1 and "float32" in str(ours[0].message)
+    assert [g.cache for g in STATS.graphs] == (["hit"] if run == "cache hit" else [STATS.graphs[0].cache])
     assert out.dtype == torch.float64
-    torch.testing.assert_close(out, torch.sin(x) * x + 1, rtol=1.3e-6, atol=1e-5)
+    torch.testing.assert_close(out, fn(x), rtol=1.3e-6, atol=1e-5)
 
 
 def test_int64_stays_exact() -> None:

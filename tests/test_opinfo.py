@@ -24,6 +24,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -98,3 +99,51 @@ def test_ops_doc_is_current() -> None:
     expected = gen_ops_doc.render(gen_ops_doc.load_results())
     actual = gen_ops_doc.DOC.read_text() if gen_ops_doc.DOC.exists() else ""
     assert actual == expected, "docs/ops.md is stale: run `python tools/gen_ops_doc.py`"
+
+
+# ---- corner cases of torch semantics that random OpInfo samples rarely hit ---------------------------
+_I = torch.tensor([7, -7, 7, -7, 0, 5], dtype=torch.int64)
+_J = torch.tensor([2, 2, -2, -2, 3, -5], dtype=torch.int64)
+_F = torch.tensor([7.5, -7.5, 1.0, -1.0, 0.0, -0.0, 2.0, -2.0, float("nan"), float("inf")])
+_G = torch.tensor([2.0, 2.0, 0.0, 0.0, 0.0, -2.0, float("inf"), float("inf"), 1.0, 3.0])
+
+CORNER_CASES = {
+    "div_true_int": (lambda a, b: torch.div(a, b, rounding_mode=None), (_I, _J)),
+    "div_trunc_int": (lambda a, b: torch.div(a, b, rounding_mode="trunc"), (_I, _J)),
+    "div_floor_int": (lambda a, b: torch.div(a, b, rounding_mode="floor"), (_I, _J)),
+    "div_floor_float": (lambda a, b: torch.div(a, b, rounding_mode="floor"), (_F, _G)),
+    "div_trunc_float": (lambda a, b: torch.div(a, b, rounding_mode="trunc"), (_F, _G)),
+    "remainder_int": (torch.remainder, (_I, _J)),
+    "remainder_float": (torch.remainder, (_F, _G)),
+    "fmod_int": (torch.fmod, (_I, _J)),
+    "fmod_float": (torch.fmod, (_F, _G)),
+    "remainder_scalar": (lambda a: torch.remainder(a, -3), (_I,)),
+    "pow_int_neg_exp": (torch.pow, (torch.tensor([2, -1, 1, -1, 3, 0]), torch.tensor([-1, -3, -2, -4, 2, 0]))),
+    "pow_int_big_exp": (torch.pow, (torch.tensor([-1, 1, 2, -2]), torch.tensor([65, 64, 62, 63]))),
+    "pow_scalar_base": (lambda b: torch.pow(2, b), (torch.tensor([0, 1, 5, 10]),)),
+    "pow_square": (lambda a: a**2, (_F,)),
+    "sign_nan": (torch.sign, (_F,)),
+    "clamp_nan": (lambda a: torch.clamp(a, -1.0, 1.0), (_F,)),
+    "clamp_lo_gt_hi": (lambda a: torch.clamp(a, 3.0, 1.0), (_F,)),
+    "clamp_int_float": (lambda a: torch.clamp(a, 0.5, 3.5), (_I,)),
+    "clamp_tensor_nan": (lambda a, b: torch.clamp(a, min=b), (_F, _G.flip(0))),
+    "add_bool": (torch.add, (torch.tensor([True, False, False]), torch.tensor([True, True, False]))),
+    "mul_bool": (torch.mul, (torch.tensor([True, False, True]), torch.tensor([True, True, False]))),
+    "round_half_even": (torch.round, (torch.tensor([0.5, 1.5, 2.5, -0.5, -2.5]),)),
+    # XLA CPU turns x / 100 into x * 0.01 (1 ulp off eager's division); the rounding itself is exact.
+    "round_decimals": (lambda a: torch.round(a, decimals=2), (torch.tensor([1.005, 2.675, -0.125, 1234.5678]),), 1),
+    "round_decimals_neg": (lambda a: torch.round(a, decimals=-2), (torch.tensor([1250.0, 1350.0, -149.0]),)),
+    "digamma_poles": (torch.digamma, (torch.tensor([0.0, -0.0, -1.0, -2.0]),)),
+    "arange_float": (lambda a: a + torch.arange(0.1, 3.3, 0.37), (torch.zeros(9),)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CORNER_CASES))
+def test_corner_case(case: str) -> None:
+    """Exactly eager's value and dtype (integer and rounding rules admit no tolerance)."""
+    fn, args, *ulps = CORNER_CASES[case]
+    expected = fn(*args)
+    actual = torch.compile(fn, backend="neuron", fullgraph=True, dynamic=False)(*args)
+    assert actual.dtype == expected.dtype, f"{case}: dtype {actual.dtype}, eager {expected.dtype}"
+    rtol = ulps[0] * torch.finfo(expected.dtype).eps if ulps else 0.0
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=0, equal_nan=True, msg=lambda m: f"{case}: {m}")

@@ -17,7 +17,6 @@ A *case* is (OpInfo entry, dtype, sample). Each case ends in exactly one outcome
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import traceback
@@ -288,8 +287,8 @@ def _compare(actual: Any, expected: Any, what: str, values: bool = True, referen
     ``reference`` (a callable giving the float64 result of the same structure) is consulted only for a
     floating-point tensor that misses the tolerance of eager: see ``_as_accurate_as_eager``.
     """
-    a_leaves, a_spec = pytree.tree_flatten(actual)
-    e_leaves, e_spec = pytree.tree_flatten(expected)
+    a_leaves = pytree.tree_leaves(actual)
+    e_leaves = pytree.tree_leaves(expected)
     if len(a_leaves) != len(e_leaves):
         return f"{what}: {len(a_leaves)} outputs, eager has {len(e_leaves)}"
     for i, (a, e) in enumerate(zip(a_leaves, e_leaves)):

@@ -114,6 +114,7 @@ def encode(artifact: Artifact, key: str, summary: dict[str, Any]) -> tuple[bytes
         "target_version": artifact.target_version,
         "downcast_float64": artifact.downcast_float64,
         "needs_rng_seed": artifact.needs_rng_seed,
+        "warnings": [list(w) for w in artifact.warnings],
         "inputs": [_encode_value(v) for v in artifact.inputs],
         "outputs": [_encode_output(o) for o in artifact.outputs],
         "files": {
@@ -169,6 +170,7 @@ def decode(payload: dict[str, Any], module: bytes, executable: bytes) -> Artifac
             lower_seconds=float(payload["lower_seconds"]),
             compile_seconds=float(payload["compile_seconds"]),
             target_version=str(payload["target_version"]),
+            warnings=[(str(c), str(m)) for c, m in payload["warnings"]],
         )
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise CorruptEntry(f"undecodable metadata ({type(e).__name__}: {e})") from None

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..errors import SUPPORTED_OPS_HINT, NeuronUnsupportedOpError, UnsupportedNode
+from ..errors import SUPPORTED_OPS_HINT, NeuronLegalityWarning, NeuronUnsupportedOpError, UnsupportedNode
 from ..options import Options
 from . import rules
 from .checks import Finding, ModuleChecker, ModuleScan
@@ -45,10 +45,6 @@ STRICT_HINT = (
     SUPPORTED_OPS_HINT + " To run it on the CPU target anyway (it would still fail on Trainium), pass "
     "options={'strict': False} or set NEURON_COMPILE_STRICT=0."
 )
-
-
-class NeuronLegalityWarning(UserWarning):
-    """strict=False: the graph runs on this target, but neuronx-cc would refuse it."""
 
 
 @dataclass

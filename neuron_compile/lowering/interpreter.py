@@ -83,6 +83,24 @@ def unsupported_tensor_kind(t: torch.Tensor) -> str | None:
     return None
 
 
+def unsupported_inputs(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> list[UnsupportedNode]:
+    """Every graph input of a kind the device cannot take, named with the user line of its first use."""
+    bad = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, value in zip(placeholders, example_inputs):
+        problem = unsupported_tensor_kind(value) if isinstance(value, torch.Tensor) else None
+        if problem:
+            bad.append(
+                UnsupportedNode(
+                    op=f"input '{node.name}'",
+                    inputs=f"{type(value).__name__} {value.dtype}",
+                    source=provenance.user_source(next(iter(node.users), node)),
+                    reason=f"unsupported tensor kind: {problem}",
+                )
+            )
+    return bad
+
+
 def _spec_of(value: Any) -> TensorSpec | Any:
     if isinstance(value, torch.Tensor):
         return TensorSpec(tuple(int(s) for s in value.shape), value.dtype)
@@ -251,22 +269,9 @@ def lower_graph(
     input_specs = [_spec_of(x) for x in example_inputs]
     tensor_positions = [i for i, s in enumerate(input_specs) if isinstance(s, TensorSpec)]
     tracer = _GraphTracer(name, target)
-    failures_before_trace: list[UnsupportedNode] = []
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for node, value in zip(placeholders, example_inputs):
-        if isinstance(value, torch.Tensor):
-            problem = unsupported_tensor_kind(value)
-            if problem:
-                failures_before_trace.append(
-                    UnsupportedNode(
-                        op=f"input '{node.name}'",
-                        inputs=f"{value.dtype}{list(value.shape)}",
-                        source=provenance.user_source(node),
-                        reason=f"unsupported tensor kind: {problem}",
-                    )
-                )
-    if failures_before_trace:
-        raise NeuronUnsupportedOpError(name, failures_before_trace)
+    bad_inputs = unsupported_inputs(gm, example_inputs)
+    if bad_inputs:
+        raise NeuronUnsupportedOpError(name, bad_inputs)
 
     output_plan: list[OutputSpec] = []
 
