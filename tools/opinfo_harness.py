@@ -44,7 +44,7 @@ SKIP_REASONS: dict[str, str] = {
     "undefined-values": "the op's output values are undefined (torch.empty and friends): compared by shape "
     "and dtype only",
     "not-captured": "Dynamo cannot capture the op in one graph (data-dependent output shape, .item(), "
-    "unsupported Python construct): with fullgraph=False it runs in eager and the backend never sees it",
+    "unsupported Python construct, or an internal Dynamo error) before any graph reaches the backend",
     "no-graph": "Dynamo produced no graph for the backend (the op is resolved at trace time, e.g. it only "
     "reads metadata): nothing to compile",
     "eager-error": "eager PyTorch itself raises on this sample",
@@ -234,10 +234,11 @@ def classify_exception(exc: BaseException, reached_backend: bool) -> tuple[str, 
         if isinstance(e, NeuronUnsupportedOpError):
             reasons = sorted({f"{n.op}: {n.reason}" for n in e.nodes})
             return UNSUPPORTED, "; ".join(reasons)[:600]
-    from torch._dynamo.exc import BackendCompilerFailed, Unsupported, UserError
+    from torch._dynamo.exc import BackendCompilerFailed, TorchDynamoException
 
     if not reached_backend and not any(isinstance(e, BackendCompilerFailed) for e in chain):
-        if any(isinstance(e, (Unsupported, UserError)) for e in chain):
+        # Dynamo refused (or failed) to capture the op before any graph reached the backend.
+        if any(isinstance(e, TorchDynamoException) for e in chain):
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             return SKIP, f"not-captured: {first[:300]}"
     return FAIL, f"crash: {type(chain[-1]).__name__}: {_short(chain[-1])}"
@@ -674,12 +675,18 @@ def entry_record(op: Any, results: list[CaseResult], seconds: float) -> dict[str
         "counts": counts,
         "ops": sorted({o for r in results for o in r.ops}),
         "seconds": round(seconds, 2),
-        "cases": [
-            {"dtype": r.dtype, "index": r.index, "outcome": r.outcome, "detail": r.detail[:700], "sample": r.sample[:300]}
-            for r in results
-            if r.outcome != PASS
-        ],
+        # Non-PASS cases only; an UNSUPPORTED one keeps just the start of its reason (the file is checked in).
+        "cases": [_case_record(r) for r in results if r.outcome != PASS],
     }
+
+
+def _case_record(r: CaseResult) -> dict[str, Any]:
+    rec: dict[str, Any] = {"dtype": r.dtype, "index": r.index, "outcome": r.outcome}
+    if r.outcome == UNSUPPORTED:
+        rec["detail"] = r.detail[:120]
+    else:
+        rec["detail"], rec["sample"] = r.detail[:240], r.sample[:160]
+    return rec
 
 
 def results_document(entries: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
