@@ -19,6 +19,7 @@ import json
 import re
 import time
 import warnings
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,8 +38,10 @@ __all__ = [
     "check",
     "check_fx_graph",
     "check_module",
+    "merge_verdicts",
     "non_aten_reason",
     "verdict_by_generation",
+    "verdicts_by_op",
 ]
 
 STRICT_HINT = (
@@ -297,6 +300,78 @@ def verdict_by_generation(lowered: Any) -> dict[str, OpVerdict]:
         reasons = tuple(dict.fromkeys(f"{v.hlo_op}: {v.detail}" for v in r.violations))
         out[gen] = OpVerdict(r.legal, tuple(sorted(r.assumed_ops)), reasons)
     return out
+
+
+class _LocatingChecker(ModuleChecker):
+    """A ``ModuleChecker`` that also records where each assumed-legal op sits, so that "assumed" can be
+    attributed to an aten node like a violation is (``ModuleScan.assumed`` only counts by name)."""
+
+    def __init__(self, module: Any, generation: str, int64_native: bool) -> None:
+        super().__init__(module, generation, int64_native)
+        self._where: Any = None
+        self.assumed_at: list[tuple[str, str]] = []  # (assumed op, MLIR location of its anchor)
+        checker = self
+
+        class _LocatedCounter(Counter):
+            def __setitem__(self, key: str, value: int) -> None:
+                checker.assumed_at.append((key, str(checker._where.location)))
+                super().__setitem__(key, value)
+
+        self.scan.assumed = _LocatedCounter()
+
+    def _visit(self, op: Any, anchor: Any) -> None:
+        previous, self._where = self._where, anchor if anchor is not None else op
+        try:
+            super()._visit(op, anchor)
+        finally:
+            self._where = previous
+
+
+def _op_of(location: str, node_table: dict[str, dict[str, str]]) -> str | None:
+    scope = _scope_of(location, node_table)
+    if scope is None:
+        return None
+    return node_table[scope]["op"] if scope in node_table else scope.partition("#")[0]
+
+
+def verdicts_by_op(lowered: Any) -> dict[str, dict[str, OpVerdict]]:
+    """For docs/ops.md: per aten op of one lowered graph, whether its HLO ops are legal on trn2 and trn3.
+
+    Every aten op in ``lowered.node_table`` gets a verdict per generation (an op that emits no HLO op is
+    "yes"); an op named only by a location scope (no table) is included too. HLO ops outside any aten
+    node's scope (graph glue) are attributed to no op. int64 counts as legal, as in
+    ``verdict_by_generation``.
+    """
+    table: dict[str, dict[str, str]] = getattr(lowered, "node_table", None) or {}
+    mod = _mlir_module(lowered)
+    out: dict[str, dict[str, OpVerdict]] = {}
+    for gen in rules.GENERATIONS:
+        with mod.context:
+            checker = _LocatingChecker(mod, gen, True)
+            scan = checker.run()
+        reasons: dict[str, dict[str, None]] = {info["op"]: {} for info in table.values()}
+        assumed: dict[str, set[str]] = {op: set() for op in reasons}
+        for f in scan.findings:
+            op = _op_of(f.location, table)
+            if op is not None:
+                reasons.setdefault(op, {})[f"{f.hlo_op}: {f.detail}"] = None
+        for name, location in checker.assumed_at:
+            op = _op_of(location, table)
+            if op is not None:
+                assumed.setdefault(op, set()).add(name)
+        for op in reasons.keys() | assumed.keys():
+            why = tuple(reasons.get(op, {}))
+            out.setdefault(op, {})[gen] = OpVerdict(not why, tuple(sorted(assumed.get(op, ()))), why)
+    return out
+
+
+def merge_verdicts(a: OpVerdict | None, b: OpVerdict) -> OpVerdict:
+    """The worse of two verdicts for the same op (illegal > assumed > legal), their grounds united."""
+    if a is None:
+        return b
+    assumed = tuple(sorted(set(a.assumed) | set(b.assumed)))
+    reasons = tuple(sorted(set(a.reasons) | set(b.reasons)))
+    return OpVerdict(a.legal and b.legal, assumed, reasons)
 
 
 # -- before lowering: what no target can run --------------------------------------------------------

@@ -219,34 +219,15 @@ def pow_(a, b):
 
 
 # ---- comparisons and logic --------------------------------------------------------------------------
-@register_pointwise(aten.eq.Tensor, aten.eq.Scalar, promotion=BOOL)
-def eq(a, b):
-    return lax.eq(a, b)
-
-
-@register_pointwise(aten.ne.Tensor, aten.ne.Scalar, promotion=BOOL)
-def ne(a, b):
-    return lax.ne(a, b)
-
-
-@register_pointwise(aten.lt.Tensor, aten.lt.Scalar, promotion=BOOL)
-def lt(a, b):
-    return lax.lt(a, b)
-
-
-@register_pointwise(aten.le.Tensor, aten.le.Scalar, promotion=BOOL)
-def le(a, b):
-    return lax.le(a, b)
-
-
-@register_pointwise(aten.gt.Tensor, aten.gt.Scalar, promotion=BOOL)
-def gt(a, b):
-    return lax.gt(a, b)
-
-
-@register_pointwise(aten.ge.Tensor, aten.ge.Scalar, promotion=BOOL)
-def ge(a, b):
-    return lax.ge(a, b)
+for _op, _compare in [
+    (aten.eq, lax.eq),
+    (aten.ne, lax.ne),
+    (aten.lt, lax.lt),
+    (aten.le, lax.le),
+    (aten.gt, lax.gt),
+    (aten.ge, lax.ge),
+]:
+    register_pointwise(_op.Tensor, _op.Scalar, promotion=BOOL)(_compare)
 
 
 def _as_bool(x):
