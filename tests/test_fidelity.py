@@ -377,3 +377,23 @@ def test_debug_dump_of_a_training_step(tmp_path, caplog, monkeypatch):
     assert user_line in sources, sources
     summaries = [r.getMessage() for r in caplog.records if r.name == "neuron_compile.graphs"]
     assert any(fw[0].name in s and "legal" in s for s in summaries), summaries
+
+
+# -- per-op verdicts (docs/ops.md's trn2/trn3 columns) ----------------------------------------------
+@pytest.mark.parametrize(
+    "fn, make, op, expected",
+    [
+        (lambda x: torch.topk(x, 3).values, lambda: torch.arange(10), "aten.topk.default", "no:"),
+        (lambda x: torch.remainder(x, 3.0), lambda: torch.randn(8), "aten.remainder.Scalar", "yes (assumed:"),
+        (lambda x: x * 2, lambda: torch.randn(8), "aten.mul.Tensor", "yes"),
+    ],
+    ids=["topk-int64", "remainder", "mul"],
+)
+def test_verdicts_by_op(captured, fn, make, op, expected) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _compile(fn, strict=False)(make())
+    verdicts = legality.verdicts_by_op(captured[-1][2])
+    for generation in ("trn2", "trn3"):
+        label = verdicts[op][generation].label()
+        assert label.startswith(expected) and (expected != "yes" or label == "yes"), (op, generation, label)

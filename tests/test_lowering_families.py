@@ -300,6 +300,34 @@ def test_integer_scatter_reductions_are_refused(fn) -> None:
         torch.compile(fn, backend="neuron", dynamic=False)(x, s)
 
 
+DUP_ROWS = torch.tensor([[0, 0, 2, 1, 3], [3, 3, 3, 0, 0]])
+DUP_FLAT = torch.tensor([0, 0, 7, 11, 7, 3])
+BOOL_ACCUMULATE = {
+    "scatter_add": lambda x, s: aten.scatter_add.default(x, 0, DUP_ROWS, s),
+    "scatter_reduce_add_legacy": lambda x, s: aten.scatter.reduce(x, 0, DUP_ROWS, s, reduce="add"),
+    "scatter_reduce_multiply_legacy": lambda x, s: aten.scatter.reduce(x, 0, DUP_ROWS, s, reduce="multiply"),
+    **{f"scatter_reduce_{r}_self{int(i)}": (lambda x, s, r=r, i=i: aten.scatter_reduce.two(x, 0, DUP_ROWS, s, r,
+                                                                                        include_self=i))
+       for r in ("sum", "prod") for i in (True, False)},
+    "index_add_alpha_true": lambda x, s: aten.index_add.default(x, 0, DUP_ROWS[0], s, alpha=True),
+    "index_add_alpha_false": lambda x, s: aten.index_add.default(x, 0, DUP_ROWS[0], s, alpha=False),
+    "index_put_accumulate": lambda x, s: aten.index_put.default(x, [DUP_ROWS[1]], s, True),
+    "put_accumulate": lambda x, s: aten.put.default(x, DUP_FLAT, s.flatten()[:6], True),
+}
+
+
+@pytest.mark.parametrize("name", list(BOOL_ACCUMULATE))
+def test_bool_accumulation_is_logical_or_and(name) -> None:
+    # Eager accumulates bools as logical or (add/sum) and logical and (multiply/prod); XLA has no i1 add/mul.
+    # (On the neuron target the legality pass then refuses these; the CPU target runs them.)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.rand(4, 5, generator=gen) > 0.5
+    s = torch.rand(5, 5, generator=gen) > 0.5
+    expected = BOOL_ACCUMULATE[name](x, s)
+    (actual,) = run_aten(BOOL_ACCUMULATE[name], [x, s])
+    _assert_same(actual, expected, (0, 0), f"{name}(bool[4, 5], bool[5, 5])")
+
+
 @pytest.mark.parametrize(
     "fn,reason",
     [
@@ -347,6 +375,50 @@ SORTING = [
 @pytest.mark.parametrize("case,dtype", [p for c in SORTING for p in c.params()])
 def test_sorting(case: Case, dtype: torch.dtype) -> None:
     check_compiled(case, dtype)
+
+
+def _tied(dtype: torch.dtype) -> torch.Tensor:
+    # Many ties in every dtype: bool, small integers, and integers above 256 (which bfloat16 rounds together).
+    gen = torch.Generator().manual_seed(5)
+    if dtype == torch.bool:
+        return torch.rand(6, 40, generator=gen) > 0.5
+    if dtype == I64:
+        return torch.randint(-3, 4, (6, 40), generator=gen)
+    return torch.randint(250, 300, (6, 40), generator=gen).to(dtype)
+
+
+TIES = {
+    # (compiled op, eager reference with a defined tie order: the stable sort)
+    "sort": (lambda x: torch.sort(x, dim=1), lambda x: torch.sort(x, dim=1, stable=True)),
+    "sort_desc_dim0": (lambda x: torch.sort(x, dim=0, descending=True),
+                       lambda x: torch.sort(x, dim=0, descending=True, stable=True)),
+    "argsort": (lambda x: torch.argsort(x, dim=1), lambda x: torch.sort(x, dim=1, stable=True)[1]),
+    "topk": (lambda x: torch.topk(x, 4, dim=1),
+             lambda x: tuple(t[:, :4] for t in torch.sort(x, dim=1, descending=True, stable=True))),
+    "topk_smallest": (lambda x: torch.topk(x, 3, dim=0, largest=False),
+                      lambda x: tuple(t[:3] for t in torch.sort(x, dim=0, stable=True))),
+    "kthvalue": (lambda x: torch.kthvalue(x, 7, dim=1), lambda x: tuple(t[:, 6] for t in torch.sort(x, dim=1, stable=True))),
+}
+
+
+def _ties_params() -> list[Any]:
+    # Eager has no bool topk/kthvalue; int64 topk is refused (the device's TopK takes no 64-bit integers).
+    dtypes = {F32: "float32", BF16: "bfloat16", I64: "int64", torch.bool: "bool"}
+    return [pytest.param(n, d, id=f"{n}-{i}") for n in TIES for d, i in dtypes.items()
+            if not (n.startswith(("topk", "kthvalue")) and d == torch.bool)
+            and not (n.startswith("topk") and d == I64)]
+
+
+@pytest.mark.parametrize("name,dtype", _ties_params())
+def test_ties_keep_original_order(name, dtype) -> None:
+    # torch leaves the tie order of these ops unspecified (eager's CPU introsort/nth_element order cannot be
+    # reproduced); ours is the stable order: exactly eager's stable sort, values and indices.
+    op, reference = TIES[name]
+    x = _tied(dtype)
+    expected = _flatten(reference(x))
+    actual = _flatten(torch.compile(op, backend="neuron", dynamic=False)(x))
+    for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+        _assert_same(a, e, (0, 0), f"{name}[{dtype}](tied {list(x.shape)}) output {i}")
 
 
 # ---- scans ------------------------------------------------------------------------------------------------------
@@ -448,6 +520,17 @@ ATEN_PADDING = [
     Case("replication_pad1d", lambda x: aten.replication_pad1d(x, [3, 1]), [randn(2, 3, 4)]),
     Case("replication_pad2d", lambda x: aten.replication_pad2d(x, [2, 0, 1, 3]), [randn(1, 2, 3, 4)], (F32, BF16)),
     Case("replication_pad3d", lambda x: aten.replication_pad3d(x, [1, 2, 1, 0, 0, 1]), [randn(1, 1, 2, 3, 4)]),
+    # Negative replication pads crop; eager reads output j from input clamp(j - low, 0, n - 1), so a crop
+    # past the far edge still replicates the last element (the OpInfo replicate_negative samples).
+    *[
+        Case(f"replication_pad2d_negative_{i}", lambda x, p=p: aten.replication_pad2d(x, p), [randn(2, 3, 4, 4)],
+             (F32, BF16))
+        for i, p in enumerate(([-4, 5, 0, 0], [0, 0, 2, -4], [-1, 2, -2, -1], [1, -3, 0, 0]))
+    ],
+    Case("replication_pad1d_negative_backward", lambda g, x: aten.replication_pad1d_backward(g, x, [-4, 5]),
+         [_grad_probe((2, 3, 5)), randn(2, 3, 4)], tol="sum"),
+    Case("replication_pad2d_negative_backward", lambda g, x: aten.replication_pad2d_backward(g, x, [-1, 2, 2, -4]),
+         [_grad_probe((1, 2, 2, 5)), randn(1, 2, 4, 4)], tol="sum"),
     Case("reflection_pad2d_backward", lambda g, x: aten.reflection_pad2d_backward(g, x, [1, 2, 3, 0]),
          [_grad_probe((2, 7, 8)), randn(2, 4, 5)], tol="sum"),
     Case("reflection_pad1d_backward", lambda g, x: aten.reflection_pad1d_backward(g, x, [2, 3]),

@@ -6,7 +6,8 @@
 Two sources, both cheap and deterministic:
 - the op registry (``neuron_compile.supported_ops()``, the decomposition table, the NKI routing table):
   which aten ops are lowered to StableHLO, run as NKI kernels, or unsupported;
-- docs/opinfo_results.json, written by tools/opinfo_sweep.py: OpInfo pass counts per entry.
+- docs/opinfo_results.json, written by tools/opinfo_sweep.py: OpInfo pass counts per entry, and per aten
+  op its trn2/trn3 legality verdict (the legality pass over every graph the sweep lowered, worst wins).
 Regenerate after changing lowerings or rerunning the sweep; tests/test_opinfo.py fails when it is stale.
 """
 
@@ -26,6 +27,17 @@ DOC = ROOT / "docs" / "ops.md"
 RESULTS = ROOT / "docs" / "opinfo_results.json"
 
 LOWERED, KERNEL, UNSUPPORTED = "lowered", "NKI kernel", "unsupported"
+NOT_EXERCISED = "not exercised"
+
+#: Why the checks (not the op table) take these forms as legal without documentation: see legality/checks.py.
+_ASSUMED_FORMS = {
+    "stablehlo.gather(batching dims)": "gather with operand batching dims, newer than the documented gather "
+    "form; assumed rewritten to the classic form (explicit iota indices) by the front end, as XLA does",
+    "stablehlo.reduce(or on i1)": "reduce with an `or` reducer on booleans (a max); the table does not say "
+    "whether boolean reductions are taken",
+    "stablehlo.reduce(and on i1)": "reduce with an `and` reducer on booleans (a min); the table does not say "
+    "whether boolean reductions are taken",
+}
 
 
 def kernel_ops() -> set[str]:
@@ -90,6 +102,52 @@ def _count(entry: dict[str, Any], dtype: str) -> str:
     return f"{per.get('PASS', 0)}/{total}"
 
 
+def legality_labels(results: dict[str, Any], ops: list[str]) -> dict[str, dict[str, str]]:
+    """op -> generation -> "yes" / "yes (assumed: ...)" / "no: ..." / "not exercised"."""
+    from neuron_compile.legality import OpVerdict, rules
+
+    recorded = results.get("legality", {})
+    labels: dict[str, dict[str, str]] = {}
+    for op in ops:
+        by_gen = recorded.get(op, {})
+        labels[op] = {}
+        for gen in rules.GENERATIONS:
+            rec = by_gen.get(gen)
+            labels[op][gen] = (
+                OpVerdict(rec["legal"], tuple(rec["assumed"]), tuple(rec["reasons"])).label() if rec else NOT_EXERCISED
+            )
+    return labels
+
+
+def _kind(label: str) -> str:
+    if label.startswith("yes ("):
+        return "assumed"
+    return {"yes": "legal", NOT_EXERCISED: NOT_EXERCISED}.get(label, "illegal")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _assumed_meaning(results: dict[str, Any]) -> list[str]:
+    """Lines explaining every assumed HLO op / form that occurs in a recorded verdict."""
+    from neuron_compile.legality import rules
+
+    met = {
+        name
+        for by_gen in results.get("legality", {}).values()
+        for rec in by_gen.values()
+        if isinstance(rec, dict)
+        for name in rec.get("assumed", ())
+    }
+    lines = []
+    for name in sorted(met):
+        rule = rules.OPS.get(name)
+        why = _ASSUMED_FORMS.get(name) or (rule.note if rule else "") or "absent from the public operator list"
+        lines.append(f"- `{name}`: {why}.")
+    return lines
+
+
 def _pct(n: int, d: int) -> str:
     return f"{100.0 * n / d:.1f}%" if d else "n/a"
 
@@ -101,7 +159,13 @@ def render(results: dict[str, Any]) -> str:
     lowered = set(supported_ops())
     kernels = kernel_ops()
     universe = aten_universe(results)
+    for op in results.get("legality", {}):
+        universe.setdefault(op, "seen in OpInfo")
     use = _opinfo_use(results)
+    from neuron_compile.legality import rules
+
+    gens = list(rules.GENERATIONS)
+    labels = legality_labels(results, sorted(universe))
     status = {
         op: KERNEL if op in kernels else LOWERED if op in lowered else UNSUPPORTED for op in universe
     }
@@ -126,6 +190,11 @@ def render(results: dict[str, Any]) -> str:
     w(f"- aten ops the backend can meet after decomposition: **{len(status)}** — "
       f"lowered to StableHLO: **{n_status[LOWERED]}**, NKI kernel: **{n_status[KERNEL]}**, "
       f"unsupported (clear `NeuronUnsupportedOpError`): **{n_status[UNSUPPORTED]}**.")  # fmt: skip
+    for gen in gens:
+        kinds = [_kind(labels[op][gen]) for op in labels]
+        w(f"- Legal for {gen} (legality pass, worst verdict over every graph the sweep lowered): "
+          f"**{kinds.count('legal')}** legal, **{kinds.count('assumed')}** legal by assumption, "
+          f"**{kinds.count('illegal')}** illegal, {kinds.count(NOT_EXERCISED)} not exercised.")  # fmt: skip
     if summary:
         d = core.get("denominator", 0)
         w(f"- OpInfo entries (torch {results.get('torch')} `op_db`): **{summary.get('entries')}**.")
@@ -163,10 +232,32 @@ def render(results: dict[str, Any]) -> str:
     w("`why listed`: core = PyTorch core ATen; kept whole = not decomposed on purpose; lowered = we lower")
     w("it although it is outside core ATen; seen in OpInfo = it reached the backend in the sweep.")
     w("")
-    w("| aten op | status | why listed | OpInfo entries using it |")
-    w("| --- | --- | --- | ---: |")
+    w(f"{' / '.join(gens)}: whether neuronx-cc would accept what the op lowers to, per generation, from the")
+    w("legality pass (`neuron_compile/legality/`, rules from the public Neuron SDK docs, not verified on")
+    w("hardware). Each HLO op is attributed to the aten node it came from (MLIR locations); the verdict is")
+    w("the worst over every graph of the OpInfo sweep in which the op was lowered (all samples and dtypes).")
+    w("int64 counts as legal (the neuron target passes `--native-int64`).")
+    w("")
+    w("- `yes`: every HLO op it lowered to is in the compiler's documented operator list (or named by later")
+    w("  compiler docs) and meets its documented restrictions.")
+    w("- `yes (assumed: ...)`: legal only by assumption: the listed HLO ops (or forms) are in no public")
+    w("  operator list, so the docs do not settle them; they are elementwise/structural ops every XLA front")
+    w("  end emits, taken as legal so that ordinary programs are not refused. To be confirmed on hardware.")
+    w("- `no: <hlo op>: <reason>`: neuronx-cc would refuse it (on the CPU target the backend raises the clear")
+    w("  unsupported error unless `strict=False`).")
+    w(f"- `{NOT_EXERCISED}`: no graph of the sweep lowered this op, so there is no verdict.")
+    w("")
+    assumed_lines = _assumed_meaning(results)
+    if assumed_lines:
+        w("Assumed HLO ops and forms met in the verdicts below, and why each is taken as legal:")
+        w("")
+        out.extend(assumed_lines)
+        w("")
+    w(f"| aten op | status | why listed | OpInfo entries using it | {' | '.join(gens)} |")
+    w(f"| --- | --- | --- | ---: |{' --- |' * len(gens)}")
     for op in sorted(status):
-        w(f"| `{op}` | {status[op]} | {universe[op]} | {len(use.get(op, []))} |")
+        cells = " | ".join(_cell(labels[op][g]) for g in gens)
+        w(f"| `{op}` | {status[op]} | {universe[op]} | {len(use.get(op, []))} | {cells} |")
     w("")
     if results.get("entries"):
         w("## OpInfo entries")
@@ -195,16 +286,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="exit 1 if docs/ops.md is stale")
     parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--doc", default=str(DOC), help="where to write (e.g. /tmp for a subset sweep)")
     args = parser.parse_args(argv)
     text = render(load_results(Path(args.results)))
+    doc = Path(args.doc)
     if args.check:
-        if not DOC.exists() or DOC.read_text() != text:
-            print("docs/ops.md is stale: run python tools/gen_ops_doc.py", file=sys.stderr)
+        if not doc.exists() or doc.read_text() != text:
+            print(f"{doc} is stale: run python tools/gen_ops_doc.py", file=sys.stderr)
             return 1
         return 0
-    DOC.parent.mkdir(parents=True, exist_ok=True)
-    DOC.write_text(text)
-    print(f"wrote {DOC}")
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(text)
+    print(f"wrote {doc}")
     return 0
 
 

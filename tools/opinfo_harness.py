@@ -119,6 +119,8 @@ class _Recorder:
     graphs: int = 0
     ops: set[str] = field(default_factory=set)
     bad_tensors: set[str] = field(default_factory=set)
+    #: aten op -> generation -> legality verdict (an ``OpVerdict``), the worst over the lowered graphs.
+    verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def record(self, gm: torch.fx.GraphModule) -> None:
         self.graphs += 1
@@ -133,17 +135,44 @@ class _Recorder:
                     elif v.layout != torch.strided:
                         self.bad_tensors.add("sparse")
 
+    def record_legality(self, lowered: Any) -> None:
+        """Per-aten-op trn2/trn3 verdicts of one lowered graph, merged into what this case saw."""
+        from neuron_compile import legality
+
+        try:
+            per_op = legality.verdicts_by_op(lowered)
+        except Exception as e:  # noqa: BLE001 - a crash of the pass must show in the docs, not fail the case
+            crashed = legality.OpVerdict(False, (), (f"legality pass crashed: {type(e).__name__}: {_short(e)}",))
+            ops = {info["op"] for info in getattr(lowered, "node_table", {}).values()}
+            per_op = {op: {gen: crashed for gen in legality.rules.GENERATIONS} for op in ops}
+        for op, by_gen in per_op.items():
+            mine = self.verdicts.setdefault(op, {})
+            for gen, v in by_gen.items():
+                mine[gen] = legality.merge_verdicts(mine.get(gen), v)
+
 
 _RECORDER: _Recorder | None = None
 _installed = False
 
 
 def _install_recorder() -> None:
-    """Wrap the backend's per-graph compiler so each case learns which aten ops reached the backend."""
+    """Wrap the backend's per-graph compiler so each case learns which aten ops reached the backend, and
+    the legality pass so it learns their trn2/trn3 verdicts (from every graph that lowered, legal or
+    not; a compile cache hit skips both, which is why the sweep runs with the cache off)."""
     global _installed
     if _installed:
         return
     import neuron_compile.backend as backend
+    from neuron_compile import legality
+
+    original_check = legality.check
+
+    def recording_check(lowered: Any, opts: Any) -> Any:
+        if _RECORDER is not None and lowered is not None:
+            _RECORDER.record_legality(lowered)
+        return original_check(lowered, opts)
+
+    legality.check = recording_check
 
     original = backend.compile_graph
 
@@ -169,6 +198,7 @@ class CaseResult:
     ops: list[str] = field(default_factory=list)
     bad_tensors: list[str] = field(default_factory=list)
     graphs: int = 0
+    verdicts: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def line(self) -> str:
         return f"{self.entry} [{self.dtype} #{self.index}] ({self.sample}): {self.outcome} {self.detail}".rstrip()
@@ -571,6 +601,7 @@ def _finish(result: CaseResult, recorder: _Recorder) -> CaseResult:
     result.ops = sorted(recorder.ops)
     result.bad_tensors = sorted(recorder.bad_tensors)
     result.graphs = recorder.graphs
+    result.verdicts = recorder.verdicts
     return result
 
 
@@ -675,8 +706,52 @@ def entry_record(op: Any, results: list[CaseResult], seconds: float) -> dict[str
         "counts": counts,
         "ops": sorted({o for r in results for o in r.ops}),
         "seconds": round(seconds, 2),
+        # Moved to the file's top-level "legality" map by results_document.
+        "legality": _entry_legality(results),
         # Non-PASS cases only; an UNSUPPORTED one keeps just the start of its reason (the file is checked in).
         "cases": [_case_record(r) for r in results if r.outcome != PASS],
+    }
+
+
+def _verdict_record(v: Any) -> dict[str, Any]:
+    return {"label": v.label(), "legal": v.legal, "assumed": list(v.assumed), "reasons": list(v.reasons)}
+
+
+def _verdict_of(rec: dict[str, Any]) -> Any:
+    from neuron_compile.legality import OpVerdict
+
+    return OpVerdict(rec["legal"], tuple(rec["assumed"]), tuple(rec["reasons"]))
+
+
+def _entry_legality(results: list[CaseResult]) -> dict[str, dict[str, dict[str, Any]]]:
+    """aten op -> generation -> verdict record, the worst over the entry's cases."""
+    from neuron_compile.legality import merge_verdicts
+
+    merged: dict[str, dict[str, Any]] = {}
+    for r in results:
+        for op, by_gen in r.verdicts.items():
+            for gen, v in by_gen.items():
+                merged.setdefault(op, {})[gen] = merge_verdicts(merged.get(op, {}).get(gen), v)
+    return {op: {gen: _verdict_record(v) for gen, v in sorted(g.items())} for op, g in sorted(merged.items())}
+
+
+def merge_legality(entries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """aten op -> {generation: verdict record (worst over all entries), "illegal_in": entries where it was
+    illegal on some generation}. Ops in no lowered graph are absent (docs/ops.md: "not exercised")."""
+    from neuron_compile.legality import merge_verdicts
+
+    merged: dict[str, dict[str, Any]] = {}
+    illegal_in: dict[str, set[str]] = {}
+    for e in entries:
+        for op, by_gen in e.get("legality", {}).items():
+            for gen, rec in by_gen.items():
+                v = _verdict_of(rec)
+                merged.setdefault(op, {})[gen] = merge_verdicts(merged.get(op, {}).get(gen), v)
+                if not v.legal:
+                    illegal_in.setdefault(op, set()).add(e["entry"])
+    return {
+        op: {gen: _verdict_record(v) for gen, v in sorted(g.items())} | {"illegal_in": sorted(illegal_in.get(op, ()))}
+        for op, g in sorted(merged.items())
     }
 
 
@@ -716,5 +791,6 @@ def results_document(entries: list[dict[str, Any]], config: dict[str, Any]) -> d
         "torch": torch.__version__,
         "config": config,
         "summary": summary,
-        "entries": {e["entry"]: e for e in entries},
+        "legality": merge_legality(entries),
+        "entries": {e["entry"]: {k: v for k, v in e.items() if k != "legality"} for e in entries},
     }

@@ -5,6 +5,9 @@
     python tools/opinfo_sweep.py --ops add,cat --out /tmp/r.json --print
 
 The results file (default docs/opinfo_results.json) feeds tools/gen_ops_doc.py, which writes docs/ops.md.
+Besides the outcomes it records, per aten op, the trn2/trn3 legality verdict (``legality.verdicts_by_op``
+on every graph the cases lowered, worst verdict wins) under "legality". A subset run (``--ops``) is checked
+with ``python tools/gen_ops_doc.py --results /tmp/r.json --doc /tmp/ops.md``.
 Cases run in worker processes (``--jobs``), each entry in one worker, results merged in op_db order.
 """
 
@@ -31,7 +34,9 @@ _DB: dict[str, Any] = {}
 
 
 def _worker_init() -> None:
-    os.environ.setdefault("NEURON_COMPILE_CACHE", "0")
+    # Off even if the caller's environment turns it on: a cache hit skips the legality pass, whose
+    # per-op verdicts the results file records.
+    os.environ["NEURON_COMPILE_CACHE"] = "0"
     _DB.update({H.entry_name(o): o for o in H.load_op_db()})
 
 

@@ -63,12 +63,22 @@ def gather(x, dim, index, *, sparse_grad=False):
     return jnp.reshape(out, out_shape())
 
 
+# Torch accumulates bools as logical or (add) and logical and (multiply); XLA's add/mul reject i1, while its
+# max/min on i1 are exactly or/and.
+_BOOL_REDUCTION = {"add": "max", "mul": "min", "multiply": "min"}
+
+
+def _reduction(how: str, dtype: Any) -> str:
+    """The ``.at[]`` method that performs reduction ``how`` on elements of ``dtype``."""
+    return _BOOL_REDUCTION.get(how, how) if dtype == jnp.bool_ else how
+
+
 def _scatter(x, dim, index, src, how: str) -> Any:
     xs, index = _as_nd(x), _as_nd(index)
     dim = _axis(dim, xs.ndim)
     src = _src_window(src, index.shape, xs.dtype)
     ref = xs.at[_coords(index, dim)]
-    out = getattr(ref, how)(src, mode="drop")
+    out = getattr(ref, _reduction(how, xs.dtype))(src, mode="drop")
     return jnp.reshape(out, x.shape)
 
 
@@ -127,7 +137,7 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
         out = total / count if is_float(xs.dtype) else jnp.floor_divide(total, count)
     else:
         how = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}[reduce]
-        out = getattr(base.at[coords], how)(src, mode="drop")
+        out = getattr(base.at[coords], _reduction(how, xs.dtype))(src, mode="drop")
     return jnp.reshape(out, x.shape)
 
 
@@ -178,7 +188,7 @@ def index_put(x, indices, values, accumulate=False):
     values = convert(values, x.dtype)
     ref = x.at[_index_tuple(indices)]
     if accumulate:
-        return ref.add(values, mode="drop")
+        return getattr(ref, _reduction("add", x.dtype))(values, mode="drop")
     return ref.set(values, mode="drop")
 
 
@@ -199,7 +209,7 @@ def _index_write(x, dim, index, source, how: str) -> Any:
     if is_array(source):
         source = jnp.reshape(convert(source, xs.dtype), _index_write_shape(xs.shape, dim, index.shape[0]))
     ref = xs.at[_along(dim, xs.ndim, index)]
-    return jnp.reshape(getattr(ref, how)(source, mode="drop"), x.shape)
+    return jnp.reshape(getattr(ref, _reduction(how, xs.dtype))(source, mode="drop"), x.shape)
 
 
 def _index_write_shape(shape, dim, n):
@@ -235,7 +245,7 @@ def take(x, index):
 def put(x, index, source, accumulate=False):
     flat = jnp.reshape(x, (-1,)).at[jnp.reshape(index, (-1,))]
     source = jnp.reshape(convert(source, x.dtype), (-1,))
-    out = flat.add(source, mode="drop") if accumulate else flat.set(source, mode="drop")
+    out = getattr(flat, _reduction("add", x.dtype) if accumulate else "set")(source, mode="drop")
     return jnp.reshape(out, x.shape)
 
 

@@ -50,19 +50,23 @@ def _reflect(x: Any, axis: int, lo: int, hi: int) -> Any:
 
 
 def _replicate(x: Any, axis: int, lo: int, hi: int) -> Any:
+    # Eager reads output position j from input clamp(j - lo, 0, n - 1), which also covers negative pads
+    # (crops), including a crop past the far edge: (-4, 5) of size 4 is five copies of the last element.
     n = x.shape[axis]
-    if lo < 0 or hi < 0:
-        # Negative replication pads crop first; the remaining positive side replicates as usual.
-        x = lax.slice_in_dim(x, max(-lo, 0), n - max(-hi, 0), axis=axis)
-        lo, hi, n = max(lo, 0), max(hi, 0), x.shape[axis]
+    src = np.arange(n + lo + hi) - lo
+    before, after = int(np.sum(src < 0)), int(np.sum(src > n - 1))
+    inside = src[(src >= 0) & (src <= n - 1)]
 
     def edge(at: int, count: int) -> Any:
         shape = list(x.shape)
         shape[axis] = count
         return jnp.broadcast_to(lax.slice_in_dim(x, at, at + 1, axis=axis), shape)
 
-    parts = ([edge(0, lo)] if lo else []) + [x] + ([edge(n - 1, hi)] if hi else [])
-    return lax.concatenate(parts, axis) if len(parts) > 1 else x
+    parts = [edge(0, before)] if before else []
+    if inside.size:
+        parts.append(lax.slice_in_dim(x, int(inside[0]), int(inside[-1]) + 1, axis=axis))
+    parts += [edge(n - 1, after)] if after else []
+    return lax.concatenate(parts, axis) if len(parts) > 1 else parts[0]
 
 
 def _pad_with(edge_fn: Callable[[Any, int, int, int], Any], x: Any, padding: Sequence[int]) -> Any:

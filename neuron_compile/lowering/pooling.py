@@ -182,6 +182,10 @@ def _avg_pool(x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad,
                                            divisor_override, out_spatial)
     acc = _acc(x.dtype)
     total = _window_sum(convert(x, acc), nd, kernel, stride, pads)
+    if not is_float(acc):
+        # Eager divides the integer window sum by the integer divisor in C++: truncation toward zero,
+        # which is lax.div on integers (a true division would go through float64, absent on Trainium).
+        return lax.div(total, _const(div.astype(np.int64), acc, total.shape))
     return convert(total / jnp.asarray(div, acc), out_dtype())
 
 

@@ -11,6 +11,13 @@ plain signed LT, carrying values and positions as extra operands (a stable sort)
   elements in their original order, as eager's stable sort does.
 
 topk, kthvalue and median are a sort plus a slice (TopK on the device refuses integers and large k).
+
+Ties: every op here returns equal elements in their original order (stable), which is exactly eager's
+``stable=True``. Where torch leaves the tie order unspecified (``sort``/``argsort`` with stable=False,
+``topk``, ``kthvalue``), eager's CPU kernels pick it with libstdc++'s introsort / nth_element / partial_sort,
+whose order of equal keys depends on the data's history through the algorithm and cannot be reproduced by
+a sorting network; the stable order is one of the results torch allows (same values, indices of equal
+elements), so those indices can differ from eager's on ties only.
 """
 
 from __future__ import annotations
