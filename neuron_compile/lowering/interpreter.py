@@ -15,13 +15,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import torch
+from jax import lax
 from torch._ops import OpOverload
 
 from ..errors import NeuronUnsupportedOpError, UnsupportedNode
 from ..legality import check_fx_graph, non_aten_reason
 from . import provenance
 from .registry import _CURRENT, NodeContext, Unsupported, lowering_for
-from .semantics import jax_dtype
+from .semantics import jax_dtype, torch_dtype
 
 UNSUPPORTED_TENSOR_KINDS = "sparse, nested, complex or quantized"
 
@@ -164,9 +165,6 @@ class _GraphTracer:
         self._node_index: dict[torch.fx.Node, int] = {}
 
     def seed_for(self, node: torch.fx.Node) -> Any:
-        import jax.numpy as jnp
-        from jax import lax
-
         self.used_rng = True
         index = self._node_index.setdefault(node, len(self._node_index) + 1)
         seed = lax.bitcast_convert_type(self.seed, jnp.uint32)
@@ -288,7 +286,7 @@ def lower_graph(
             if r is None or isinstance(r, (int, float, bool)):
                 output_plan.append(OutputSpec("const", value=r))
                 continue
-            spec = TensorSpec(tuple(int(s) for s in r.shape), torch_dtype_of(r))
+            spec = TensorSpec(tuple(int(s) for s in r.shape), torch_dtype(r.dtype))
             if id(r) in seen:
                 output_plan.append(OutputSpec("tensor", seen[id(r)], spec=spec, duplicate_of=seen[id(r)]))
                 continue
@@ -331,8 +329,3 @@ def lower_graph(
         node_table=tracer.node_table,
     )
 
-
-def torch_dtype_of(array: Any) -> torch.dtype:
-    from .semantics import torch_dtype
-
-    return torch_dtype(array.dtype)
