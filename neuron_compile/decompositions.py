@@ -33,6 +33,8 @@ KEEP_WHOLE = [
     aten.embedding_dense_backward,
     aten.nll_loss_forward,
     aten.nll_loss_backward,
+    # torch's decomposition indexes with a 0-d index tensor, which guards on its data (.item()).
+    aten.take,
     # Lowered with constant-index gathers / concatenation (lowering/padding.py); torch's decompositions
     # compute the indices in the graph (more ops, non-constant gathers, float64 aranges).
     aten.upsample_nearest1d,

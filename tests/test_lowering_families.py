@@ -196,6 +196,7 @@ COLS_1011 = torch.tensor([1, 0, 1, 1])
 DUP = torch.tensor([[0, 0, 2], [3, 3, 3]])
 ZEROS_52 = torch.zeros(5, 2, dtype=torch.long)
 SMALL = torch.tensor([[0, 2], [2, 0]])
+FLAT_NEGATIVE = torch.tensor([[-1, -12], [-5, 3]])  # wraps like Python indices
 FLAT = torch.tensor([[0, 11], [5, -1]])
 
 INDEXING = [
@@ -240,6 +241,7 @@ INDEXING = [
     Case("index_copy", lambda x, s: x.index_copy(0, ROWS_20, s), [randn(3, 4), randn(2, 4)]),
     Case("index_fill", lambda x: x.index_fill(1, COLS_13, 3.0), [randn(3, 4)]),
     Case("take", lambda x: torch.take(x, FLAT), [randn(3, 4)]),
+    Case("take_negative", lambda x: torch.take(x, FLAT_NEGATIVE), [randn(3, 4)]),
     Case("take_along_dim", lambda x: torch.take_along_dim(x, IDX, 1), [randn(2, 4)],
          requires=("aten.remainder.Scalar",)),
     Case("select_scatter", lambda x, s: torch.select_scatter(x, s, 0, -1), [randn(3, 4), randn(4)]),
@@ -397,7 +399,8 @@ TIES = {
              lambda x: tuple(t[:, :4] for t in torch.sort(x, dim=1, descending=True, stable=True))),
     "topk_smallest": (lambda x: torch.topk(x, 3, dim=0, largest=False),
                       lambda x: tuple(t[:3] for t in torch.sort(x, dim=0, stable=True))),
-    "kthvalue": (lambda x: torch.kthvalue(x, 7, dim=1), lambda x: tuple(t[:, 6] for t in torch.sort(x, dim=1, stable=True))),
+    "kthvalue": (lambda x: torch.kthvalue(x, 7, dim=1),
+                 lambda x: tuple(t[:, 6] for t in torch.sort(x, dim=1, stable=True))),
 }
 
 
@@ -473,6 +476,17 @@ POOLING = [
          tol="sum"),
     Case("avg_pool1d", lambda x: F.avg_pool1d(x, 3, 2, 1, count_include_pad=False), [randn(2, 3, 10)], tol="sum"),
     Case("avg_pool3d", lambda x: F.avg_pool3d(x, 2, 2, 1), [randn(1, 2, 5, 4, 4)], tol="sum"),
+    # Integer average pooling truncates the integer window sum toward zero (negative sums included).
+    *[
+        Case(f"avg_pool{nd}d_int64_{how}", fn, [const(torch.randint(-20, 20, shape, generator=torch.Generator()
+                                                                   .manual_seed(2)))], (I64,))
+        for nd, shape, how, fn in (
+            (1, (2, 3, 10), "pad_exclude", lambda x: F.avg_pool1d(x, 3, 2, 1, count_include_pad=False)),
+            (2, (1, 2, 7, 6), "pad_ceil", lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True)),
+            (2, (2, 5, 6), "divisor", lambda x: F.avg_pool2d(x, (2, 3), 1, (1, 0), divisor_override=5)),
+            (3, (1, 2, 5, 4, 4), "pad", lambda x: F.avg_pool3d(x, 2, 2, 1)),
+        )
+    ],
     Case("adaptive_avg_pool2d", lambda x: F.adaptive_avg_pool2d(x, (3, 4)), [randn(2, 3, 7, 9)], (F32, BF16),
          tol="sum"),
     Case("adaptive_avg_pool1d", lambda x: F.adaptive_avg_pool1d(x, 4), [randn(2, 3, 10)], tol="sum"),

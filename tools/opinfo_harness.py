@@ -48,7 +48,14 @@ SKIP_REASONS: dict[str, str] = {
     "no-graph": "Dynamo produced no graph for the backend (the op is resolved at trace time, e.g. it only "
     "reads metadata): nothing to compile",
     "eager-error": "eager PyTorch itself raises on this sample",
+    "tie-order": "the sample has ties, whose index order torch leaves unspecified (non-stable sort, topk, "
+    "kthvalue; eager's order comes from its introsort/quickselect): values are compared exactly and every "
+    "index is checked to select the eager value (and sort's to be a permutation); gradients, which follow "
+    "the tie order, are not compared",
 }
+
+#: Entries whose index outputs are unspecified among ties: (default dim, position of dim in args).
+TIE_ORDER_OPS: dict[str, int] = {"sort": 0, "argsort": 0, "topk": 1, "kthvalue": 1}
 
 #: OpInfo entries whose outputs are random: compared by shape/dtype/finiteness only.
 RANDOM_OPS = frozenset(
@@ -366,6 +373,42 @@ def _random_check(actual: Any, expected: Any) -> str | None:
     return None
 
 
+def _tie_order_check(prep: "_Prepared", actual: Any) -> str | None:
+    """None when ``actual`` differs from eager only in the order of tied elements (see SKIP_REASONS)."""
+    sample, name = prep.sample, entry_name(prep.op)
+    if sample.kwargs.get("stable", False):
+        return "stable sort: indices must equal eager's"
+    dim_pos = TIE_ORDER_OPS[name]
+    dim = sample.kwargs.get("dim", sample.args[dim_pos] if len(sample.args) > dim_pos else -1)
+    x = sample.input.detach()
+    if name == "argsort":
+        indices, eager_indices = actual, prep.expected
+        values = eager_values = None
+    else:
+        (values, indices), (eager_values, eager_indices) = actual, prep.expected
+        bad = _compare(values, eager_values, "values")
+        if bad:
+            return bad
+    if indices.dtype != eager_indices.dtype or indices.shape != eager_indices.shape:
+        return f"indices: {indices.dtype}{list(indices.shape)}, eager {eager_indices.dtype}{list(eager_indices.shape)}"
+    if x.dim() == 0:
+        return None if torch.equal(indices, eager_indices) else "indices of a 0-d input differ"
+    gather_idx = indices if (indices.dim() == x.dim()) else indices.unsqueeze(dim)
+    eager_gather = eager_indices if (eager_indices.dim() == x.dim()) else eager_indices.unsqueeze(dim)
+    if bool(((gather_idx < 0) | (gather_idx >= x.shape[dim])).any()):
+        return "indices out of range"
+    picked, eager_picked = x.gather(dim, gather_idx), x.gather(dim, eager_gather)
+    if not torch.equal(picked.isnan(), eager_picked.isnan()) or not torch.equal(
+        picked.nan_to_num(0), eager_picked.nan_to_num(0)
+    ):
+        return "indices select values other than eager's"
+    if name in ("sort", "argsort") and not torch.equal(
+        indices.sort(dim).values, torch.arange(x.shape[dim]).expand_as(indices.movedim(dim, -1)).movedim(-1, dim)
+    ):
+        return "sort indices are not a permutation"
+    return None
+
+
 def _grad_leaves(out: Any) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
 
@@ -462,6 +505,10 @@ def _check(prep: _Prepared, c_inputs: list, actual: Any, recorder: _Recorder) ->
     if result.entry in RANDOM_OPS:
         bad = _random_check(actual, prep.expected)
         result.outcome, result.detail = (FAIL, bad) if bad else (SKIP, "random")
+        return _finish(result, recorder)
+    if result.entry in TIE_ORDER_OPS and _compare(actual, prep.expected, "output") is not None:
+        bad = _tie_order_check(prep, actual)
+        result.outcome, result.detail = (FAIL, bad) if bad else (SKIP, "tie-order")
         return _finish(result, recorder)
     values = not getattr(prep.op, "has_nondeterministic_output", False)
     ref = _Float64Reference(prep.call, prep.tensors, prep.process, prep.seed, grads is not None)

@@ -238,7 +238,8 @@ def index_fill(x, dim, index, value):
 
 @register_lowering(aten.take)
 def take(x, index):
-    return jnp.take(jnp.reshape(x, (-1,)), index, mode="clip")
+    # .at[].get wraps negative indices like torch (jnp.take's "clip" mode would clamp them to 0).
+    return jnp.reshape(x, (-1,)).at[index].get(mode="clip")
 
 
 @register_lowering(aten.put)
