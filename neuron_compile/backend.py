@@ -15,7 +15,14 @@ from torch._dynamo.backends.common import aot_autograd
 
 from .compiler import compile_graph
 from .decompositions import decomposition_table
-from .graph_checks import check_static_shapes, check_tensor_kinds, refuse_silent_eager_fallback, warn_mode
+from .graph_checks import (
+    DATA_DEPENDENT_ERRORS,
+    check_static_shapes,
+    check_tensor_kinds,
+    data_dependent_error,
+    refuse_silent_eager_fallback,
+    warn_mode,
+)
 from .lowering.attention import rewrite_sdpa
 from .options import Options
 
@@ -46,9 +53,12 @@ def neuron_backend(
     def compiler(kind: str) -> Callable[..., Any]:
         return functools.partial(compile_graph, opts=opts, kind=kind, name=f"graph{graph_id}_{kind}")
 
-    return aot_autograd(
-        fw_compiler=compiler("forward"),
-        bw_compiler=compiler("backward"),
-        inference_compiler=compiler("inference"),
-        decompositions=decomposition_table(),
-    )(gm, example_inputs)
+    try:
+        return aot_autograd(
+            fw_compiler=compiler("forward"),
+            bw_compiler=compiler("backward"),
+            inference_compiler=compiler("inference"),
+            decompositions=decomposition_table(),
+        )(gm, example_inputs)
+    except DATA_DEPENDENT_ERRORS as e:
+        raise data_dependent_error(gm, e) from e

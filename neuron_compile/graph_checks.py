@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .errors import NeuronDynamicShapeError, NeuronUnsupportedOpError
+from .errors import NeuronDynamicShapeError, NeuronUnsupportedOpError, UnsupportedNode
 from .lowering import provenance
 from .lowering.interpreter import unsupported_inputs
 
@@ -79,3 +79,52 @@ def warn_mode(mode: str | None) -> None:
             f"neuron backend: mode={mode!r} has no meaning for the Neuron compiler; compiling as mode='default'.",
             stacklevel=3,
         )
+
+
+DATA_DEPENDENT_ERRORS: tuple[type[BaseException], ...] = (
+    torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode,
+    torch._subclasses.fake_tensor.DataDependentOutputException,
+    torch._subclasses.fake_tensor.DynamicOutputShapeException,
+)
+
+
+def data_dependent_error(gm: torch.fx.GraphModule, error: BaseException) -> NeuronUnsupportedOpError:
+    """The clear error for a graph whose tracing needed a value only known at run time (e.g. a size
+    given as a tensor): every Dynamo node whose result depends on tensor data, with its user line."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    reason = f"data-dependent value ({str(error).splitlines()[0][:160]}); neuronx-cc needs static shapes: pass sizes as Python ints"
+    nodes = [
+        UnsupportedNode(
+            op=provenance.op_name(node),
+            inputs=provenance.describe_inputs(node),
+            source=provenance.user_source(node),
+            reason=reason,
+        )
+        for node in gm.graph.nodes
+        if node.op == "call_function" and free_unbacked_symbols(node.meta.get("example_value"))
+    ]
+    if not nodes:
+        node = _node_being_traced(gm, error)
+        nodes = [
+            UnsupportedNode(
+                op=provenance.op_name(node) if node else "graph",
+                inputs=provenance.describe_inputs(node) if node else "",
+                source=provenance.user_source(node) if node else "<unknown source line>",
+                reason=reason,
+            )
+        ]
+    return NeuronUnsupportedOpError(gm.__class__.__name__, nodes)
+
+
+def _node_being_traced(gm: torch.fx.GraphModule, error: BaseException) -> torch.fx.Node | None:
+    """The node of ``gm`` that AOTAutograd's fx.Interpreter was running when ``error`` was raised."""
+    nodes = set(gm.graph.nodes)
+    found = None
+    tb = error.__traceback__
+    while tb is not None:
+        for value in tb.tb_frame.f_locals.values():
+            if isinstance(value, torch.fx.Node) and value in nodes and value.op == "call_function":
+                found = value
+        tb = tb.tb_next
+    return found

@@ -32,11 +32,12 @@ def _run_fresh(code: str) -> str:
 
 def _root_cause(exc: BaseException) -> BaseException:
     """The backend's own exception inside Dynamo's BackendCompilerFailed."""
-    while True:
+    while not isinstance(exc, neuron_compile.NeuronCompileError):
         inner = getattr(exc, "inner_exception", None) or exc.__cause__
         if inner is None:
             return exc
         exc = inner
+    return exc
 
 
 def test_entry_point_registration_in_fresh_process() -> None:
@@ -301,3 +302,15 @@ def test_sdpa_with_mask_forward_and_backward() -> None:
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+
+
+def test_size_given_as_tensor_is_refused_with_its_line() -> None:
+    def fn(x: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.tensor_split(x, n, 1)  # LINE_SPLIT
+
+    line = next(i for i, l in enumerate(open(__file__).read().splitlines(), 1) if l.rstrip().endswith("# LINE_SPLIT"))
+    with pytest.raises(BackendCompilerFailed) as info:
+        torch.compile(fn, backend="neuron", dynamic=False)(torch.randn(5, 5), torch.tensor(2))
+    err = _root_cause(info.value)
+    assert isinstance(err, NeuronUnsupportedOpError) and "data-dependent" in str(err)
+    assert f"{os.path.basename(__file__)}:{line}" in str(err) and "tensor_split" in str(err)
