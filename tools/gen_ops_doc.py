@@ -66,15 +66,14 @@ def aten_universe(results: dict[str, Any]) -> dict[str, str]:
 
     decomposed = {str(op) for op in decomposition_table()}
     why: dict[str, str] = {}
-    aten = torch.ops.aten
-    for packet_name in dir(aten):
-        packet = getattr(aten, packet_name, None)
-        if not isinstance(packet, torch._ops.OpOverloadPacket):
+    # Every registered aten op (dir(torch.ops.aten) would list only the packets loaded so far).
+    for qualified in sorted(torch._C._dispatch_get_all_op_names()):
+        if not qualified.startswith("aten::"):
             continue
-        for overload in packet.overloads():
-            op = getattr(packet, overload)
-            if torch.Tag.core in op.tags and str(op) not in decomposed:
-                why[str(op)] = "core"
+        packet_name, _, overload = qualified[len("aten::") :].partition(".")
+        op = getattr(getattr(torch.ops.aten, packet_name), overload or "default")
+        if torch.Tag.core in op.tags and str(op) not in decomposed:
+            why[str(op)] = "core"
     for packet in KEEP_WHOLE:
         for overload in packet.overloads():
             why.setdefault(str(getattr(packet, overload)), "kept whole")
