@@ -27,6 +27,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import neuron_compile.lowering as lowering
 from neuron_compile.errors import NeuronUnsupportedOpError
 from neuron_compile.lowering import lower_graph
+
+from .util import tensor_leaves
 from neuron_compile.runtime.cpu import CpuTarget
 from neuron_compile.runtime.executor import CompiledGraph
 
@@ -65,12 +67,6 @@ def with_nans(make: Callable[[torch.dtype], torch.Tensor], where: tuple) -> Call
     return build
 
 
-def _flatten(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _flatten(o)]
-    return []
 
 
 def _describe(inputs: list[Any]) -> str:
@@ -135,9 +131,9 @@ def check_compiled(case: Case, dtype: torch.dtype) -> None:
         return out
 
     eager_in, comp_in = leaves(), leaves()
-    expected = _flatten(case.fn(*eager_in))
+    expected = tensor_leaves(case.fn(*eager_in))
     compiled = torch.compile(case.fn, backend="neuron", dynamic=False)
-    actual = _flatten(compiled(*comp_in))
+    actual = tensor_leaves(compiled(*comp_in))
     assert len(actual) == len(expected), what
     for i, (a, e) in enumerate(zip(actual, expected)):
         _assert_same(a.detach(), e.detach(), tol, f"{what} output {i}")
@@ -162,7 +158,7 @@ def run_aten(fn: Callable[..., Any], inputs: list[Any], tracing_mode: str = "rea
     """Lower the aten graph of ``fn`` (no decompositions) and run it on the CPU target."""
 
     def as_tuple(*args):
-        return tuple(_flatten(fn(*args)))
+        return tuple(tensor_leaves(fn(*args)))
 
     gm = make_fx(as_tuple, tracing_mode=tracing_mode)(*inputs)
     lowered = lower_graph(gm, list(inputs), "families")
@@ -174,7 +170,7 @@ def run_aten(fn: Callable[..., Any], inputs: list[Any], tracing_mode: str = "rea
 def check_aten(case: Case, dtype: torch.dtype) -> None:
     inputs = _materialize(case, dtype)
     what = f"{case.name}[{dtype}]({_describe(inputs)})"
-    expected = _flatten(case.fn(*inputs))
+    expected = tensor_leaves(case.fn(*inputs))
     actual = run_aten(case.fn, inputs)
     assert len(actual) == len(expected), what
     for i, (a, e) in enumerate(zip(actual, expected)):
@@ -418,8 +414,8 @@ def test_ties_keep_original_order(name, dtype) -> None:
     # reproduced); ours is the stable order: exactly eager's stable sort, values and indices.
     op, reference = TIES[name]
     x = _tied(dtype)
-    expected = _flatten(reference(x))
-    actual = _flatten(torch.compile(op, backend="neuron", dynamic=False)(x))
+    expected = tensor_leaves(reference(x))
+    actual = tensor_leaves(torch.compile(op, backend="neuron", dynamic=False)(x))
     for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
         _assert_same(a, e, (0, 0), f"{name}[{dtype}](tied {list(x.shape)}) output {i}")
 

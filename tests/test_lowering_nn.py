@@ -19,6 +19,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .util import tensor_leaves
+
 F32 = torch.float32
 BF16 = torch.bfloat16
 F16 = torch.float16
@@ -54,12 +56,6 @@ def _randn(*shape: int, dtype: torch.dtype = F32, scale: float = 1.0) -> torch.T
     return (torch.randn(shape) * scale).to(dtype)
 
 
-def _flatten(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _flatten(o)]
-    return []
 
 
 def _assert_close(actual: torch.Tensor, expected: torch.Tensor, tol: tuple[float, float], what: str) -> None:
@@ -95,8 +91,8 @@ def check(case: Case, dtype: torch.dtype) -> None:
     eager_fn, eager_in = fresh()
     comp_fn, comp_in = fresh()
     compiled = torch.compile(comp_fn, backend="neuron", dynamic=False)
-    expected = _flatten(eager_fn(*eager_in))
-    actual = _flatten(compiled(*comp_in))
+    expected = tensor_leaves(eager_fn(*eager_in))
+    actual = tensor_leaves(compiled(*comp_in))
     assert len(actual) == len(expected), what
 
     def label(i: int) -> str:

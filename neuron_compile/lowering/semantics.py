@@ -130,10 +130,7 @@ def pointwise(
         if compute_in_result:
             compute = result
         arrays = broadcast(*[convert(a, compute) if a is not None else None for a in args])
-        out = fn(*arrays, **kwargs)
-        if promotion is Promotion.ALWAYS_BOOL:
-            return convert(out, jnp.bool_)
-        return convert(out, result)
+        return convert(fn(*arrays, **kwargs), result)
 
     return lower
 
