@@ -5,6 +5,27 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and dtype of one graph input or output, as torch sees it."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+@dataclass
+class OutputSpec:
+    """How to produce graph output i at run time: tensor number ``index`` of the executable, or a constant."""
+
+    kind: str  # "tensor" | "const"
+    index: int = -1
+    value: Any = None
+    spec: TensorSpec | None = None
+    duplicate_of: int | None = None
+
 
 @dataclass
 class Artifact:

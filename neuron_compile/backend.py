@@ -13,8 +13,6 @@ from typing import Any, Callable, Mapping
 import torch
 from torch._dynamo.backends.common import aot_autograd
 
-from .compiler import compile_graph
-from .decompositions import decomposition_table
 from .graph_checks import (
     DATA_DEPENDENT_ERRORS,
     check_static_shapes,
@@ -23,7 +21,6 @@ from .graph_checks import (
     refuse_silent_eager_fallback,
     warn_mode,
 )
-from .lowering.attention import rewrite_sdpa
 from .options import Options
 
 _graph_ids = itertools.count()
@@ -47,6 +44,11 @@ def neuron_backend(
     refuse_silent_eager_fallback(opts.allow_eager_fallback)
     check_tensor_kinds(gm, example_inputs)
     check_static_shapes(gm, example_inputs)
+    # Imported on first compile: resolving backend="neuron" must not pay for jax and every lowering.
+    from .compiler import compile_graph
+    from .decompositions import decomposition_table
+    from .lowering.attention import rewrite_sdpa
+
     rewrite_sdpa(gm)
     graph_id = next(_graph_ids)
 

@@ -9,26 +9,34 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 
 from . import debug, legality
 from .artifact import Artifact
-from .errors import WARNING_CLASSES, NeuronFloat64Warning, NeuronWarning
 from .cache import cache_for
-from .lowering import lower_graph
+from .errors import WARNING_CLASSES, NeuronFloat64Warning, NeuronUnsupportedOpError, NeuronWarning
+from .lowering import LoweredGraph, lower_graph
 from .options import Options
-from .runtime.cpu import CpuTarget
 from .runtime.executor import CompiledGraph
-from .runtime.neuron import NeuronTarget
+from .runtime.targets import target_for
 from .stats import STATS, GraphRecord
 
 
-def target_for(opts: Options) -> Any:
-    if opts.target == "neuron":
-        return NeuronTarget(opts.generation, opts.neuron_cc_flags)
-    return CpuTarget()
+@dataclass
+class CompileHooks:
+    """Observers of the pipeline, for tools (the OpInfo harness records which ops reached the backend
+    and their legality verdicts). Each is called with the object named, before the step that uses it."""
+
+    #: Every AOTAutograd graph handed to ``compile_graph`` (cache hits included).
+    on_graph: list[Callable[[torch.fx.GraphModule], None]] = field(default_factory=list)
+    #: Every graph that was lowered (cache misses only), before the legality pass.
+    on_lowered: list[Callable[[LoweredGraph], None]] = field(default_factory=list)
+
+
+HOOKS = CompileHooks()
 
 
 _FLOAT64_MESSAGE = (
@@ -49,7 +57,14 @@ def build_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Op
     with warnings.catch_warnings(record=True) as raised:
         warnings.simplefilter("always", NeuronWarning)
         lowered = lower_graph(gm, list(example_inputs), name, target=opts.target)
-        report = legality.check(lowered, opts)
+        for hook in HOOKS.on_lowered:
+            hook(lowered)
+        try:
+            report = legality.check(lowered, opts)
+        except NeuronUnsupportedOpError as e:
+            refused = getattr(e, "legality_report", None)
+            debug.dump_graph(opts, name, gm, lowered, refused, {"lower_s": time.perf_counter() - t0})
+            raise
     ours = [(type(w.message).__name__, str(w.message)) for w in raised if isinstance(w.message, NeuronWarning)]
     for w in raised:  # anything not ours goes on as raised
         if not isinstance(w.message, NeuronWarning):
@@ -82,20 +97,23 @@ def compile_graph(
     gm: torch.fx.GraphModule, example_inputs: list[Any], *, opts: Options, kind: str, name: str
 ) -> CompiledGraph:
     """Compile ``gm`` for ``opts.target`` (or fetch it from the cache) as a boxed callable."""
+    for hook in HOOKS.on_graph:
+        hook(gm)
     t0 = time.perf_counter()
     # A debug dump must show this run's lowering, so debugging bypasses the cache.
     cache_opts = dataclasses.replace(opts, cache=False) if opts.debug_dir else opts
     artifact, cache_state = cache_for(cache_opts).get_or_build(
-        gm, example_inputs, opts, lambda: build_artifact(gm, example_inputs, opts, name)
+        gm, example_inputs, cache_opts, lambda: build_artifact(gm, example_inputs, opts, name)
     )
     _replay(artifact)
+    target = target_for(opts)
     executable = artifact.loaded
     if executable is None:
-        executable = target_for(opts).deserialize(artifact.executable)
+        executable = target.deserialize(artifact.executable)
     elapsed = time.perf_counter() - t0
     STATS.record(
         GraphRecord(name, kind, artifact.num_ops, artifact.lower_seconds, artifact.compile_seconds, cache_state)
     )
     if cache_state == "hit":  # a miss was summarized by build_artifact, with its legality verdict
         debug.log_summary(f"neuron_compile: {name}: {artifact.num_ops} aten nodes, cache hit, loaded in {elapsed:.3f}s")
-    return CompiledGraph(name, executable, artifact.inputs, artifact.outputs, artifact.needs_rng_seed)
+    return CompiledGraph(name, target, executable, artifact.inputs, artifact.outputs, artifact.needs_rng_seed)

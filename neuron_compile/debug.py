@@ -10,7 +10,7 @@ miss), into one folder per process ``D/neuron_compile_<YYYYmmdd-HHMMSS>_pid<PID>
 - ``legality.txt``     the legality report (and ``legality.json``)
 - ``timings.json``     lowering / legality / target-compile seconds
 
-A graph refused by the legality pass is dumped too (without FX graph: it is written before raising).
+A graph refused by the legality pass is dumped too, with the report that refused it.
 ``NEURON_COMPILE_LOGS=graphs`` (or ``1``) prints one summary line per compiled graph to stderr; the
 lines always go to the ``neuron_compile.graphs`` logger at INFO level.
 """
@@ -107,10 +107,8 @@ def dump_graph(opts: Options, name: str, gm: Any, lowered: Any, report: Any, tim
             (d / "stablehlo.mlir").write_text(lowered.stablehlo(debug_info=True))
             (d / "nodes.json").write_text(json.dumps(getattr(lowered, "node_table", {}), indent=1))
         if report is not None:
-            from .legality import report_json
-
             (d / "legality.txt").write_text(report.to_text() + "\n")
-            (d / "legality.json").write_text(report_json(report))
+            (d / "legality.json").write_text(json.dumps(report.to_dict(), indent=1, default=str))
         (d / "timings.json").write_text(json.dumps(timings, indent=1))
     except OSError as e:  # a debugging aid must never break compilation
         warnings.warn(f"neuron backend: could not write debug dump for {name} to {opts.debug_dir}: {e}")

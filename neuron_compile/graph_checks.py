@@ -1,4 +1,5 @@
-"""Checks on the Dynamo graph before anything is traced: static shapes, the recompile limit."""
+"""Checks on FX graphs before anything is traced: tensor kinds, static shapes, data-dependent shapes,
+non-aten nodes, the recompile limit. Pure torch: nothing here imports jax or the lowerings."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from typing import Any
 
 import torch
 
+from . import provenance
+from .dtypes import DEVICE_DTYPES
 from .errors import NeuronDynamicShapeError, NeuronUnsupportedOpError, UnsupportedNode
-from .lowering import provenance
-from .lowering.interpreter import unsupported_inputs
 
 log = logging.getLogger(__name__)
 
@@ -128,3 +129,91 @@ def _node_being_traced(gm: torch.fx.GraphModule, error: BaseException) -> torch.
                 found = value
         tb = tb.tb_next
     return found
+
+
+# -- tensor kinds the device cannot take ------------------------------------------------------------
+def unsupported_tensor_kind(t: torch.Tensor) -> str | None:
+    """Why ``t`` cannot be compiled (sparse, nested, complex, quantized, odd dtype), or None."""
+    if getattr(t, "is_nested", False):
+        return "nested tensor"
+    if t.is_sparse or t.layout not in (torch.strided,):
+        return f"{t.layout} layout"
+    if t.is_complex():
+        return "complex dtype"
+    if t.is_quantized:
+        return "quantized tensor"
+    if t.dtype not in DEVICE_DTYPES:
+        return f"dtype {t.dtype} is not supported by the Neuron compiler"
+    return None
+
+
+def unsupported_inputs(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> list[UnsupportedNode]:
+    """Every graph input of a kind the device cannot take, named with the user line of its first use."""
+    bad = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, value in zip(placeholders, example_inputs):
+        problem = unsupported_tensor_kind(value) if isinstance(value, torch.Tensor) else None
+        if problem:
+            bad.append(
+                UnsupportedNode(
+                    op=f"input '{node.name}'",
+                    inputs=f"{type(value).__name__} {value.dtype}",
+                    source=provenance.user_source(next(iter(node.users), node)),
+                    reason=f"unsupported tensor kind: {problem}",
+                )
+            )
+    return bad
+
+
+# -- before lowering: what no target can run --------------------------------------------------------
+def _symbolic_sizes(val: Any) -> list[str]:
+    vals = val if isinstance(val, (tuple, list)) else [val]
+    out = []
+    for t in vals:
+        if isinstance(t, torch.Tensor):
+            out += [str(s) for s in t.shape if isinstance(s, torch.SymInt)]
+        elif isinstance(t, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            out.append(str(t))
+    return out
+
+
+def check_fx_graph(gm: torch.fx.GraphModule, name: str) -> None:
+    """Raise ``NeuronUnsupportedOpError`` for nodes with data-dependent output shapes or values.
+
+    Such nodes (``nonzero``, boolean-mask indexing, ``.item()`` under Dynamo's
+    ``capture_dynamic_output_shape_ops`` / ``capture_scalar_outputs``) cannot be compiled by neuronx-cc,
+    which has no dynamic shapes, nor by XLA CPU; ``strict=False`` cannot relax this.
+    """
+    bad = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        sizes = _symbolic_sizes(node.meta.get("val"))
+        if sizes:
+            bad.append(
+                UnsupportedNode(
+                    op=provenance.op_name(node),
+                    inputs=provenance.describe_inputs(node),
+                    source=provenance.user_source(node),
+                    reason=f"data-dependent output shape ({', '.join(sizes)}): neuronx-cc needs static shapes; "
+                    "keep the shape fixed (e.g. torch.where(mask, x, 0) instead of x[mask])",
+                )
+            )
+    if bad:
+        raise NeuronUnsupportedOpError(name, bad)
+
+
+_HIGHER_ORDER_REASONS = {
+    "cond": "torch.cond (data-dependent control flow): neuronx-cc supports no conditional; compute both "
+    "branches and select with torch.where",
+    "while_loop": "torch.while_loop: neuronx-cc supports only loops with a static trip count; unroll it or "
+    "use a Python loop with a fixed count",
+}
+
+
+def non_aten_reason(target: Any) -> str:
+    """The error reason for an FX node whose target is not an aten op (e.g. a higher-order op)."""
+    name = getattr(target, "__name__", str(target))
+    if name in _HIGHER_ORDER_REASONS:
+        return _HIGHER_ORDER_REASONS[name]
+    return f"not an aten op ({name} has no lowering)"

@@ -73,6 +73,8 @@ class Options:
     allow_eager_fallback: bool = False
     #: Extra flags for neuronx-cc (neuron target only). Env: NEURON_CC_FLAGS.
     neuron_cc_flags: tuple[str, ...] = field(default_factory=tuple)
+    #: neuronx-cc optimization level, -O1..-O3 (neuron target only). Env: NEURON_COMPILER_OPT_LEVEL.
+    opt_level: int = 2
 
     @classmethod
     def from_user(cls, options: Mapping[str, Any] | None) -> "Options":
@@ -88,6 +90,7 @@ class Options:
             cache_max_bytes=_env_size("NEURON_COMPILE_CACHE_MAX_BYTES"),
             debug_dir=os.environ.get("NEURON_COMPILE_DEBUG_DIR") or None,
             neuron_cc_flags=tuple(os.environ.get("NEURON_CC_FLAGS", "").split()),
+            opt_level=int(os.environ.get("NEURON_COMPILER_OPT_LEVEL", "2") or 2),
         )
         options = dict(options or {})
         known = {f.name for f in dataclasses.fields(cls)}
@@ -114,4 +117,5 @@ class Options:
             "generation": self.generation,
             "strict": self.strict,
             "neuron_cc_flags": list(self.neuron_cc_flags),
+            "opt_level": self.opt_level,
         }

@@ -163,32 +163,24 @@ _installed = False
 
 
 def _install_recorder() -> None:
-    """Wrap the backend's per-graph compiler so each case learns which aten ops reached the backend, and
-    the legality pass so it learns their trn2/trn3 verdicts (from every graph that lowered, legal or
-    not; a compile cache hit skips both, which is why the sweep runs with the cache off)."""
+    """Observe the compiler through its hooks, so each case learns which aten ops reached the backend
+    and their trn2/trn3 legality verdicts (from every graph that lowered, legal or not; a compile cache
+    hit skips the lowering, which is why the sweep runs with the cache off)."""
     global _installed
     if _installed:
         return
-    import neuron_compile.backend as backend
-    from neuron_compile import legality
+    from neuron_compile.compiler import HOOKS
 
-    original_check = legality.check
-
-    def recording_check(lowered: Any, opts: Any) -> Any:
-        if _RECORDER is not None and lowered is not None:
-            _RECORDER.record_legality(lowered)
-        return original_check(lowered, opts)
-
-    legality.check = recording_check
-
-    original = backend.compile_graph
-
-    def recording_compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
+    def on_graph(gm: torch.fx.GraphModule) -> None:
         if _RECORDER is not None:
             _RECORDER.record(gm)
-        return original(gm, example_inputs, **kwargs)
 
-    backend.compile_graph = recording_compile_graph
+    def on_lowered(lowered: Any) -> None:
+        if _RECORDER is not None:
+            _RECORDER.record_legality(lowered)
+
+    HOOKS.on_graph.append(on_graph)
+    HOOKS.on_lowered.append(on_lowered)
     _installed = True
 
 

@@ -153,7 +153,7 @@ def store_for_default_dir() -> DiskStore | None:
 
 def _load(artifact: Artifact, opts: Options) -> Artifact:
     """Deserialize the executable once, here, so a bad blob is a miss rather than a crash later."""
-    from ..compiler import target_for
+    from ..runtime.targets import target_for
 
     artifact.loaded = target_for(opts).deserialize(artifact.executable)
     return artifact

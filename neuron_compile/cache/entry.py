@@ -14,8 +14,7 @@ from typing import Any
 
 import torch
 
-from ..artifact import Artifact
-from ..lowering.interpreter import OutputSpec, TensorSpec
+from ..artifact import Artifact, OutputSpec, TensorSpec
 
 ENTRY_FORMAT = 1
 MODULE_FILE = "module.mlir"

@@ -36,10 +36,8 @@ __all__ = [
     "OpVerdict",
     "Violation",
     "check",
-    "check_fx_graph",
     "check_module",
     "merge_verdicts",
-    "non_aten_reason",
     "verdict_by_generation",
     "verdicts_by_op",
 ]
@@ -255,11 +253,9 @@ def check(lowered: Any, opts: Options) -> LegalityReport | None:
         return report
     nodes = report.unsupported_nodes()
     if opts.strict:
-        from .. import debug  # late: debug imports this package for its report type
-
-
-        debug.dump_graph(opts, report.graph_name, None, lowered, report, {"legality_s": report.seconds})
-        raise NeuronUnsupportedOpError(report.graph_name, nodes, hint=STRICT_HINT)
+        error = NeuronUnsupportedOpError(report.graph_name, nodes, hint=STRICT_HINT)
+        error.legality_report = report  # the compiler's debug dump shows it
+        raise error
     warnings.warn(
         NeuronLegalityWarning(
             f"neuron backend: graph '{report.graph_name}' runs on the {opts.target} target because "
@@ -372,62 +368,6 @@ def merge_verdicts(a: OpVerdict | None, b: OpVerdict) -> OpVerdict:
     assumed = tuple(sorted(set(a.assumed) | set(b.assumed)))
     reasons = tuple(sorted(set(a.reasons) | set(b.reasons)))
     return OpVerdict(a.legal and b.legal, assumed, reasons)
-
-
-# -- before lowering: what no target can run --------------------------------------------------------
-def _symbolic_sizes(val: Any) -> list[str]:
-    vals = val if isinstance(val, (tuple, list)) else [val]
-    out = []
-    for t in vals:
-        if isinstance(t, torch.Tensor):
-            out += [str(s) for s in t.shape if isinstance(s, torch.SymInt)]
-        elif isinstance(t, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            out.append(str(t))
-    return out
-
-
-def check_fx_graph(gm: torch.fx.GraphModule, name: str) -> None:
-    """Raise ``NeuronUnsupportedOpError`` for nodes with data-dependent output shapes or values.
-
-    Such nodes (``nonzero``, boolean-mask indexing, ``.item()`` under Dynamo's
-    ``capture_dynamic_output_shape_ops`` / ``capture_scalar_outputs``) cannot be compiled by neuronx-cc,
-    which has no dynamic shapes, nor by XLA CPU; ``strict=False`` cannot relax this.
-    """
-    from ..lowering import provenance
-
-    bad = []
-    for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        sizes = _symbolic_sizes(node.meta.get("val"))
-        if sizes:
-            bad.append(
-                UnsupportedNode(
-                    op=provenance.op_name(node),
-                    inputs=provenance.describe_inputs(node),
-                    source=provenance.user_source(node),
-                    reason=f"data-dependent output shape ({', '.join(sizes)}): neuronx-cc needs static shapes; "
-                    "keep the shape fixed (e.g. torch.where(mask, x, 0) instead of x[mask])",
-                )
-            )
-    if bad:
-        raise NeuronUnsupportedOpError(name, bad)
-
-
-_HIGHER_ORDER_REASONS = {
-    "cond": "torch.cond (data-dependent control flow): neuronx-cc supports no conditional; compute both "
-    "branches and select with torch.where",
-    "while_loop": "torch.while_loop: neuronx-cc supports only loops with a static trip count; unroll it or "
-    "use a Python loop with a fixed count",
-}
-
-
-def non_aten_reason(target: Any) -> str:
-    """The error reason for an FX node whose target is not an aten op (e.g. a higher-order op)."""
-    name = getattr(target, "__name__", str(target))
-    if name in _HIGHER_ORDER_REASONS:
-        return _HIGHER_ORDER_REASONS[name]
-    return f"not an aten op ({name} has no lowering)"
 
 
 def report_json(report: LegalityReport) -> str:

@@ -16,10 +16,9 @@ from typing import Any, Callable, Iterator
 
 from jax._src.lib.mlir import ir
 
+from ..lowering.device_calls import REFERENCE_SUFFIX
 from . import rules
 
-#: Name suffix of the private function that holds a device call's StableHLO body on the CPU target.
-REFERENCE_SUFFIX = "__cpu_reference"
 _REFERENCE_CALLEE = re.compile(rf"^@?\"?(\w+?){REFERENCE_SUFFIX}(_\d+)?\"?$")
 _INTS = re.compile(r"-?\d+")
 

@@ -23,10 +23,13 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..legality.checks import REFERENCE_SUFFIX
 from .registry import _CURRENT
 
 ShapeDtype = jax.ShapeDtypeStruct
+
+#: Name suffix of the private function that holds a device call's StableHLO body on the CPU target
+#: (the legality pass checks a call to it as the custom call it stands for).
+REFERENCE_SUFFIX = "__cpu_reference"
 
 
 def current_target() -> str:

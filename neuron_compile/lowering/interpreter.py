@@ -18,33 +18,12 @@ import torch
 from jax import lax
 from torch._ops import OpOverload
 
+from .. import provenance
+from ..artifact import OutputSpec, TensorSpec
 from ..errors import NeuronUnsupportedOpError, UnsupportedNode
-from ..legality import check_fx_graph, non_aten_reason
-from . import provenance
+from ..graph_checks import check_fx_graph, non_aten_reason, unsupported_inputs, unsupported_tensor_kind
 from .registry import _CURRENT, NodeContext, Unsupported, lowering_for
 from .semantics import jax_dtype, torch_dtype
-
-UNSUPPORTED_TENSOR_KINDS = "sparse, nested, complex or quantized"
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """Shape and dtype of one graph input or output, as torch sees it."""
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-
-@dataclass
-class OutputSpec:
-    """How to produce graph output i at run time: tensor number ``index`` of the executable, or a constant."""
-
-    kind: str  # "tensor" | "const"
-    index: int = -1
-    value: Any = None
-    spec: TensorSpec | None = None
-    duplicate_of: int | None = None
-
 
 @dataclass
 class LoweredGraph:
@@ -65,41 +44,6 @@ class LoweredGraph:
 
     def stablehlo(self, debug_info: bool = False) -> str:
         return self.lowered.as_text(debug_info=debug_info)
-
-
-def unsupported_tensor_kind(t: torch.Tensor) -> str | None:
-    """Why ``t`` cannot be compiled (sparse, nested, complex, quantized, odd dtype), or None."""
-    if getattr(t, "is_nested", False):
-        return "nested tensor"
-    if t.is_sparse or t.layout not in (torch.strided,):
-        return f"{t.layout} layout"
-    if t.is_complex():
-        return "complex dtype"
-    if t.is_quantized:
-        return "quantized tensor"
-    try:
-        jax_dtype(t.dtype)
-    except Unsupported as e:
-        return str(e)
-    return None
-
-
-def unsupported_inputs(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> list[UnsupportedNode]:
-    """Every graph input of a kind the device cannot take, named with the user line of its first use."""
-    bad = []
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    for node, value in zip(placeholders, example_inputs):
-        problem = unsupported_tensor_kind(value) if isinstance(value, torch.Tensor) else None
-        if problem:
-            bad.append(
-                UnsupportedNode(
-                    op=f"input '{node.name}'",
-                    inputs=f"{type(value).__name__} {value.dtype}",
-                    source=provenance.user_source(next(iter(node.users), node)),
-                    reason=f"unsupported tensor kind: {problem}",
-                )
-            )
-    return bad
 
 
 def _spec_of(value: Any) -> TensorSpec | Any:

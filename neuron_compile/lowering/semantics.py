@@ -14,6 +14,7 @@ import torch
 from jax import lax
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
+from ..dtypes import DEVICE_DTYPES
 from .registry import Unsupported, current, register_lowering
 
 Promotion = ELEMENTWISE_TYPE_PROMOTION_KIND
@@ -34,6 +35,7 @@ _TORCH_TO_JAX: dict[torch.dtype, Any] = {
     torch.float8_e4m3fn: jnp.float8_e4m3fn,
     torch.float8_e5m2: jnp.float8_e5m2,
 }
+assert set(_TORCH_TO_JAX) == DEVICE_DTYPES, "dtypes.DEVICE_DTYPES and this table must list the same dtypes"
 _JAX_TO_TORCH: dict[Any, torch.dtype] = {
     np.dtype(v): k for k, v in _TORCH_TO_JAX.items() if k is not torch.float64
 }

@@ -24,3 +24,6 @@ class CpuTarget:
         import jaxlib
 
         return f"jax-{jax.__version__}/jaxlib-{jaxlib.__version__}/xla-cpu"
+
+    def run(self, executable: Any, buffers: list[Any]) -> list[Any]:
+        return jax_adapter.execute(executable, buffers)

@@ -6,19 +6,27 @@ from typing import Any
 
 import torch
 
-from ..lowering.interpreter import OutputSpec, TensorSpec
+from ..artifact import OutputSpec, TensorSpec
 from . import jax_adapter
+from .targets import Target
 
 
 class CompiledGraph:
     """A boxed callable (``args`` list in, list out) as AOTAutograd expects of a compiler."""
 
     def __init__(
-        self, name: str, executable: Any, inputs: list[Any], outputs: list[OutputSpec], needs_rng_seed: bool
+        self,
+        name: str,
+        target: Target,
+        executable: Any,
+        inputs: list[Any],
+        outputs: list[OutputSpec],
+        needs_rng_seed: bool,
     ) -> None:
         # An instance attribute, so that functools.wraps (used by Dynamo's disable) carries it over.
         self._boxed_call = True
         self.name = name
+        self.target = target
         self.executable = executable
         self.inputs = inputs
         self.outputs = outputs
@@ -47,7 +55,7 @@ class CompiledGraph:
         buffers = [self._to_device(i, args[i]) for i in self.tensor_positions]
         buffers.append(self._seed())
         args.clear()  # boxed convention: let the caller's inputs be freed as early as possible
-        results = jax_adapter.execute(self.executable, buffers)
+        results = self.target.run(self.executable, buffers)
         del buffers
         tensors = [jax_adapter.device_to_torch(r) for r in results]
         out: list[Any] = []

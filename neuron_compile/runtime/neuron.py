@@ -19,18 +19,18 @@ from ..errors import NeuronCompileError
 class NeuronTarget:
     name = "neuron"
 
-    def __init__(self, generation: str = "trn2", flags: tuple[str, ...] = ()) -> None:
+    def __init__(self, generation: str = "trn2", flags: tuple[str, ...] = (), opt_level: int = 2) -> None:
         self.generation = generation
         self.flags = flags
+        self.opt_level = opt_level
 
     def command(self, module_path: str, neff_path: str) -> list[str]:
-        opt = os.environ.get("NEURON_COMPILER_OPT_LEVEL", "2")
         return [
             "neuronx-cc", "compile", module_path,
             "--framework", "XLA",
             "--target", self.generation,
             "--lnc", "2",
-            f"-O{opt}",
+            f"-O{self.opt_level}",
             "--model-type", "transformer",
             "--auto-cast", "none",
             # torch's int64 (indices, argmax, embeddings) stays 64-bit, as on the CPU target (trn2+).
@@ -69,12 +69,17 @@ class NeuronTarget:
             return "neuronx-cc-unavailable"
         return out.strip().splitlines()[-1] if out.strip() else "neuronx-cc-unknown"
 
-    def load(self, neff: bytes) -> Any:
+    def run(self, executable: bytes, buffers: list[Any]) -> list[Any]:
+        """Executing a NEFF needs the Neuron runtime, which this project has not bound yet."""
         try:
             import libneuronxla  # noqa: F401  # the Neuron runtime binding shipped with torch-neuronx
         except ImportError as e:
             raise NeuronCompileError(
-                "neuron target: the Neuron runtime (libneuronxla from torch-neuronx) is not installed, so "
-                "the NEFF cannot be executed here."
+                "neuron target: the NEFF compiled, but the Neuron runtime (libneuronxla from torch-neuronx) is "
+                "not installed, so it cannot be executed here. Use options={'target': 'cpu'} to run the same "
+                "StableHLO with XLA CPU."
             ) from e
-        raise NeuronCompileError("neuron target: NEFF execution is not implemented yet (see README).")
+        raise NeuronCompileError(
+            "neuron target: the NEFF compiled, but executing it is not implemented yet (see README, 'targets'). "
+            "Use options={'target': 'cpu'} to run the same StableHLO with XLA CPU."
+        )

@@ -1,0 +1,46 @@
+"""The seam between the compiler and what runs its output: the ``Target`` protocol and ``target_for``.
+
+A target turns a StableHLO module into something runnable (``compile``), stores and restores it
+(``serialize``/``deserialize``, for the cache), names the exact compiler build (``version``, part of the
+cache key) and runs it on device buffers (``run``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from ..options import Options
+
+
+@runtime_checkable
+class Target(Protocol):
+    """What the compiler and the executor need of a target."""
+
+    name: str
+
+    def compile(self, stablehlo: str) -> Any:
+        """A loaded executable of the module (StableHLO text)."""
+
+    def serialize(self, executable: Any) -> bytes:
+        """Bytes that ``deserialize`` turns back into an equivalent loaded executable."""
+
+    def deserialize(self, blob: bytes) -> Any:
+        """The loaded executable of ``serialize``'s bytes; raises on a blob it cannot load."""
+
+    def version(self) -> str:
+        """The compiler build that produced the executable (a cache-key component)."""
+
+    def run(self, executable: Any, buffers: list[Any]) -> list[Any]:
+        """Execute on device buffers (as made by ``jax_adapter.torch_to_device``); device buffers out."""
+
+
+def target_for(opts: "Options") -> Target:
+    """The target ``opts`` asks for ("cpu": XLA CPU; "neuron": neuronx-cc)."""
+    if opts.target == "neuron":
+        from .neuron import NeuronTarget
+
+        return NeuronTarget(opts.generation, opts.neuron_cc_flags, opts.opt_level)
+    from .cpu import CpuTarget
+
+    return CpuTarget()
