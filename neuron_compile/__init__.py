@@ -17,8 +17,7 @@ from .errors import (
 )
 from .options import Options
 from .stats import STATS
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "NeuronCompileError",

@@ -181,7 +181,7 @@ def package_versions(target: str, generation: str) -> dict[str, str]:
     import jax
     import jaxlib
 
-    from .. import __version__
+    from ..version import __version__
 
     versions = {
         "torch": torch.__version__,
