@@ -8,6 +8,8 @@ import warnings
 from typing import Any
 
 import torch
+import torch._subclasses.fake_tensor
+import torch.fx.experimental.symbolic_shapes
 
 from . import provenance
 from .dtypes import DEVICE_DTYPES

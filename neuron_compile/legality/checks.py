@@ -37,6 +37,8 @@ class ModuleScan:
     findings: list[Finding] = field(default_factory=list)
     op_counts: Counter = field(default_factory=Counter)
     assumed: Counter = field(default_factory=Counter)  # ops legal only by assumption (rules.OpRule.source)
+    #: (assumed op, MLIR location of its anchor op): lets docs attribute "assumed" to an aten node.
+    assumed_at: list[tuple[str, str]] = field(default_factory=list)
     device_calls: Counter = field(default_factory=Counter)
     uses_int64: bool = False
 
@@ -125,6 +127,12 @@ class ModuleChecker:
             if op.name == "func.func":
                 self.funcs[str(op.attributes["sym_name"]).strip('"')] = op
         self._stack: list[str] = []
+        self._where: ir.Operation | None = None  # anchor of the op being visited
+
+    def assume(self, name: str) -> None:
+        """Record an op that is legal only by assumption, where it sits."""
+        self.scan.assumed[name] += 1
+        self.scan.assumed_at.append((name, str(self._where.location) if self._where is not None else ""))
 
     def run(self) -> ModuleScan:
         main = self.funcs.get("main")
@@ -145,6 +153,13 @@ class ModuleChecker:
         self.scan.findings.append(Finding(op.name, detail, str(where.location)))
 
     def _visit(self, op: ir.Operation, anchor: ir.Operation | None) -> None:
+        previous, self._where = self._where, anchor if anchor is not None else op
+        try:
+            self._visit_op(op, anchor)
+        finally:
+            self._where = previous
+
+    def _visit_op(self, op: ir.Operation, anchor: ir.Operation | None) -> None:
         name = op.name
         self.scan.op_counts[name] += 1
         self._check_types(op, anchor)
@@ -157,7 +172,7 @@ class ModuleChecker:
             self._flag(op, anchor, f"{name} is not an operator neuronx-cc documents or is known to accept")
         else:
             if rules.OPS[name].source == "assumed":
-                self.scan.assumed[name] += 1
+                self.assume(name)
             check = _CHECKS.get(name)
             if check is not None:
                 for detail in check(self, op):
@@ -236,7 +251,7 @@ def _check_reduce(c: ModuleChecker, op: ir.Operation) -> Iterator[str]:
     body = [o.name for o in _body_ops(op) if o.name != "stablehlo.return"]
     if body in (["stablehlo.or"], ["stablehlo.and"]) and element_type(op.operands[0].type) == "i1":
         # On booleans or/and are max/min; the table does not say whether pred reductions are taken.
-        c.scan.assumed[f"stablehlo.reduce({body[0].split('.')[1]} on i1)"] += 1
+        c.assume(f"stablehlo.reduce({body[0].split('.')[1]} on i1)")
     elif len(body) != 1 or body[0] not in rules.REDUCERS:
         yield f"reduce with reducer {body}: neuronx-cc takes only add/multiply/minimum/maximum reducers"
     if not all(constant_derived(v) for v in list(op.operands)[n:]):
@@ -305,7 +320,7 @@ def _check_gather(c: ModuleChecker, op: ir.Operation) -> Iterator[str]:
     if _dim_list(dn, "operand_batching_dims"):
         # Newer than the documented gather form; XLA's batched-gather normalizer rewrites it into the
         # classic form (explicit iota indices), which we assume neuronx-cc's front end does too.
-        c.scan.assumed["stablehlo.gather(batching dims)"] += 1
+        c.assume("stablehlo.gather(batching dims)")
     start = _dim_list(dn, "start_index_map")
     if len(set(start)) != len(start):
         yield f"gather with repeated start_index_map {start}: neuronx-cc needs it disjoint"

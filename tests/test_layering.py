@@ -1,0 +1,141 @@
+"""The package's layering, as docs/architecture.md draws it: who may import whom, no import cycle, and a
+package root that does not pay for jax or the lowerings."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "neuron_compile"
+
+#: Units that everything may use: plain data types, options, errors, provenance strings.
+BASE = {"version", "errors", "dtypes", "options", "provenance", "stats", "artifact"}
+#: unit -> the units it may import besides BASE and itself (docs/architecture.md, "Who imports whom").
+ALLOWED: dict[str, set[str]] = {
+    **{unit: set() for unit in BASE},
+    "graph_checks": set(),
+    "decompositions": set(),
+    "debug": set(),
+    "runtime": set(),
+    "kernels": {"runtime"},
+    "nki": {"kernels"},
+    "lowering": {"graph_checks", "kernels"},
+    "legality": {"lowering", "runtime"},
+    "cache": {"runtime"},
+    "compiler": {"cache", "debug", "graph_checks", "kernels", "legality", "lowering", "runtime"},
+    "backend": {"compiler", "decompositions", "graph_checks", "lowering", "kernels"},
+    "__init__": {"cache", "kernels", "nki", "lowering", "evaluate", "bucketing"},
+    "evaluate": {"backend", "cache", "compiler", "graph_checks", "kernels", "lowering", "runtime", "debug"},
+    "bucketing": set(),
+    "cli": {"cache", "evaluate"},
+    "demo": {"cache"},
+}
+
+
+def _unit(module: str) -> str:
+    """'neuron_compile.cache.store' -> 'cache'; 'neuron_compile' -> '__init__'."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> list[tuple[str, int, bool]]:
+    """(imported neuron_compile module, line, at module level) of every import in ``path``."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text(), str(path))
+    top_level = {id(n) for n in tree.body}
+    for node in tree.body:  # `if TYPE_CHECKING:` imports are for annotations only
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            top_level.discard(id(node))
+            for inner in ast.walk(node):
+                inner.type_checking = True  # type: ignore[attr-defined]
+    found = []
+    for node in ast.walk(tree):
+        if getattr(node, "type_checking", False):
+            continue
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+            else:
+                prefix = node.module or ""
+            # `from . import x` may name submodules: count each as imported.
+            targets = [prefix] if node.module else [f"{prefix}.{a.name}" for a in node.names]
+        for target in targets:
+            if target == "neuron_compile" or target.startswith("neuron_compile."):
+                found.append((target, node.lineno, id(node) in top_level))
+    return found
+
+
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_follow_the_layering(path: Path) -> None:
+    unit = _unit(_module_name(path))
+    assert unit in ALLOWED, f"{path.name}: new unit '{unit}': add it to ALLOWED and docs/architecture.md"
+    allowed = ALLOWED[unit] | BASE | {unit}
+    bad = [
+        f"{path.relative_to(PACKAGE)}:{line} imports {target} (unit '{_unit(target)}')"
+        for target, line, _ in _imports(path)
+        if _unit(target) not in allowed
+    ]
+    assert not bad, f"unit '{unit}' may import only {sorted(allowed)}:\n" + "\n".join(bad)
+
+
+def test_no_import_cycle_between_units() -> None:
+    edges: dict[str, set[str]] = {}
+    for path in SOURCES:
+        unit = _unit(_module_name(path))
+        for target, _, _ in _imports(path):
+            if _unit(target) != unit:
+                edges.setdefault(unit, set()).add(_unit(target))
+
+    def cycle_from(start: str) -> list[str] | None:
+        stack = [(start, [start])]
+        while stack:
+            node, trail = stack.pop()
+            for nxt in edges.get(node, ()):
+                if nxt == start:
+                    return trail + [start]
+                if nxt not in trail:
+                    stack.append((nxt, trail + [nxt]))
+        return None
+
+    for unit in edges:
+        cycle = cycle_from(unit)
+        assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def _modules_after(code: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys\nprint('\\n'.join(sorted(sys.modules)))"],
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    return set(out.stdout.split())
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["import neuron_compile", "import neuron_compile.backend", "from neuron_compile import Options, cache_stats"],
+)
+def test_light_imports_do_not_load_jax_or_lowerings(code: str) -> None:
+    loaded = _modules_after(code)
+    heavy = sorted(m for m in loaded if m == "jax" or m.startswith(("neuron_compile.lowering", "neuron_compile.legality")))
+    assert not heavy, f"`{code}` imported {heavy}"
