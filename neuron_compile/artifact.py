@@ -18,13 +18,22 @@ class TensorSpec:
 
 @dataclass
 class OutputSpec:
-    """How to produce graph output i at run time: tensor number ``index`` of the executable, or a constant."""
+    """How to produce graph output i at run time: tensor number ``index`` of the executable, or a constant.
+
+    Outputs that share storage in eager (``y`` and ``y.view(-1)``) name the same ``index`` and are
+    ``as_strided`` views of it; ``stride`` None means the executable's tensor is the output itself.
+    """
 
     kind: str  # "tensor" | "const"
     index: int = -1
     value: Any = None
     spec: TensorSpec | None = None
+    #: Set when executable output ``index`` is also another storage's buffer: use a private copy of it.
+    #: The number tells copies apart (outputs with the same index and number share that copy).
     duplicate_of: int | None = None
+    #: Strides (in elements) and storage offset of the output within its buffer, as torch computed them.
+    stride: tuple[int, ...] | None = None
+    storage_offset: int = 0
 
 
 @dataclass

@@ -1,44 +1,144 @@
 """Backend options: ``torch.compile(..., backend="neuron", options={...})`` and environment variables.
 
-Precedence: explicit ``options`` > environment variable > default.
+Precedence: explicit ``options`` > environment variable > default. Both go through the same parser per
+field (``_FIELDS``), so ``options={"cache": "no"}`` and ``NEURON_COMPILE_CACHE=no`` mean the same, and a
+value of the wrong type or form is a ``NeuronOptionsError`` naming the option (or the environment
+variable), the value and what is accepted, at option time, before anything is compiled or cached.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import shlex
 import shutil
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 from .errors import NeuronOptionsError
 
 TARGETS = ("cpu", "neuron")
 GENERATIONS = ("trn2", "trn3")
+#: neuronx-cc's -O levels (its CLI reference: "Possible numeric values are {1, 2, 3}").
+OPT_LEVELS = (1, 2, 3)
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?")
+_SCALE = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
 
 
-def _env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    return raw.strip().lower() in ("1", "true", "yes", "on")
+class _Rejected(Exception):
+    """A parser's refusal; the caller names the option or environment variable."""
 
 
 def parse_size(text: str) -> int:
-    """Bytes from "123", "500K", "500M", "10G", "10GiB"... Raises ValueError."""
-    raw = text.strip().upper().removesuffix("B").removesuffix("I")
-    scale = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}.get(raw[-1:], 1)
-    return int(float(raw[:-1] if scale > 1 else raw) * scale)
+    """Bytes from "123", "500K", "500M", "10G", "1.5G", "10GiB", "10GB" (binary units). Raises ValueError."""
+    m = _SIZE.fullmatch(text.strip().upper())
+    if not m:
+        raise ValueError(f"not a size: {text!r} (e.g. 500M, 10G)")
+    return int(float(m.group(1)) * _SCALE[m.group(2)])
 
 
-def _env_size(name: str) -> int | None:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise _Rejected
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        if isinstance(value, str) and value in choices:
+            return value
+        raise _Rejected
+
+    return parse
+
+
+def _size(value: Any) -> int | None:
+    if value is None:
         return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str):
+        try:
+            return parse_size(value)
+        except ValueError:
+            raise _Rejected from None
+    raise _Rejected
+
+
+def _path(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, (str, os.PathLike)):
+        path = os.fspath(value)
+        if isinstance(path, str):  # a bytes PathLike is refused: every path here is text
+            return path or None
+    raise _Rejected
+
+
+def _flags(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        try:
+            return tuple(shlex.split(value))  # quoted flags keep their spaces, as in a shell
+        except ValueError:
+            raise _Rejected from None
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise _Rejected
+
+
+def _opt_level(value: Any) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value in OPT_LEVELS:
+        return value
+    raise _Rejected
+
+
+class _Field(NamedTuple):
+    parse: Callable[[Any], Any]
+    accepts: str
+    env: str | None
+
+
+_BOOL = "a bool, or one of the strings " + "/".join(_TRUE + _FALSE) + " (any case)"
+_PATH = "a str or os.PathLike directory path (or None)"
+
+#: One row per option: its parser, what it accepts (for the error message) and its environment variable.
+_FIELDS: dict[str, _Field] = {
+    "target": _Field(_choice(TARGETS), f"one of {TARGETS}", "NEURON_COMPILE_TARGET"),
+    "generation": _Field(_choice(GENERATIONS), f"one of {GENERATIONS}", "NEURON_COMPILE_GENERATION"),
+    "strict": _Field(_bool, _BOOL, "NEURON_COMPILE_STRICT"),
+    "cache": _Field(_bool, _BOOL, "NEURON_COMPILE_CACHE"),
+    "cache_dir": _Field(_path, _PATH, "NEURON_COMPILE_CACHE_DIR"),
+    "trust_cache_dir": _Field(_bool, _BOOL, "NEURON_COMPILE_CACHE_TRUST"),
+    "cache_max_bytes": _Field(
+        _size,
+        "an int >= 0 (bytes), a size string such as '500M', '10G', '1.5G' (K/M/G/T are powers of 1024), or None",
+        "NEURON_COMPILE_CACHE_MAX_BYTES",
+    ),
+    "debug_dir": _Field(_path, _PATH, "NEURON_COMPILE_DEBUG_DIR"),
+    "allow_eager_fallback": _Field(_bool, _BOOL, None),
+    "neuron_cc_flags": _Field(
+        _flags, "a str of flags (split as a shell would) or a list/tuple of str", "NEURON_CC_FLAGS"
+    ),
+    "opt_level": _Field(_opt_level, f"an int in {OPT_LEVELS} (or its digit string)", "NEURON_COMPILER_OPT_LEVEL"),
+}
+
+
+def _parse(name: str, value: Any, source: str) -> Any:
+    row = _FIELDS[name]
     try:
-        return parse_size(raw)
-    except ValueError:
-        raise NeuronOptionsError(f"{name}={raw!r} is not a size (e.g. 500M, 10G)") from None
+        return row.parse(value)
+    except _Rejected:
+        raise NeuronOptionsError(
+            f"neuron backend: {source}={value!r} is not valid for option {name!r}: expected {row.accepts}"
+        ) from None
 
 
 def neuron_toolchain_available() -> bool:
@@ -65,7 +165,7 @@ class Options:
     #: Trust a cache directory owned or writable by other users. Env: NEURON_COMPILE_CACHE_TRUST.
     trust_cache_dir: bool = False
     #: Size cap of the cache directory in bytes (LRU eviction); None: 10 GiB.
-    #: Env: NEURON_COMPILE_CACHE_MAX_BYTES (accepts suffixes K, M, G, e.g. "500M").
+    #: Env: NEURON_COMPILE_CACHE_MAX_BYTES (accepts suffixes K, M, G, T, e.g. "500M").
     cache_max_bytes: int | None = None
     #: Write FX graphs, StableHLO, legality report and timings here. Env: NEURON_COMPILE_DEBUG_DIR.
     debug_dir: str | None = None
@@ -78,37 +178,25 @@ class Options:
 
     @classmethod
     def from_user(cls, options: Mapping[str, Any] | None) -> "Options":
-        defaults = cls(
-            target=os.environ.get(
-                "NEURON_COMPILE_TARGET", "neuron" if neuron_toolchain_available() else "cpu"
-            ),
-            generation=os.environ.get("NEURON_COMPILE_GENERATION", "trn2"),
-            strict=_env_bool("NEURON_COMPILE_STRICT", True),
-            cache=_env_bool("NEURON_COMPILE_CACHE", True),
-            cache_dir=os.environ.get("NEURON_COMPILE_CACHE_DIR") or None,
-            trust_cache_dir=_env_bool("NEURON_COMPILE_CACHE_TRUST", False),
-            cache_max_bytes=_env_size("NEURON_COMPILE_CACHE_MAX_BYTES"),
-            debug_dir=os.environ.get("NEURON_COMPILE_DEBUG_DIR") or None,
-            neuron_cc_flags=tuple(os.environ.get("NEURON_CC_FLAGS", "").split()),
-            opt_level=int(os.environ.get("NEURON_COMPILER_OPT_LEVEL", "2") or 2),
-        )
+        """Options from ``options`` over environment variables over defaults, each value parsed and checked.
+
+        Raises ``NeuronOptionsError`` for an unknown option name or a value the option does not accept.
+        """
         options = dict(options or {})
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - known)
+        unknown = sorted(set(options) - set(_FIELDS))
         if unknown:
             raise NeuronOptionsError(
-                f"neuron backend: unknown option(s) {unknown}; known options are {sorted(known)}"
+                f"neuron backend: unknown option(s) {unknown}; known options are {sorted(_FIELDS)}"
             )
-        if "neuron_cc_flags" in options and isinstance(options["neuron_cc_flags"], str):
-            options["neuron_cc_flags"] = tuple(options["neuron_cc_flags"].split())
-        opts = dataclasses.replace(defaults, **options)
-        if opts.target not in TARGETS:
-            raise NeuronOptionsError(f"neuron backend: target must be one of {TARGETS}, got {opts.target!r}")
-        if opts.generation not in GENERATIONS:
-            raise NeuronOptionsError(
-                f"neuron backend: generation must be one of {GENERATIONS}, got {opts.generation!r}"
-            )
-        return opts
+        values: dict[str, Any] = {}
+        for name, row in _FIELDS.items():
+            if name in options:
+                values[name] = _parse(name, options[name], f"options[{name!r}]")
+            elif row.env and os.environ.get(row.env, "").strip():  # an empty variable counts as unset
+                values[name] = _parse(name, os.environ[row.env], row.env)
+        if "target" not in values:
+            values["target"] = "neuron" if neuron_toolchain_available() else "cpu"
+        return cls(**values)
 
     def cache_relevant(self) -> dict[str, Any]:
         """The options that change the compiled artifact (and so belong in the cache key)."""

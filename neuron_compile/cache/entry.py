@@ -85,6 +85,8 @@ def _encode_output(o: OutputSpec) -> dict[str, Any]:
         "value": _encode_value(o.value),
         "spec": _encode_value(o.spec),
         "duplicate_of": o.duplicate_of,
+        "stride": None if o.stride is None else list(o.stride),
+        "storage_offset": o.storage_offset,
     }
 
 
@@ -95,6 +97,8 @@ def _decode_output(d: dict[str, Any]) -> OutputSpec:
         value=_decode_value(d["value"]),
         spec=_decode_value(d["spec"]),
         duplicate_of=d["duplicate_of"],
+        stride=None if d.get("stride") is None else tuple(int(s) for s in d["stride"]),
+        storage_offset=int(d.get("storage_offset", 0)),
     )
 
 

@@ -127,7 +127,10 @@ class _GraphTracer:
             )
         )
 
-    def run(self, gm: torch.fx.GraphModule, args: list[Any]) -> list[Any]:
+    def run(
+        self, gm: torch.fx.GraphModule, args: list[Any], extra: list[torch.fx.Node] | tuple = ()
+    ) -> list[Any]:
+        """The graph's outputs, then the values of the ``extra`` nodes (storage owners of outputs)."""
         env: dict[torch.fx.Node, Any] = {}
         arg_iter = iter(args)
         for node in gm.graph.nodes:
@@ -138,7 +141,7 @@ class _GraphTracer:
             elif node.op == "call_function":
                 env[node] = self.call(gm, node, env)
             elif node.op == "output":
-                return list(torch.fx.node.map_arg(node.args[0], lambda n: env[n]))
+                return list(torch.fx.node.map_arg(node.args[0], lambda n: env[n])) + [env[n] for n in extra]
             else:
                 self.fail(node, f"FX node kind '{node.op}' is not supported")
                 env[node] = _meta_structs(node.meta.get("val"))
@@ -200,6 +203,105 @@ class _GraphTracer:
         return None
 
 
+# -- output plan: which buffer each output lives in, with the strides torch computed -------------------
+def _physical_order(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The dim order that lays a non-overlapping, dense tensor out in memory order (outermost first),
+    or None when the strides have gaps or overlaps (no buffer of numel elements holds it)."""
+    perm = tuple(sorted(range(len(shape)), key=lambda d: (-stride[d], d)))
+    expected = 1
+    for d in reversed(perm):
+        if shape[d] != 1 and stride[d] != expected:
+            return None
+        expected *= shape[d]
+    return perm
+
+
+def _view_root(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose result ``node`` is a view of (through view ops and getitem of split-like views)."""
+    while node.op == "call_function":
+        src = node
+        if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+            src = node.args[0]
+        if not (isinstance(src.target, OpOverload) and src.target.is_view and isinstance(src.args[0], torch.fx.Node)):
+            break
+        node = src.args[0]
+    return node
+
+
+@dataclass
+class _Buffer:
+    """One executable output: the value of ``node`` laid out in memory order (``perm``)."""
+
+    node: torch.fx.Node
+    perm: tuple[int, ...]
+    users: list[int] = field(default_factory=list)  # graph outputs that live in it
+
+
+def _output_buffers(
+    gm: torch.fx.GraphModule, out_args: list[Any]
+) -> tuple[list[_Buffer], list[tuple[int, tuple[int, ...], tuple[int, ...] | None, int] | None]]:
+    """Buffers of the executable, and for each graph output (buffer, size, stride, storage_offset).
+
+    Eager returns outputs with the strides torch computed (channels_last, a transposed view) and outputs
+    that view one intermediate share its storage (``y, y.view(-1)``). AOTAutograd regenerates views of
+    inputs, and of intermediates only when they require grad; everything else is ours. So each output
+    whose storage is owned by a graph intermediate is an ``as_strided`` view of that intermediate's
+    buffer, and the buffer holds the intermediate in its own memory order. The fake tensors of
+    ``meta["val"]`` tell the strides; the owner is found through the chain of view ops, and must agree
+    with the fake storages (which alone are not enough: fake outputs of a higher-order op such as
+    invoke_subgraph are shared between its calls).
+    """
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    def storage(t: torch.Tensor) -> int:
+        return StorageWeakRef(t.untyped_storage()).cdata
+
+    buffers: dict[torch.fx.Node, _Buffer] = {}
+    placed: list[tuple[torch.fx.Node, torch.Tensor, int] | None] = []
+    for i, arg in enumerate(out_args):
+        val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+        if not isinstance(val, torch.Tensor):
+            placed.append(None)
+            continue
+        root = _view_root(arg)
+        rval = root.meta.get("val")
+        if not isinstance(rval, torch.Tensor) or storage(rval) != storage(val):
+            root, rval = arg, val
+        perm = _physical_order(tuple(rval.shape), rval.stride())
+        extent = val.storage_offset() + sum((n - 1) * s for n, s in zip(val.shape, val.stride()))
+        shares = (
+            root.op != "placeholder"  # views of inputs: AOTAutograd's runtime wrapper rebuilds them
+            and root is not arg
+            and perm is not None
+            and rval.dtype == val.dtype  # a dtype-reinterpreting view cannot be an as_strided
+            and rval.storage_offset() == 0
+            and (val.numel() == 0 or extent < rval.numel())
+        )
+        if not shares:
+            root, rval = arg, val
+            perm = _physical_order(tuple(val.shape), val.stride())
+        if perm is None:  # a strided view of an input with gaps: returned contiguous
+            perm = tuple(range(val.dim()))
+        buf = buffers.setdefault(root, _Buffer(root, perm))
+        buf.users.append(i)
+        placed.append((root, val, val.storage_offset() if shares else 0))
+    order = list(buffers.values())
+    number = {b.node: k for k, b in enumerate(order)}
+    plan: list[tuple[int, tuple[int, ...], tuple[int, ...] | None, int] | None] = []
+    for p in placed:
+        if p is None:
+            plan.append(None)
+            continue
+        root, val, offset = p
+        buf = order[number[root]]
+        shape = tuple(int(s) for s in val.shape)
+        stride = tuple(int(s) for s in val.stride())
+        plain = len(buf.users) == 1 and buf.node is out_args[buf.users[0]] and buf.perm == tuple(range(len(shape)))
+        # None: the buffer itself (a contiguous output alone in its buffer stays a plain tensor).
+        plan.append((number[root], shape, None if plain else stride, offset))
+    return order, plan
+
+
 def lower_graph(
     gm: torch.fx.GraphModule, example_inputs: list[Any], name: str, target: str = "cpu"
 ) -> LoweredGraph:
@@ -216,27 +318,44 @@ def lower_graph(
         raise NeuronUnsupportedOpError(name, bad_inputs)
 
     output_plan: list[OutputSpec] = []
+    out_args = list(next(n for n in gm.graph.nodes if n.op == "output").args[0])
+    buffers, placement = _output_buffers(gm, out_args)
 
     def traced(*arrays: Any) -> tuple[Any, ...]:
         *arrays, tracer.seed = arrays
         full_args = list(input_specs)
         for pos, arr in zip(tensor_positions, arrays):
             full_args[pos] = arr
-        results = tracer.run(gm, full_args)
+        values = tracer.run(gm, full_args, [b.node for b in buffers])
+        results, roots = values[: len(out_args)], values[len(out_args) :]
         output_plan.clear()
         tensors: list[Any] = []
+        index: list[tuple[int, int | None]] = []  # per buffer: executable output, and its copy number
         seen: dict[int, int] = {}
-        for r in results:
-            if r is None or isinstance(r, (int, float, bool)):
-                output_plan.append(OutputSpec("const", value=r))
+        for k, (buf, value) in enumerate(zip(buffers, roots)):
+            if buf.perm != tuple(range(len(buf.perm))):
+                value = jnp.transpose(value, buf.perm)  # memory order of torch's strides
+            if id(value) in seen:  # one jax value for two storages (e.g. a clone lowered to itself)
+                index.append((seen[id(value)], k))
                 continue
-            spec = TensorSpec(tuple(int(s) for s in r.shape), torch_dtype(r.dtype))
-            if id(r) in seen:
-                output_plan.append(OutputSpec("tensor", seen[id(r)], spec=spec, duplicate_of=seen[id(r)]))
+            seen[id(value)] = len(tensors)
+            index.append((len(tensors), None))
+            tensors.append(value)
+        for r, place in zip(results, placement):
+            if place is None:
+                if r is None or isinstance(r, (int, float, bool)):
+                    output_plan.append(OutputSpec("const", value=r))
+                else:  # a tensor output without fake-tensor metadata: returned as computed
+                    spec = TensorSpec(tuple(int(d) for d in r.shape), torch_dtype(r.dtype))
+                    output_plan.append(OutputSpec("tensor", len(tensors), spec=spec))
+                    tensors.append(r)
                 continue
-            seen[id(r)] = len(tensors)
-            output_plan.append(OutputSpec("tensor", len(tensors), spec=spec))
-            tensors.append(r)
+            k, shape, stride, offset = place
+            spec = TensorSpec(shape, torch_dtype(r.dtype))
+            i, copy = index[k]
+            output_plan.append(
+                OutputSpec("tensor", i, spec=spec, duplicate_of=copy, stride=stride, storage_offset=offset)
+            )
         return tuple(tensors)
 
     structs = [

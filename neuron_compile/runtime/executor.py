@@ -58,15 +58,23 @@ class CompiledGraph:
         results = self.target.run(self.executable, buffers)
         del buffers
         tensors = [jax_adapter.device_to_torch(r) for r in results]
+        storages: dict[tuple[int, int | None], torch.Tensor] = {}
         out: list[Any] = []
         for spec in self.outputs:
             if spec.kind == "const":
                 out.append(spec.value)
                 continue
-            t = tensors[spec.index]
-            if spec.duplicate_of is not None:
-                t = t.clone()  # eager returns distinct tensors; never hand out one buffer twice
-            if spec.spec is not None and t.dtype != spec.spec.dtype:
-                t = t.to(spec.spec.dtype)  # float64 computed as float32, returned as float64
+            key = (spec.index, spec.duplicate_of)
+            t = storages.get(key)
+            if t is None:
+                t = tensors[spec.index]
+                if spec.duplicate_of is not None:
+                    t = t.clone()  # two storages in eager computed as one value: never hand out one buffer twice
+                if spec.spec is not None and t.dtype != spec.spec.dtype:
+                    t = t.to(spec.spec.dtype)  # float64 computed as float32, returned as float64
+                storages[key] = t
+            if spec.stride is not None:
+                # Views of one buffer share its storage and version counter, as views of one tensor in eager.
+                t = t.as_strided(spec.spec.shape, spec.stride, spec.storage_offset)
             out.append(t)
         return out

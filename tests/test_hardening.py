@@ -1,0 +1,311 @@
+"""Issue 8: option values are parsed and checked, outputs alias and are laid out as in eager, inputs the
+backend cannot run fail loudly, and debug dumps are written on a warm cache."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.exc import BackendCompilerFailed
+
+import neuron_compile
+from neuron_compile import NeuronOptionsError, NeuronUnsupportedOpError, Options
+
+from .test_backend import _root_cause
+
+Fn = Callable[..., Any]
+
+
+def _compile(fn: Fn, **options: Any) -> Fn:
+    return torch.compile(fn, backend="neuron", dynamic=False, options=options or None)
+
+
+# -- item 2: options ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "name, value, parsed",
+    [
+        ("cache", False, False),
+        ("cache", "0", False),
+        ("cache", "no", False),
+        ("cache", "OFF", False),
+        ("cache", "False", False),
+        ("cache", " yes ", True),
+        ("strict", "1", True),
+        ("strict", "false", False),
+        ("trust_cache_dir", "0", False),
+        ("trust_cache_dir", "on", True),
+        ("allow_eager_fallback", True, True),
+        ("cache_max_bytes", 0, 0),
+        ("cache_max_bytes", 12345, 12345),
+        ("cache_max_bytes", "500M", 500 * 2**20),
+        ("cache_max_bytes", "10G", 10 * 2**30),
+        ("cache_max_bytes", "1.5k", 1536),
+        ("cache_max_bytes", "2GiB", 2 * 2**30),
+        ("cache_max_bytes", None, None),
+        ("cache_dir", "/tmp/x", "/tmp/x"),
+        ("cache_dir", pathlib.Path("/tmp/y"), "/tmp/y"),
+        ("debug_dir", pathlib.Path("/tmp/d"), "/tmp/d"),
+        ("debug_dir", None, None),
+        ("neuron_cc_flags", "--a -b 'c d'", ("--a", "-b", "c d")),
+        ("neuron_cc_flags", ["--x", "--y=1"], ("--x", "--y=1")),
+        ("neuron_cc_flags", (), ()),
+        ("opt_level", 1, 1),
+        ("opt_level", "3", 3),
+        ("target", "cpu", "cpu"),
+        ("generation", "trn3", "trn3"),
+    ],
+)
+def test_option_values_are_parsed(name: str, value: Any, parsed: Any) -> None:
+    assert getattr(Options.from_user({name: value}), name) == parsed
+
+
+_BAD_OPTIONS = [
+    ("cache", "maybe"),
+    ("cache", 1),
+    ("cache", None),
+    ("strict", "nope"),
+    ("trust_cache_dir", 0),
+    ("allow_eager_fallback", "2"),
+    ("cache_max_bytes", -5),
+    ("cache_max_bytes", True),
+    ("cache_max_bytes", 1.5),
+    ("cache_max_bytes", "lots"),
+    ("cache_max_bytes", "-5M"),
+    ("cache_max_bytes", "5X"),
+    ("cache_dir", 123),
+    ("cache_dir", b"/tmp"),
+    ("debug_dir", 1),
+    ("neuron_cc_flags", 5),
+    ("neuron_cc_flags", ["--a", 5]),
+    ("neuron_cc_flags", "--a 'unclosed"),
+    ("opt_level", 0),
+    ("opt_level", 4),
+    ("opt_level", "O2"),
+    ("opt_level", True),
+    ("opt_level", 2.0),
+    ("target", "gpu"),
+    ("generation", "trn1"),
+]
+
+
+@pytest.mark.parametrize("name, value", _BAD_OPTIONS)
+def test_bad_option_value_is_a_clear_error(name: str, value: Any) -> None:
+    with pytest.raises(NeuronOptionsError) as info:
+        Options.from_user({name: value})
+    msg = str(info.value)
+    assert repr(name) in msg and repr(value) in msg and "expected" in msg, msg
+
+
+_ENV = {
+    "cache": "NEURON_COMPILE_CACHE",
+    "strict": "NEURON_COMPILE_STRICT",
+    "trust_cache_dir": "NEURON_COMPILE_CACHE_TRUST",
+    "cache_max_bytes": "NEURON_COMPILE_CACHE_MAX_BYTES",
+    "opt_level": "NEURON_COMPILER_OPT_LEVEL",
+    "neuron_cc_flags": "NEURON_CC_FLAGS",
+    "target": "NEURON_COMPILE_TARGET",
+    "generation": "NEURON_COMPILE_GENERATION",
+}
+
+
+@pytest.mark.parametrize(
+    "name, raw, parsed",
+    [
+        ("cache", "no", False),
+        ("cache", "TRUE", True),
+        ("strict", "off", False),
+        ("trust_cache_dir", "0", False),
+        ("cache_max_bytes", "500M", 500 * 2**20),
+        ("opt_level", "1", 1),
+        ("neuron_cc_flags", "--a --b", ("--a", "--b")),
+        ("generation", "trn3", "trn3"),
+    ],
+)
+def test_env_vars_use_the_same_parser(monkeypatch: pytest.MonkeyPatch, name: str, raw: str, parsed: Any) -> None:
+    monkeypatch.setenv(_ENV[name], raw)
+    assert getattr(Options.from_user(None), name) == parsed
+
+
+@pytest.mark.parametrize(
+    "name, raw",
+    [("cache", "maybe"), ("strict", "2"), ("trust_cache_dir", "y"), ("cache_max_bytes", "-1"),
+     ("opt_level", "9"), ("target", "tpu")],
+)
+def test_bad_env_var_is_an_error_naming_it(monkeypatch: pytest.MonkeyPatch, name: str, raw: str) -> None:
+    monkeypatch.setenv(_ENV[name], raw)
+    with pytest.raises(NeuronOptionsError) as info:
+        Options.from_user(None)
+    assert f"{_ENV[name]}={raw!r}" in str(info.value) and repr(name) in str(info.value)
+
+
+def test_explicit_option_beats_bad_free_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURON_COMPILE_CACHE", "0")
+    assert Options.from_user({"cache": True}).cache is True
+    assert Options.from_user(None).cache is False
+
+
+def test_string_false_really_disables_through_torch_compile() -> None:
+    # "0"/"false" used to be truthy strings: the cache was used although the user turned it off.
+    neuron_compile.STATS.reset()
+    fn = _compile(lambda x: x * 3 + 1, cache="false")
+    torch.testing.assert_close(fn(torch.ones(2)), torch.full((2,), 4.0))
+    assert [g.cache for g in neuron_compile.STATS.graphs] == ["off"], neuron_compile.STATS.graphs
+
+
+def test_bad_option_fails_before_compiling() -> None:
+    with pytest.raises(BackendCompilerFailed) as info:
+        _compile(lambda x: x + 1, cache_max_bytes="500Q")(torch.zeros(2))
+    err = _root_cause(info.value)
+    assert isinstance(err, NeuronOptionsError) and "cache_max_bytes" in str(err)
+
+
+# -- item 3: outputs that alias each other ------------------------------------------------------------
+def _view(x):
+    y = x * 2
+    return y, y.view(-1)
+
+
+def _reshape(x):
+    y = x * 2
+    return y.reshape(3, 4), y
+
+
+def _transpose(x):
+    y = x + 1
+    return y.t(), y
+
+
+def _slices(x):
+    y = x - 1
+    return y, y[1:], y[:, ::2]
+
+
+def _unsqueeze(x):
+    y = x.exp()
+    return y.unsqueeze(0), y
+
+
+def _two_views_of_hidden(x):
+    y = x * 3
+    return y.view(-1), y[0], y.t()
+
+
+def _with_input_view(x):
+    y = x.sin()
+    return x.view(-1), y, y[:, 1]
+
+
+def _split(x):
+    y = x * 2
+    return y.split(2)
+
+
+def _select_scalar(x):
+    y = x + 2
+    return y, y[1, 2]
+
+
+ALIAS_CASES = [_view, _reshape, _transpose, _slices, _unsqueeze, _two_views_of_hidden, _with_input_view,
+               _split, _select_scalar]
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _sharing(x: torch.Tensor, outs: tuple[torch.Tensor, ...]) -> list[list[bool]]:
+    ts = (x, *outs)
+    return [[_storage(a) == _storage(b) for b in ts] for a in ts]
+
+
+def _write_effects(fn: Fn, make_x: Callable[[], torch.Tensor]) -> list[list[bool]]:
+    """For each output i: writing into output i changes which of (input, outputs...)."""
+    effects = []
+    n = len(fn(make_x()))
+    for i in range(n):
+        x = make_x()
+        outs = fn(x)
+        with torch.no_grad():
+            before = [t.detach().clone() for t in (x, *outs)]
+            target = outs[i]
+            target[(0,) * target.dim()] = 1234.5
+            effects.append([not torch.equal(b, t.detach()) for b, t in zip(before, (x, *outs))])
+    return effects
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["forward", "training"])
+@pytest.mark.parametrize("fn", ALIAS_CASES, ids=lambda f: f.__name__.strip("_"))
+def test_output_aliasing_and_write_through_match_eager(fn: Fn, requires_grad: bool) -> None:
+    base = torch.randn(4, 3)
+
+    def make_x() -> torch.Tensor:
+        return base.clone().requires_grad_(requires_grad)
+
+    cfn = _compile(fn)
+    x_e, x_c = make_x(), make_x()
+    eager, compiled = fn(x_e), cfn(x_c)
+    for e, c in zip(eager, compiled):
+        torch.testing.assert_close(c, e)
+        assert c.stride() == e.stride() and c.storage_offset() == e.storage_offset(), fn.__name__
+    assert _sharing(x_c, compiled) == _sharing(x_e, eager), fn.__name__
+    assert _write_effects(cfn, make_x) == _write_effects(fn, make_x), fn.__name__
+    if requires_grad:
+        sum(o.sum() for o in fn(x_e)).backward()
+        sum(o.sum() for o in cfn(x_c)).backward()
+        torch.testing.assert_close(x_c.grad, x_e.grad)
+
+
+def test_aliasing_survives_a_warm_cache(tmp_path: pathlib.Path) -> None:
+    x = torch.randn(4, 3)
+    for _ in ("cold", "warm"):
+        torch._dynamo.reset()
+        neuron_compile.STATS.reset()
+        a, b = _compile(_view, cache_dir=str(tmp_path))(x)
+        assert _storage(a) == _storage(b)
+    assert [g.cache for g in neuron_compile.STATS.graphs] == ["hit"]
+
+
+# -- item 8: layouts and casts ------------------------------------------------------------------------
+def _conv_channels_last(x, w):
+    return F.conv2d(x, w, padding=1)
+
+
+def _pointwise_channels_last(x, w):
+    return x * 2 + 1, w.abs()
+
+
+def _transposed_output(x, w):
+    return (x + 1).permute(0, 2, 3, 1), (w * 2).transpose(0, 1)
+
+
+def _contiguous_of_view(x, w):
+    return (x + 1).transpose(1, 3).contiguous(), F.relu(x).contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["forward", "training"])
+@pytest.mark.parametrize(
+    "fn", [_conv_channels_last, _pointwise_channels_last, _transposed_output, _contiguous_of_view],
+    ids=lambda f: f.__name__.strip("_"),
+)
+def test_output_strides_match_eager(fn: Fn, requires_grad: bool) -> None:
+    x = torch.randn(2, 3, 5, 4).to(memory_format=torch.channels_last).requires_grad_(requires_grad)
+    w = torch.randn(4, 3, 3, 3).to(memory_format=torch.channels_last).requires_grad_(requires_grad)
+    eager = fn(x, w)
+    compiled = _compile(fn)(x, w)
+    for e, c in zip(*(o if isinstance(o, tuple) else (o,) for o in (eager, compiled))):
+        torch.testing.assert_close(c, e, rtol=1e-5, atol=1e-5)
+        assert c.stride() == e.stride(), f"{fn.__name__}: strides {c.stride()} vs eager {e.stride()}"
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.int64])
+@pytest.mark.parametrize("src", [torch.float32, torch.bfloat16, torch.float16])
+def test_in_range_float_to_int_casts_are_exact(src: torch.dtype, dtype: torch.dtype) -> None:
+    # Out-of-range casts are undefined in torch (README, Dtypes); in-range ones truncate toward zero.
+    lo = 0 if dtype == torch.uint8 else -100
+    x = torch.tensor([lo + 0.0, lo + 0.75, -0.5 if lo else 0.5, 0.0, 1.5, 99.9, 100.0], dtype=src)
+    got = _compile(lambda t: t.to(dtype))(x)
+    assert got.dtype == dtype and torch.equal(got, x.to(dtype)), (src, dtype, got, x.to(dtype))
