@@ -1,0 +1,214 @@
+"""An emulator of the current NKI API (``import nki``; ``nki.language as nl``; ``nki.isa as nisa``) on NumPy.
+
+``from neuron_compile import nki`` is the public face (it re-exports the real ``nki`` where that is
+installed). Entry points:
+
+* ``@nki.jit`` makes a :class:`Kernel`; calling it with NumPy arrays or torch tensors runs it here.
+* ``nki.simulate(kernel, stats=False, target=None)(*arrays)`` runs it and returns the outputs in the
+  inputs' format (torch in, torch out); ``stats=True`` returns ``(outputs, RunStats)``.
+* ``nki.infer_shapes(kernel, target=None)(*specs)`` runs it on shapes/dtypes alone (anything with
+  ``.shape`` and ``.dtype``: torch fake/meta tensors, NumPy arrays, :class:`TensorSpec`) and returns
+  :class:`TensorSpec` outputs; every hardware rule is checked, nothing is computed.
+* ``nki.last_run_stats()`` gives the counters of the last run on this thread.
+
+See docs/nki.md for what is checked and what is not.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from . import isa, language
+from .core import (
+    NkiCapacityError,
+    NkiError,
+    NkiOutOfBoundsError,
+    NkiTensor,
+    NkiValidationError,
+    Run,
+    RunStats,
+    dtype_name,
+    last_run_stats,
+    np_dtype,
+    pop_run,
+    push_run,
+    wrap_hbm,
+)
+
+__all__ = [
+    "Kernel", "NkiCapacityError", "NkiError", "NkiOutOfBoundsError", "NkiTensor", "NkiValidationError",
+    "RunStats", "TensorSpec", "infer_shapes", "isa", "jit", "language", "last_run_stats", "simulate",
+]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape and NKI dtype string of a tensor (the result of shape-only mode)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    def torch_dtype(self) -> Any:
+        import torch
+
+        return {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16,
+                "int32": torch.int32, "int8": torch.int8, "int16": torch.int16, "uint8": torch.uint8,
+                "bool_": torch.bool, "tfloat32": torch.float32}[self.dtype]
+
+
+class Kernel:
+    """A function decorated with ``@nki.jit``; ``kernel[n]`` sets an SPMD grid (run serially here)."""
+
+    def __init__(self, fn: Callable[..., Any], grid: tuple[int, ...] = (), **options: Any):
+        self.fn = fn
+        self.grid = grid
+        self.options = options
+        functools.update_wrapper(self, fn)
+
+    def __getitem__(self, grid: Any) -> Kernel:
+        grid = grid if isinstance(grid, tuple) else (grid,)
+        return Kernel(self.fn, tuple(int(g) for g in grid), **self.options)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return simulate(self)(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"nki.jit({getattr(self.fn, '__qualname__', self.fn)})"
+
+
+def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """Decorate an NKI kernel (``@nki.jit`` or ``@nki.jit(...)``); ``mode=`` is accepted and ignored."""
+    if "platform_target" in options:
+        raise NkiError("nki.jit(platform_target=...) is an error in current NKI; set "
+                       "NEURON_PLATFORM_TARGET_OVERRIDE or pass target= to nki.simulate")
+    if fn is None:
+        return lambda f: Kernel(f, **options)
+    if isinstance(fn, Kernel):
+        return fn
+    return Kernel(fn, **options)
+
+
+# ------------------------------------------------------------------------------------------- conversions
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "dtype") and hasattr(x, "shape")
+
+
+def _torch_to_numpy(t: Any) -> np.ndarray:
+    import torch
+
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)  # shares memory, so in-place works
+    return t.numpy()
+
+
+def _numpy_to_torch(a: np.ndarray) -> Any:
+    import ml_dtypes
+    import torch
+
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def _to_arg(x: Any, name: str, shape_only: bool) -> Any:
+    if shape_only and hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (int, float)):
+        dt = dtype_name(x.dtype)
+        shape = tuple(int(s) for s in x.shape)
+        return NkiTensor(np.broadcast_to(np.zeros((), np_dtype(dt)), shape), dt, language.hbm, None, name)
+    if isinstance(x, NkiTensor):
+        return x
+    if _is_torch(x):
+        return wrap_hbm(_torch_to_numpy(x), name)
+    if isinstance(x, np.ndarray):
+        return wrap_hbm(x, name)
+    if isinstance(x, tuple):
+        return tuple(_to_arg(v, f"{name}[{i}]", shape_only) for i, v in enumerate(x))
+    if isinstance(x, list):
+        raise NkiError(f"kernel argument {name!r} is a list; NKI kernels take tuples, not lists")
+    return x
+
+
+def _from_out(x: Any, as_torch: bool, shape_only: bool, inputs: dict[int, Any]) -> Any:
+    if isinstance(x, tuple):
+        return tuple(_from_out(v, as_torch, shape_only, inputs) for v in x)
+    if isinstance(x, NkiTensor):
+        if x.buffer.on_chip or x.buffer == "hbm" and id(x) not in inputs:
+            raise NkiValidationError(
+                f"kernel output {x!r} is in {x.buffer}; outputs must be allocated with "
+                "nl.ndarray(..., buffer=nl.shared_hbm), filled by DMA and returned")
+        if shape_only:
+            return TensorSpec(x.shape, x.dtype)
+        if id(x) in inputs:
+            return inputs[id(x)]
+        arr = np.asarray(x._arr)
+        return _numpy_to_torch(arr) if as_torch else arr
+    return x
+
+
+def _run(kernel: Any, args: tuple, kwargs: dict, *, shape_only: bool, target: str | None) -> tuple[Any, RunStats]:
+    kern = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
+    as_torch = any(_is_torch(a) for a in (*args, *kwargs.values())) and not shape_only
+    try:
+        params = list(inspect.signature(kern.fn).parameters)
+    except (TypeError, ValueError):
+        params = []
+    run = Run(target, shape_only=shape_only)
+    push_run(run)
+    try:
+        nargs = tuple(_to_arg(a, params[i] if i < len(params) else f"arg{i}", shape_only)
+                      for i, a in enumerate(args))
+        nkw = {k: _to_arg(v, k, shape_only) for k, v in kwargs.items()}
+        inputs = {id(n): o for n, o in zip((*nargs, *nkw.values()), (*args, *kwargs.values()))
+                  if isinstance(n, NkiTensor)}
+        grid = kern.grid or ()
+        ids = list(np.ndindex(*grid)) if grid else [()]
+        run.grid = grid
+        out = None
+        for pid in ids:
+            run.program_id = tuple(int(i) for i in pid)
+            out = kern.fn(*nargs, **nkw)
+        result = _from_out(out, as_torch, shape_only, inputs)
+    finally:
+        pop_run()
+    return result, run.stats
+
+
+def simulate(kernel: Any, *, stats: bool = False, target: str | None = None) -> Callable[..., Any]:
+    """``simulate(kernel)(*arrays)`` runs ``kernel`` in the emulator on NumPy arrays or torch tensors.
+
+    Outputs come back as NumPy arrays (bf16 as ``ml_dtypes.bfloat16``), or torch tensors when any input
+    is a torch tensor. HBM inputs are wrapped without a copy, so in-place writes reach the caller.
+    ``target``: ``'trn2'`` (default, or ``NEURON_PLATFORM_TARGET_OVERRIDE``), ``'trn3'`` or ``'trn1'``.
+    ``stats=True`` returns ``(outputs, RunStats)``.
+    """
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        out, st = _run(kernel, args, kwargs, shape_only=False, target=target)
+        return (out, st) if stats else out
+
+    return call
+
+
+def infer_shapes(kernel: Any, *, stats: bool = False, target: str | None = None) -> Callable[..., Any]:
+    """Shape-only mode: ``infer_shapes(kernel)(*specs)`` -> :class:`TensorSpec` outputs (and stats).
+
+    Runs the kernel's Python with data-free tensors: every shape, dtype, buffer and capacity rule is
+    checked and every instruction counted, but nothing is computed, so it is cheap at any size.
+    Non-tensor arguments (ints, floats, flags) are passed through unchanged.
+    """
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        out, st = _run(kernel, args, kwargs, shape_only=True, target=target)
+        return (out, st) if stats else out
+
+    return call

@@ -1,0 +1,576 @@
+"""``nki.isa`` of the emulator: one NumPy-vectorized function per instruction, ``dst`` first.
+
+Each instruction checks the hardware rules of ``shared/NKI_FACTS.md`` sections 3, 5 and 7 (operand
+buffers, partition counts, free-size limits, dtypes), computes in fp32, rounds to ``dst.dtype`` on the
+write, and counts itself on its engine. In shape-only mode the checks and counts run, the math does not.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import ops as _ops
+from .core import (
+    PMAX,
+    NkiError,
+    NkiTensor,
+    NkiValidationError,
+    _fmt_shape,
+    cast,
+    current_run,
+    is_float,
+)
+
+__all__ = [
+    "NkiError", "NkiValidationError", "dma_copy", "tensor_copy", "nc_matmul", "nc_transpose", "activation",
+    "activation_reduce", "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor", "tensor_reduce", "memset",
+    "iota", "affine_select", "reciprocal", "tensor_partition_reduce", "bn_stats", "bn_aggr",
+    "tensor_engine", "vector_engine", "scalar_engine", "gpsimd_engine", "unknown_engine",
+    "reduce_cmd", "dge_mode", "oob_mode",
+]
+
+tensor_engine = "tensor"
+vector_engine = "vector"
+scalar_engine = "scalar"
+gpsimd_engine = "gpsimd"
+unknown_engine = None
+
+
+class reduce_cmd:  # noqa: N801 - mirrors the NKI enum's spelling
+    idle = "idle"
+    reset = "reset"
+    reduce = "reduce"
+    reset_reduce = "reset_reduce"
+
+
+class dge_mode:  # noqa: N801
+    unknown = "unknown"
+    none = "none"
+    swdge = "swdge"
+    hwdge = "hwdge"
+
+
+class oob_mode:  # noqa: N801
+    error = "error"
+    skip = "skip"
+
+
+_VEC_FREE_MAX = {"sbuf": 64 * 1024, "psum": 4 * 1024}
+
+
+# -------------------------------------------------------------------------------------------- helpers
+def _t(x: Any, op: str, role: str) -> NkiTensor:
+    if not isinstance(x, NkiTensor):
+        raise NkiError(f"nisa.{op}: {role} must be an NKI tensor, got {type(x).__name__}")
+    return x
+
+
+def _buf(t: NkiTensor, allowed: Sequence[str], op: str, role: str) -> None:
+    if t.buffer not in allowed and not (t.buffer == "shared_hbm" and "hbm" in allowed):
+        raise NkiValidationError(
+            f"nisa.{op}: {role} {_fmt_shape(t)} is in {t.buffer}, but {op} takes its {role} from "
+            f"{' or '.join(allowed)} (unsupported memory)")
+
+
+def _same_partitions(op: str, *ts: NkiTensor) -> None:
+    ps = {t.partitions for t in ts}
+    if len(ps) > 1:
+        raise NkiValidationError(
+            f"nisa.{op}: partition counts differ: {', '.join(_fmt_shape(t) for t in ts)} (num partition mismatch)")
+
+
+def _same_free(op: str, dst: NkiTensor, *srcs: NkiTensor) -> None:
+    for s in srcs:
+        if s.free_size != dst.free_size:
+            raise NkiValidationError(
+                f"nisa.{op}: {_fmt_shape(s)} has {s.free_size} elements per partition but dst "
+                f"{_fmt_shape(dst)} has {dst.free_size}")
+
+
+def _free_limit(op: str, *ts: NkiTensor) -> None:
+    for t in ts:
+        lim = _VEC_FREE_MAX.get(t.buffer)
+        if lim is not None and t.free_size > lim:
+            raise NkiValidationError(
+                f"nisa.{op}: {_fmt_shape(t)} has {t.free_size} elements per partition, above the "
+                f"{lim} limit for {t.buffer} operands of Vector/Scalar/GpSimd instructions")
+
+
+def _on_chip(op: str, *ts: NkiTensor) -> None:
+    for t in ts:
+        if not t.buffer.on_chip:
+            raise NkiValidationError(
+                f"nisa.{op}: {_fmt_shape(t)} is in {t.buffer}; compute engines read and write SBUF/PSUM "
+                "only — move it with nisa.dma_copy first")
+        if t.partitions > PMAX:
+            raise NkiValidationError(f"nisa.{op}: Size of partition dimension {t.partitions} exceeds maximum {PMAX}")
+
+
+def _f32(t: NkiTensor) -> np.ndarray:
+    return np.asarray(t._arr, dtype=np.float32).reshape(t.partitions, t.free_size)
+
+
+def _write(dst: NkiTensor, values: np.ndarray, op: str) -> None:
+    if not dst._arr.flags.writeable:
+        raise NkiError(f"nisa.{op}: dst {_fmt_shape(dst)} is a broadcast view and cannot be written")
+    dst._arr[...] = cast(np.asarray(values).reshape(dst.shape), dst.dtype)
+    if dst._written is not None:
+        dst._written[...] = True
+
+
+def _engine(engine: Any, default: str, op: str, *ts: NkiTensor) -> str:
+    eng = engine or default
+    if eng == "gpsimd" and any(t.buffer == "psum" for t in ts):
+        raise NkiValidationError(f"nisa.{op}: the GpSimd engine cannot access PSUM ({', '.join(map(_fmt_shape, ts))})")
+    return eng
+
+
+def _count(engine: str, kind: str, dst: NkiTensor, *srcs: NkiTensor) -> None:
+    small = min([t.itemsize for t in (dst, *srcs)])
+    big = max([t.itemsize for t in (dst, *srcs)])
+    current_run().count(engine, kind, dst.partitions, max([dst.free_size, *(s.free_size for s in srcs)]),
+                        small if big <= 2 else 4)
+
+
+def _operand(x: Any, dst: NkiTensor, op: str, role: str) -> np.ndarray | float:
+    """A scalar, or a (P,1) per-partition vector broadcast along the free dims."""
+    if isinstance(x, NkiTensor):
+        _on_chip(op, x)
+        if x.partitions != dst.partitions or x.free_size != 1:
+            raise NkiValidationError(
+                f"nisa.{op}: {role} {_fmt_shape(x)} must be a scalar or a ({dst.partitions}, 1) vector "
+                f"to go with dst {_fmt_shape(dst)}")
+        return None if current_run().shape_only else _f32(x)
+    if isinstance(x, (int, float, np.number, bool)):
+        return np.float32(x)
+    raise NkiError(f"nisa.{op}: {role} must be a Python number or a (P,1) tensor, got {type(x).__name__}")
+
+
+def _shape_only() -> bool:
+    return current_run().shape_only
+
+
+# ----------------------------------------------------------------------------------------- data motion
+def dma_copy(dst: NkiTensor, src: NkiTensor, priority: Any = None, oob_mode: Any = None,
+             dge_mode: Any = None, engine: Any = None, name: str = "") -> None:
+    """Copy ``src`` to ``dst`` (HBM<->SBUF any direction; never from PSUM); dtypes cast through fp32."""
+    dst, src = _t(dst, "dma_copy", "dst"), _t(src, "dma_copy", "src")
+    if src.buffer == "psum":
+        raise NkiValidationError(
+            f"nisa.dma_copy: src {_fmt_shape(src)} is in PSUM; DMA cannot read PSUM — copy it to SBUF "
+            "with nisa.tensor_copy first")
+    if dst.buffer == "psum":
+        raise NkiValidationError(f"nisa.dma_copy: dst {_fmt_shape(dst)} is in PSUM; DMA writes HBM or SBUF")
+    if src.size != dst.size:
+        raise NkiValidationError(
+            f"nisa.dma_copy: element counts differ: dst {_fmt_shape(dst)} has {dst.size}, src "
+            f"{_fmt_shape(src)} has {src.size}")
+    if dge_mode == "hwdge" and src.dtype != dst.dtype:
+        raise NkiValidationError(f"nisa.dma_copy: hwdge needs equal dtypes, got {src.dtype} -> {dst.dtype}")
+    run = current_run()
+    st = run.stats
+    st.dma_transfers += 1
+    e = st.engines["dma"]
+    e.instructions += 1
+    e.elements += src.size
+    if src.buffer.is_hbm and dst.buffer == "sbuf":
+        st.dma_bytes_hbm_to_sbuf += src.size * src.itemsize
+    elif src.buffer == "sbuf" and dst.buffer.is_hbm:
+        st.dma_bytes_sbuf_to_hbm += dst.size * dst.itemsize
+    else:
+        st.dma_bytes_other += src.size * max(src.itemsize, dst.itemsize)
+    if run.shape_only:
+        return
+    if src.dtype == dst.dtype:
+        vals = np.asarray(src._arr).reshape(dst.shape)
+        if not dst._arr.flags.writeable:
+            raise NkiError(f"nisa.dma_copy: dst {_fmt_shape(dst)} is a broadcast view and cannot be written")
+        dst._arr[...] = vals
+    else:
+        _write(dst, np.asarray(src._arr, np.float32).reshape(dst.shape), "dma_copy")
+
+
+def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: Any = None, name: str = "") -> None:
+    """Copy on a compute engine (SBUF/PSUM -> SBUF/PSUM), casting to ``dst.dtype``."""
+    dst, src = _t(dst, "tensor_copy", "dst"), _t(src, "tensor_copy", "src")
+    _on_chip("tensor_copy", dst, src)
+    _same_partitions("tensor_copy", dst, src)
+    _same_free("tensor_copy", dst, src)
+    _free_limit("tensor_copy", dst, src)
+    eng = _engine(engine, "vector", "tensor_copy", dst, src)
+    _count(eng, "copy", dst, src)
+    if not _shape_only():
+        _write(dst, _f32(src) if src.dtype != dst.dtype else np.asarray(src._arr).reshape(dst.shape),
+               "tensor_copy")
+
+
+# ---------------------------------------------------------------------------------------------- tensor
+_MATMUL_IN = {"float8_e4m3", "float8_e5m2", "float8_e4m3fn", "bfloat16", "float16", "tfloat32", "float32"}
+
+
+def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stationary_onezero: bool = False,
+              is_moving_onezero: bool = False, is_transpose: bool = False, accumulate: bool | None = None,
+              tile_position: Any = (), tile_size: Any = (), perf_mode: Any = None, name: str = "") -> None:
+    """``dst[M,N] (+)= stationary[K,M].T @ moving[K,N]`` on TensorE: SBUF operands, PSUM dst, fp32 accumulation.
+
+    ``accumulate``: False overwrites, True adds, None overwrites where dst was never written and adds elsewhere.
+    """
+    op = "nc_matmul"
+    dst, st, mv = _t(dst, op, "dst"), _t(stationary, op, "stationary"), _t(moving, op, "moving")
+    _buf(st, ("sbuf",), op, "stationary")
+    _buf(mv, ("sbuf",), op, "moving")
+    _buf(dst, ("psum",), op, "dst")
+    run = current_run()
+    for t, role in ((st, "stationary"), (mv, "moving"), (dst, "dst")):
+        if t.ndim != 2:
+            raise NkiValidationError(f"nisa.{op}: {role} {_fmt_shape(t)} must be 2-D [partition, free]")
+    k, m = st.shape
+    k2, n = mv.shape
+    kmax = 256 if perf_mode == "double_row" else PMAX
+    if k != k2:
+        raise NkiValidationError(f"nisa.{op}: contraction dims differ: stationary {_fmt_shape(st)} has K={k}, "
+                                 f"moving {_fmt_shape(mv)} has K={k2} (K is the partition dim of both)")
+    if k > kmax:
+        raise NkiValidationError(f"nisa.{op}: Size of partition dimension {k} (K) exceeds maximum {kmax}")
+    if m > 128:
+        raise NkiValidationError(f"nisa.{op}: stationary free size M={m} exceeds maximum 128 "
+                                 "(nl.tile_size.gemm_stationary_fmax)")
+    nmax = 512 if run.gen.name != "trn3" else (4096 if dst.dtype == "float32" else 8192)
+    if n > nmax:
+        raise NkiValidationError(f"nisa.{op}: moving free size N={n} exceeds maximum {nmax} "
+                                 f"(nl.tile_size.gemm_moving_fmax on {run.gen.name})")
+    if dst.shape != (m, n):
+        raise NkiValidationError(f"nisa.{op}: dst {_fmt_shape(dst)} must have shape [M={m}, N={n}] "
+                                 f"for stationary {_fmt_shape(st)} and moving {_fmt_shape(mv)}")
+    for t, role in ((st, "stationary"), (mv, "moving")):
+        if t.dtype not in _MATMUL_IN:
+            raise NkiValidationError(f"nisa.{op}: {role} dtype {t.dtype} is not a matmul input dtype "
+                                     f"({sorted(_MATMUL_IN)})")
+    fp32ish = {"float32", "tfloat32"}
+    if (st.dtype in fp32ish) != (mv.dtype in fp32ish):
+        raise NkiValidationError(f"nisa.{op}: fp32/tf32 operands must be paired with each other, got "
+                                 f"stationary {st.dtype} and moving {mv.dtype}")
+    allowed_dst = {"float32"} if run.gen.name != "trn3" else {"float32", "bfloat16"}
+    if dst.dtype not in allowed_dst:
+        raise NkiValidationError(f"nisa.{op}: dst dtype must be {' or '.join(sorted(allowed_dst))} on "
+                                 f"{run.gen.name}, got {dst.dtype}")
+    run.count("tensor", "matmul", m, n, max(st.itemsize, mv.itemsize))
+    run.stats.matmul_flops += 2 * k * m * n
+    if run.shape_only:
+        return
+    # einsum, not BLAS: OpenBLAS' thread pool thrashes on a loaded machine for tiles this small (30x slower)
+    res = np.einsum("km,kn->mn", _f32(st), _f32(mv))
+    if accumulate is True:
+        res = res + _f32(dst)
+    elif accumulate is None:
+        res = np.where(dst._written, _f32(dst) + res, res)
+    _write(dst, res, op)
+
+
+def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: Any = None, name: str = "") -> None:
+    """``dst = data.T`` (partition <-> free). Tensor engine: <=128x128, SBUF -> PSUM; Vector: <=32x32."""
+    op = "nc_transpose"
+    dst, data = _t(dst, op, "dst"), _t(data, op, "data")
+    eng = engine or "tensor"
+    lim = 128 if eng == "tensor" else 32
+    if data.ndim != 2 or dst.ndim != 2:
+        raise NkiValidationError(f"nisa.{op}: data {_fmt_shape(data)} and dst {_fmt_shape(dst)} must be 2-D")
+    p, f = data.shape
+    if p > lim or f > lim:
+        raise NkiValidationError(f"nisa.{op}: data {_fmt_shape(data)} exceeds {lim}x{lim} on the {eng} engine")
+    if dst.shape != (f, p):
+        raise NkiValidationError(f"nisa.{op}: dst {_fmt_shape(dst)} must have shape [{f}, {p}]")
+    if dst.dtype != data.dtype:
+        raise NkiValidationError(f"nisa.{op}: dst dtype {dst.dtype} must equal data dtype {data.dtype}")
+    if eng == "tensor":
+        _buf(data, ("sbuf",), op, "data")
+        _buf(dst, ("psum",), op, "dst")
+    else:
+        _on_chip(op, dst, data)
+    current_run().count(eng, "transpose", p, f, data.itemsize)
+    if not _shape_only():
+        _write(dst, np.asarray(data._arr).T, op)
+
+
+# --------------------------------------------------------------------------------------------- scalar
+def activation(dst: NkiTensor, op: Any, data: NkiTensor, bias: Any = None, scale: Any = 1.0,
+               reduce_op: Any = None, reduce_res: NkiTensor | None = None, reduce_cmd: Any = "idle",
+               name: str = "") -> None:
+    """``dst = op(data * scale + bias)`` on ScalarE; optionally ``reduce_res[P,1] = sum(result, free axes)``."""
+    where = "activation"
+    dst, data = _t(dst, where, "dst"), _t(data, where, "data")
+    fn = _ops.unary(op, f"nisa.{where}")
+    _on_chip(where, dst, data)
+    _same_partitions(where, dst, data)
+    _same_free(where, dst, data)
+    _free_limit(where, dst, data)
+    sc = _operand(scale, dst, where, "scale")
+    if isinstance(bias, (int, float)) and current_run().gen.name == "trn1":
+        raise NkiValidationError("nisa.activation: a scalar bias needs trn2 or later; pass a (P,1) tensor")
+    bi = None if bias is None else _operand(bias, dst, where, "bias")
+    if reduce_res is not None:
+        reduce_res = _t(reduce_res, where, "reduce_res")
+        _on_chip(where, reduce_res)
+        if reduce_res.partitions != dst.partitions or reduce_res.free_size != 1:
+            raise NkiValidationError(f"nisa.{where}: reduce_res {_fmt_shape(reduce_res)} must be "
+                                     f"({dst.partitions}, 1)")
+        if reduce_op is not None and _ops.op_name(reduce_op) != "add":
+            raise NkiValidationError(f"nisa.{where}: reduce_op must be nl.add, got {_ops.op_name(reduce_op)}")
+    _count("scalar", "activation", dst, data)
+    if _shape_only():
+        return
+    x = _f32(data)
+    if not (isinstance(sc, np.floating) and sc == 1.0):
+        x = x * sc
+    if bi is not None:
+        x = x + bi
+    with np.errstate(all="ignore"):
+        y = np.asarray(fn(x), dtype=np.float32)
+    _write(dst, y, where)
+    if reduce_res is not None:
+        _write(reduce_res, y.sum(axis=1, keepdims=True, dtype=np.float32), where)
+
+
+def activation_reduce(dst: NkiTensor, op: Any, data: NkiTensor, reduce_op: Any, reduce_res: NkiTensor,
+                      bias: Any = None, scale: Any = 1.0, name: str = "") -> None:
+    """:func:`activation` with its free-axis sum read out to ``reduce_res`` (the reset_reduce form)."""
+    activation(dst, op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res,
+               reduce_cmd="reset_reduce")
+
+
+# --------------------------------------------------------------------------------------------- vector
+def _ensure_not_both_psum(op: str, a: NkiTensor, b: NkiTensor) -> None:
+    if a.buffer == "psum" and b.buffer == "psum":
+        raise NkiValidationError(f"nisa.{op}: both inputs {_fmt_shape(a)} and {_fmt_shape(b)} are in PSUM; "
+                                 "copy one to SBUF first")
+
+
+def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op: Any, engine: Any = None,
+                  name: str = "") -> None:
+    """``dst = data1 op data2`` elementwise (same partitions and elements per partition; no broadcast)."""
+    where = "tensor_tensor"
+    dst, a, b = _t(dst, where, "dst"), _t(data1, where, "data1"), _t(data2, where, "data2")
+    fn = _ops.binary(op, f"nisa.{where}")
+    _on_chip(where, dst, a, b)
+    _same_partitions(where, dst, a, b)
+    _same_free(where, dst, a, b)
+    _free_limit(where, dst, a, b)
+    _ensure_not_both_psum(where, a, b)
+    default = "gpsimd" if (_ops.op_name(op) == "power" or all(t.dtype == "int32" for t in (dst, a, b))) \
+        else "vector"
+    eng = _engine(engine, default, where, dst, a, b)
+    _count(eng, "tensor_tensor", dst, a, b)
+    if not _shape_only():
+        with np.errstate(all="ignore"):
+            _write(dst, fn(_f32(a), _f32(b)), where)
+
+
+def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: Any, reverse0: bool = False,
+                  op1: Any = None, operand1: Any = None, reverse1: bool = False, engine: Any = None,
+                  name: str = "") -> None:
+    """``dst = (data op0 operand0) op1 operand1``; operands are scalars or (P,1) vectors."""
+    where = "tensor_scalar"
+    dst, data = _t(dst, where, "dst"), _t(data, where, "data")
+    f0 = _ops.binary(op0, f"nisa.{where}")
+    f1 = None if op1 is None else _ops.binary(op1, f"nisa.{where}")
+    _on_chip(where, dst, data)
+    _same_partitions(where, dst, data)
+    _same_free(where, dst, data)
+    _free_limit(where, dst, data)
+    a0 = _operand(operand0, dst, where, "operand0")
+    a1 = None if f1 is None else _operand(operand1, dst, where, "operand1")
+    eng = _engine(engine, "vector", where, dst, data)
+    _count(eng, "tensor_scalar", dst, data)
+    if _shape_only():
+        return
+    x = _f32(data)
+    with np.errstate(all="ignore"):
+        x = f0(a0, x) if reverse0 else f0(x, a0)
+        if f1 is not None:
+            x = f1(a1, x) if reverse1 else f1(x, a1)
+    _write(dst, x, where)
+
+
+def scalar_tensor_tensor(dst: NkiTensor, data: NkiTensor, op0: Any, scalar: Any, op1: Any, data1: NkiTensor,
+                         reverse0: bool = False, reverse1: bool = False, engine: Any = None,
+                         name: str = "") -> None:
+    """``dst = (data op0 scalar) op1 data1``; ``scalar`` is a number or a (P,1) vector."""
+    where = "scalar_tensor_tensor"
+    dst, a, b = _t(dst, where, "dst"), _t(data, where, "data"), _t(data1, where, "data1")
+    f0, f1 = _ops.binary(op0, f"nisa.{where}"), _ops.binary(op1, f"nisa.{where}")
+    _on_chip(where, dst, a, b)
+    _same_partitions(where, dst, a, b)
+    _same_free(where, dst, a, b)
+    _free_limit(where, dst, a, b)
+    _ensure_not_both_psum(where, a, b)
+    s = _operand(scalar, dst, where, "scalar")
+    eng = _engine(engine, "vector", where, dst, a, b)
+    _count(eng, "tensor_tensor", dst, a, b)
+    if _shape_only():
+        return
+    with np.errstate(all="ignore"):
+        x = _f32(a)
+        x = f0(s, x) if reverse0 else f0(x, s)
+        y = _f32(b)
+        _write(dst, f1(y, x) if reverse1 else f1(x, y), where)
+
+
+def tensor_reduce(dst: NkiTensor, op: Any, data: NkiTensor, axis: Any, negate: bool = False,
+                  keepdims: bool = False, name: str = "") -> None:
+    """Reduce the trailing contiguous free axes of ``data`` (never axis 0) into ``dst``."""
+    where = "tensor_reduce"
+    dst, data = _t(dst, where, "dst"), _t(data, where, "data")
+    fn = _ops.reduce(op, f"nisa.{where}")
+    _on_chip(where, dst, data)
+    _free_limit(where, data)
+    axes = tuple(sorted(a % data.ndim for a in (axis if isinstance(axis, (tuple, list)) else (axis,))))
+    if not axes or 0 in axes or axes != tuple(range(data.ndim - len(axes), data.ndim)):
+        raise NkiValidationError(
+            f"nisa.{where}: axis {axis} of {_fmt_shape(data)} must be trailing contiguous free axes "
+            f"(e.g. {data.ndim - 1} or {tuple(range(1, data.ndim))}); the partition axis 0 is never reduced here "
+            "(use a transpose or nisa.tensor_partition_reduce)")
+    out_shape = tuple(1 if i in axes else s for i, s in enumerate(data.shape)) if keepdims else \
+        tuple(s for i, s in enumerate(data.shape) if i not in axes)
+    if math.prod(out_shape) != dst.size or dst.partitions != data.partitions:
+        raise NkiValidationError(f"nisa.{where}: dst {_fmt_shape(dst)} must hold the reduced shape "
+                                 f"{list(out_shape)} of {_fmt_shape(data)} over axis {axis}")
+    kind = "reduce_bf16" if data.itemsize <= 2 else "reduce"
+    current_run().count("vector", kind, data.partitions, data.free_size, data.itemsize)
+    if _shape_only():
+        return
+    x = np.asarray(data._arr, np.float32)
+    r = fn(x, axis=axes, keepdims=keepdims)
+    _write(dst, -r if negate else r, where)
+
+
+def tensor_partition_reduce(dst: NkiTensor, op: Any, data: NkiTensor, name: str = "") -> None:
+    """Reduce along the partition dim on GpSimd: ``dst[1, F] = op over p of data[p, F]``."""
+    where = "tensor_partition_reduce"
+    dst, data = _t(dst, where, "dst"), _t(data, where, "data")
+    fn = _ops.reduce(op, f"nisa.{where}")
+    _buf(data, ("sbuf",), where, "data")
+    _buf(dst, ("sbuf",), where, "dst")
+    if dst.partitions != 1 or dst.free_size != data.free_size:
+        raise NkiValidationError(f"nisa.{where}: dst {_fmt_shape(dst)} must be [1, {data.free_size}]")
+    current_run().count("gpsimd", "partition_reduce", data.partitions, data.free_size, data.itemsize)
+    if not _shape_only():
+        _write(dst, fn(_f32(data), axis=0, keepdims=True), where)
+
+
+def reciprocal(dst: NkiTensor, data: NkiTensor, engine: Any = None, name: str = "") -> None:
+    """``dst = 1 / data`` on VectorE."""
+    where = "reciprocal"
+    dst, data = _t(dst, where, "dst"), _t(data, where, "data")
+    _on_chip(where, dst, data)
+    _same_partitions(where, dst, data)
+    _same_free(where, dst, data)
+    eng = _engine(engine, "vector", where, dst, data)
+    _count(eng, "reciprocal", dst, data)
+    if not _shape_only():
+        with np.errstate(all="ignore"):
+            _write(dst, 1.0 / _f32(data), where)
+
+
+def memset(dst: NkiTensor, value: Any, engine: Any = None, name: str = "") -> None:
+    """Fill ``dst`` with ``value`` (which must suit dst's dtype: no float into an int tile)."""
+    dst = _t(dst, "memset", "dst")
+    _on_chip("memset", dst)
+    if not is_float(dst.dtype) and isinstance(value, float) and not float(value).is_integer():
+        raise NkiValidationError(f"nisa.memset: value {value} does not match dst dtype {dst.dtype}")
+    eng = _engine(engine, "vector", "memset", dst)
+    _count(eng, "memset", dst)
+    if not _shape_only():
+        _write(dst, np.full(dst.shape, value, np.float32), "memset")
+
+
+def _affine(dst: NkiTensor, pattern: Any, offset: int, channel_multiplier: int, op: str) -> np.ndarray | None:
+    pat = [tuple(int(v) for v in p) for p in pattern]
+    counts = [c for _, c in pat]
+    if math.prod(counts) != dst.free_size:
+        raise NkiValidationError(f"nisa.{op}: pattern {pattern} covers {math.prod(counts)} elements per "
+                                 f"partition but dst {_fmt_shape(dst)} has {dst.free_size}")
+    if _shape_only():
+        return None
+    val = np.full((dst.partitions, *counts), float(offset), np.float64)
+    val += channel_multiplier * np.arange(dst.partitions).reshape((-1,) + (1,) * len(counts))
+    for i, (step, cnt) in enumerate(pat):
+        shape = [1] * (len(counts) + 1)
+        shape[i + 1] = cnt
+        val = val + step * np.arange(cnt).reshape(shape)
+    return val.reshape(dst.partitions, dst.free_size)
+
+
+def iota(dst: NkiTensor, pattern: Any, offset: int = 0, channel_multiplier: int = 0, name: str = "") -> None:
+    """``dst[p, i...] = offset + channel_multiplier*p + sum(step_k * i_k)`` (int32 affine values) on GpSimd."""
+    dst = _t(dst, "iota", "dst")
+    _buf(dst, ("sbuf",), "iota", "dst")
+    current_run().count("gpsimd", "iota", dst.partitions, dst.free_size, dst.itemsize)
+    val = _affine(dst, pattern, offset, channel_multiplier, "iota")
+    if val is not None:
+        _write(dst, val.astype(np.float32), "iota")
+
+
+def affine_select(dst: NkiTensor, pattern: Any, channel_multiplier: int, on_true_tile: NkiTensor,
+                  on_false_value: Any, cmp_op: Any = "equal", offset: int = 0, name: str = "") -> None:
+    """``dst = where(cmp_op(affine(p, i), 0), on_true_tile, on_false_value)`` on GpSimd (the causal mask op).
+
+    ``affine(p, i) = offset + channel_multiplier*p + sum(step_k*i_k)`` with ``pattern=[[step, count], ...]``.
+    """
+    where = "affine_select"
+    dst, src = _t(dst, where, "dst"), _t(on_true_tile, where, "on_true_tile")
+    _buf(dst, ("sbuf",), where, "dst")
+    _buf(src, ("sbuf",), where, "on_true_tile")
+    _same_partitions(where, dst, src)
+    _same_free(where, dst, src)
+    cmp = _ops.binary(cmp_op, f"nisa.{where}")
+    current_run().count("gpsimd", "affine_select", dst.partitions, dst.free_size, dst.itemsize)
+    val = _affine(dst, pattern, offset, channel_multiplier, where)
+    if val is not None:
+        keep = cmp(val, np.zeros((), np.float64)) != 0
+        _write(dst, np.where(keep, _f32(src), np.float32(on_false_value)), where)
+
+
+def bn_stats(dst: NkiTensor, data: NkiTensor, name: str = "") -> None:
+    """Per-partition (mean, M2-style) statistics of a <=512-element chunk: dst[P, 6] = count, mean, var * 2.
+
+    The emulator stores ``[count, mean, var, count, mean, var]`` (fp32); :func:`bn_aggr` combines them.
+    """
+    where = "bn_stats"
+    dst, data = _t(dst, where, "dst"), _t(data, where, "data")
+    _on_chip(where, dst, data)
+    _same_partitions(where, dst, data)
+    if data.free_size > 512:
+        raise NkiValidationError(f"nisa.{where}: data {_fmt_shape(data)} has {data.free_size} elements per "
+                                 "partition, above nl.tile_size.bn_stats_fmax = 512")
+    if dst.free_size != 6:
+        raise NkiValidationError(f"nisa.{where}: dst {_fmt_shape(dst)} must have 6 elements per partition")
+    _count("vector", "bn_stats", dst, data)
+    if _shape_only():
+        return
+    x = _f32(data)
+    n = np.full((x.shape[0], 1), x.shape[1], np.float32)
+    s = np.concatenate([n, x.mean(1, keepdims=True), x.var(1, keepdims=True)], axis=1)
+    _write(dst, np.concatenate([s, s], axis=1), where)
+
+
+def bn_aggr(dst: NkiTensor, data: NkiTensor, name: str = "") -> None:
+    """Combine :func:`bn_stats` chunks (``data[P, 6*k]``) into ``dst[P, 2] = (mean, var)``."""
+    where = "bn_aggr"
+    dst, data = _t(dst, where, "dst"), _t(data, where, "data")
+    _on_chip(where, dst, data)
+    _same_partitions(where, dst, data)
+    if data.free_size % 6 or dst.free_size != 2:
+        raise NkiValidationError(f"nisa.{where}: data {_fmt_shape(data)} must hold 6*k stats and dst "
+                                 f"{_fmt_shape(dst)} 2 values per partition")
+    _count("vector", "bn_aggr", dst, data)
+    if _shape_only():
+        return
+    s = _f32(data).reshape(data.partitions, -1, 3)
+    n, mu, var = s[..., 0], s[..., 1], s[..., 2]
+    tot = n.sum(1, keepdims=True)
+    mean = (n * mu).sum(1, keepdims=True) / tot
+    m2 = (n * (var + (mu - mean) ** 2)).sum(1, keepdims=True) / tot
+    _write(dst, np.concatenate([mean, m2], axis=1), where)

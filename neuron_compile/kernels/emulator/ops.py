@@ -1,0 +1,90 @@
+"""The math behind NKI op identifiers (``nl.exp``, ``nl.add``, ...), on fp32 NumPy arrays.
+
+An ISA instruction takes its operator as an argument (``nisa.activation(dst, op=nl.exp, ...)``); the same
+objects are the ``nl.*`` wrappers. Every engine computes in fp32 and rounds when it writes ``dst``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+from scipy import special
+
+from .core import NkiError
+
+_F = np.float32
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    return (0.5 * x * (1.0 + special.erf(x / np.sqrt(2.0)))).astype(_F)
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return (0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))).astype(_F)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return special.expit(x).astype(_F)
+
+
+UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "copy": lambda x: x, "identity": lambda x: x, "square": np.square, "sigmoid": _sigmoid,
+    "relu": lambda x: np.maximum(x, 0), "gelu": _gelu, "gelu_apprx_tanh": _gelu_tanh,
+    "silu": lambda x: x * _sigmoid(x), "tanh": np.tanh, "softplus": lambda x: np.logaddexp(0, x).astype(_F),
+    "erf": lambda x: special.erf(x).astype(_F), "exp": np.exp, "log": np.log, "sin": np.sin,
+    "cos": np.cos, "arctan": np.arctan, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x),
+    "reciprocal": lambda x: 1 / x, "sign": np.sign, "abs": np.abs, "negative": np.negative,
+    "mish": lambda x: x * np.tanh(np.logaddexp(0, x)), "floor": np.floor, "ceil": np.ceil,
+    "trunc": np.trunc, "logical_not": lambda x: (x == 0).astype(_F),
+}
+
+BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
+    "maximum": np.maximum, "minimum": np.minimum, "power": np.power, "mod": np.fmod,
+    "equal": lambda a, b: (a == b).astype(_F), "not_equal": lambda a, b: (a != b).astype(_F),
+    "greater": lambda a, b: (a > b).astype(_F), "greater_equal": lambda a, b: (a >= b).astype(_F),
+    "less": lambda a, b: (a < b).astype(_F), "less_equal": lambda a, b: (a <= b).astype(_F),
+    "logical_and": lambda a, b: ((a != 0) & (b != 0)).astype(_F),
+    "logical_or": lambda a, b: ((a != 0) | (b != 0)).astype(_F),
+    "logical_xor": lambda a, b: ((a != 0) ^ (b != 0)).astype(_F),
+}
+
+REDUCE: dict[str, Callable[..., np.ndarray]] = {
+    "add": np.sum, "sum": np.sum, "maximum": np.max, "max": np.max, "minimum": np.min, "min": np.min,
+    "multiply": np.prod, "prod": np.prod,
+}
+
+_NP_NAMES = {"amax": "max", "amin": "min", "true_divide": "divide"}
+
+
+def op_name(op: Any) -> str:
+    """Name of an op identifier: an ``nl`` op object, a NumPy ufunc/function, or a string."""
+    if isinstance(op, str):
+        return op
+    name = getattr(op, "nki_name", None) or getattr(op, "__name__", None)
+    if name is None:
+        raise NkiError(f"{op!r} is not an NKI operator; pass e.g. nl.add, nl.exp, nl.maximum")
+    return _NP_NAMES.get(name, name)
+
+
+def unary(op: Any, where: str) -> Callable[[np.ndarray], np.ndarray]:
+    name = op_name(op)
+    if name not in UNARY:
+        raise NkiError(f"{where}: {name!r} is not an activation function; use one of {sorted(UNARY)}")
+    return UNARY[name]
+
+
+def binary(op: Any, where: str) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    name = op_name(op)
+    if name not in BINARY:
+        raise NkiError(f"{where}: {name!r} is not a binary ALU op; use one of {sorted(BINARY)}")
+    return BINARY[name]
+
+
+def reduce(op: Any, where: str) -> Callable[..., np.ndarray]:
+    name = op_name(op)
+    if name not in REDUCE:
+        raise NkiError(f"{where}: {name!r} is not a reduction op; use nl.add, nl.maximum, nl.minimum "
+                       "or nl.multiply")
+    return REDUCE[name]

@@ -1,0 +1,227 @@
+"""RMSNorm and LayerNorm over the last dim of ``x[R, H]``, forward and backward (fp32/bf16; any R).
+
+Rows go on partitions (128-row tiles, the last ragged), H in the free dim. The weight (and bias) are
+DMA'd once, broadcast to 128 partitions. Work tiles are allocated once and reused by every row tile.
+Statistics are fp32: RMSNorm sums squares with the fused ``activation`` reduction; LayerNorm uses
+``bn_stats`` per 512-element chunk and ``bn_aggr``. The backward kernels sum ``dw``/``db`` over rows
+in an fp32 SBUF accumulator and reduce its partitions at the end with a TensorE matmul against ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..nki import isa as nisa
+from ..nki import jit
+from ..nki import language as nl
+from ._common import P, broadcast_row, dtype_of, psum, sbuf, tiles
+
+MAX_H = 8192
+F32 = "float32"
+
+
+def _rstd(rstd: Any, var_or_ss: Any, rs: int, scale: float, eps: float) -> None:
+    """rstd = 1/sqrt(var_or_ss * scale + eps) on (P,1) fp32 tiles."""
+    nisa.tensor_scalar(rstd[:rs], var_or_ss[:rs], nl.multiply, scale, op1=nl.add, operand1=eps)
+    nisa.activation(rstd[:rs], nl.rsqrt, rstd[:rs])
+
+
+def _rows_sum_to_hbm(dst_hbm: Any, acc: Any, h: int) -> None:
+    """dst_hbm[H] = sum over the 128 partitions of acc[P, H] (fp32), via matmul with a ones column."""
+    ones = sbuf((P, 1), F32, "ones")
+    nisa.memset(ones, 1.0)
+    row = sbuf((1, h), dst_hbm.dtype, "row_sum")
+    for c0, cs in tiles(h, 512):
+        ps = psum((1, 512), F32, "row_sum_psum")
+        nisa.nc_matmul(ps[:, :cs], ones, acc[:, c0:c0 + cs])
+        nisa.tensor_copy(row[:, c0:c0 + cs], ps[:, :cs])
+    nisa.dma_copy(dst_hbm.reshape((1, h)), row)
+
+
+@jit
+def rms_norm_kernel(x: Any, w: Any, eps: float = 1e-6) -> Any:
+    """NKI kernel: ``x * rsqrt(mean(x^2, -1) + eps) * w``; output in ``x.dtype``."""
+    rows, h = x.shape
+    out = nl.ndarray((rows, h), x.dtype, buffer=nl.shared_hbm, name="out")
+    wt = sbuf((P, h), w.dtype, "w")
+    nisa.dma_copy(wt, broadcast_row(w, P))
+    xt, sq, yt = sbuf((P, h), x.dtype, "x"), sbuf((P, h), F32, "sq"), sbuf((P, h), x.dtype, "y")
+    ss, rstd = sbuf((P, 1), F32, "sumsq"), sbuf((P, 1), F32, "rstd")
+    for r0, rs in tiles(rows):
+        nisa.dma_copy(xt[:rs], x[r0:r0 + rs])
+        nisa.activation(sq[:rs], nl.square, xt[:rs], reduce_op=nl.add, reduce_res=ss[:rs])
+        _rstd(rstd, ss, rs, 1.0 / h, eps)
+        nisa.scalar_tensor_tensor(yt[:rs], xt[:rs], nl.multiply, rstd[:rs], nl.multiply, wt[:rs])
+        nisa.dma_copy(out[r0:r0 + rs], yt[:rs])
+    return out
+
+
+@jit
+def rms_norm_bwd_kernel(dy: Any, x: Any, w: Any, eps: float = 1e-6) -> Any:
+    """NKI kernel: ``(dx, dw)`` of :func:`rms_norm_kernel`; dx in ``x.dtype``, dw in ``w.dtype``."""
+    rows, h = x.shape
+    dx = nl.ndarray((rows, h), x.dtype, buffer=nl.shared_hbm, name="dx")
+    dw = nl.ndarray((h,), w.dtype, buffer=nl.shared_hbm, name="dw")
+    wt = sbuf((P, h), w.dtype, "w")
+    nisa.dma_copy(wt, broadcast_row(w, P))
+    acc = sbuf((P, h), F32, "dw_acc")
+    nisa.memset(acc, 0.0)
+    xt, gt, out = sbuf((P, h), x.dtype, "x"), sbuf((P, h), dy.dtype, "dy"), sbuf((P, h), x.dtype, "dx")
+    xhat, g, tmp = sbuf((P, h), F32, "xhat"), sbuf((P, h), F32, "g"), sbuf((P, h), F32, "tmp")
+    ss, rstd, c = sbuf((P, 1), F32, "sumsq"), sbuf((P, 1), F32, "rstd"), sbuf((P, 1), F32, "c")
+    for r0, rs in tiles(rows):
+        nisa.dma_copy(xt[:rs], x[r0:r0 + rs])
+        nisa.dma_copy(gt[:rs], dy[r0:r0 + rs])
+        nisa.activation(tmp[:rs], nl.square, xt[:rs], reduce_op=nl.add, reduce_res=ss[:rs])
+        _rstd(rstd, ss, rs, 1.0 / h, eps)
+        nisa.tensor_scalar(xhat[:rs], xt[:rs], nl.multiply, rstd[:rs])
+        nisa.tensor_tensor(g[:rs], gt[:rs], wt[:rs], nl.multiply)
+        # dw partial sums: acc += dy * xhat
+        nisa.tensor_tensor(tmp[:rs], gt[:rs], xhat[:rs], nl.multiply)
+        nisa.tensor_tensor(acc[:rs], acc[:rs], tmp[:rs], nl.add)
+        # dx = rstd * (g - xhat * mean(g * xhat))
+        nisa.tensor_tensor(tmp[:rs], g[:rs], xhat[:rs], nl.multiply)
+        nisa.tensor_reduce(c[:rs], nl.add, tmp[:rs], axis=1, keepdims=True)
+        nisa.tensor_scalar(tmp[:rs], xhat[:rs], nl.multiply, c[:rs], op1=nl.multiply, operand1=1.0 / h)
+        nisa.tensor_tensor(tmp[:rs], g[:rs], tmp[:rs], nl.subtract)
+        nisa.tensor_scalar(out[:rs], tmp[:rs], nl.multiply, rstd[:rs])
+        nisa.dma_copy(dx[r0:r0 + rs], out[:rs])
+    _rows_sum_to_hbm(dw, acc, h)
+    return dx, dw
+
+
+@jit
+def layer_norm_kernel(x: Any, w: Any, b: Any, eps: float = 1e-5) -> Any:
+    """NKI kernel: ``(x - mean) * rsqrt(var + eps) * w + b`` over the last dim; output in ``x.dtype``."""
+    rows, h = x.shape
+    out = nl.ndarray((rows, h), x.dtype, buffer=nl.shared_hbm, name="out")
+    wt, bt = sbuf((P, h), w.dtype, "w"), sbuf((P, h), b.dtype, "b")
+    nisa.dma_copy(wt, broadcast_row(w, P))
+    nisa.dma_copy(bt, broadcast_row(b, P))
+    nch = -(-h // 512)
+    xt, yt, tmp = sbuf((P, h), x.dtype, "x"), sbuf((P, h), x.dtype, "y"), sbuf((P, h), F32, "xhat_w")
+    stats, mv, rstd = sbuf((P, nch * 6), F32, "bn_stats"), sbuf((P, 2), F32, "mean_var"), sbuf((P, 1), F32, "rstd")
+    for r0, rs in tiles(rows):
+        nisa.dma_copy(xt[:rs], x[r0:r0 + rs])
+        for i, (c0, cs) in enumerate(tiles(h, 512)):
+            nisa.bn_stats(stats[:rs, i * 6:(i + 1) * 6], xt[:rs, c0:c0 + cs])
+        nisa.bn_aggr(mv[:rs], stats[:rs])
+        _rstd(rstd, mv[:, 1:2], rs, 1.0, eps)
+        nisa.tensor_scalar(tmp[:rs], xt[:rs], nl.subtract, mv[:rs, 0:1], op1=nl.multiply, operand1=rstd[:rs])
+        nisa.tensor_tensor(tmp[:rs], tmp[:rs], wt[:rs], nl.multiply)
+        nisa.tensor_tensor(yt[:rs], tmp[:rs], bt[:rs], nl.add)
+        nisa.dma_copy(out[r0:r0 + rs], yt[:rs])
+    return out
+
+
+@jit
+def layer_norm_bwd_kernel(dy: Any, x: Any, w: Any, eps: float = 1e-5) -> Any:
+    """NKI kernel: ``(dx, dw, db)`` of :func:`layer_norm_kernel`."""
+    rows, h = x.shape
+    dx = nl.ndarray((rows, h), x.dtype, buffer=nl.shared_hbm, name="dx")
+    dw = nl.ndarray((h,), w.dtype, buffer=nl.shared_hbm, name="dw")
+    db = nl.ndarray((h,), w.dtype, buffer=nl.shared_hbm, name="db")
+    wt = sbuf((P, h), w.dtype, "w")
+    nisa.dma_copy(wt, broadcast_row(w, P))
+    acc_w, acc_b = sbuf((P, h), F32, "dw_acc"), sbuf((P, h), F32, "db_acc")
+    nisa.memset(acc_w, 0.0)
+    nisa.memset(acc_b, 0.0)
+    nch = -(-h // 512)
+    xt, gt, out = sbuf((P, h), x.dtype, "x"), sbuf((P, h), dy.dtype, "dy"), sbuf((P, h), x.dtype, "dx")
+    xhat, g, tmp = sbuf((P, h), F32, "xhat"), sbuf((P, h), F32, "g"), sbuf((P, h), F32, "tmp")
+    stats, mv, rstd = sbuf((P, nch * 6), F32, "bn_stats"), sbuf((P, 2), F32, "mean_var"), sbuf((P, 1), F32, "rstd")
+    sg, sgx = sbuf((P, 1), F32, "mean_g"), sbuf((P, 1), F32, "mean_g_xhat")
+    for r0, rs in tiles(rows):
+        nisa.dma_copy(xt[:rs], x[r0:r0 + rs])
+        nisa.dma_copy(gt[:rs], dy[r0:r0 + rs])
+        for i, (c0, cs) in enumerate(tiles(h, 512)):
+            nisa.bn_stats(stats[:rs, i * 6:(i + 1) * 6], xt[:rs, c0:c0 + cs])
+        nisa.bn_aggr(mv[:rs], stats[:rs])
+        _rstd(rstd, mv[:, 1:2], rs, 1.0, eps)
+        nisa.tensor_scalar(xhat[:rs], xt[:rs], nl.subtract, mv[:rs, 0:1], op1=nl.multiply, operand1=rstd[:rs])
+        nisa.tensor_tensor(acc_b[:rs], acc_b[:rs], gt[:rs], nl.add)
+        nisa.tensor_tensor(tmp[:rs], gt[:rs], xhat[:rs], nl.multiply)
+        nisa.tensor_tensor(acc_w[:rs], acc_w[:rs], tmp[:rs], nl.add)
+        nisa.tensor_tensor(g[:rs], gt[:rs], wt[:rs], nl.multiply)
+        nisa.tensor_reduce(sg[:rs], nl.add, g[:rs], axis=1, keepdims=True)
+        nisa.tensor_tensor(tmp[:rs], g[:rs], xhat[:rs], nl.multiply)
+        nisa.tensor_reduce(sgx[:rs], nl.add, tmp[:rs], axis=1, keepdims=True)
+        nisa.tensor_scalar(sg[:rs], sg[:rs], nl.multiply, 1.0 / h)
+        nisa.tensor_scalar(sgx[:rs], sgx[:rs], nl.multiply, 1.0 / h)
+        # dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+        nisa.tensor_scalar(tmp[:rs], xhat[:rs], nl.multiply, sgx[:rs], op1=nl.add, operand1=sg[:rs])
+        nisa.tensor_tensor(tmp[:rs], g[:rs], tmp[:rs], nl.subtract)
+        nisa.tensor_scalar(out[:rs], tmp[:rs], nl.multiply, rstd[:rs])
+        nisa.dma_copy(dx[r0:r0 + rs], out[:rs])
+    _rows_sum_to_hbm(dw, acc_w, h)
+    _rows_sum_to_hbm(db, acc_b, h)
+    return dx, dw, db
+
+
+# ------------------------------------------------------------------------------------------- references
+def rms_norm_reference(x: Any, w: Any, eps: float = 1e-6) -> Any:
+    """StableHLO reference: statistics in fp32, result in ``x.dtype``."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    xf = x.astype(jnp.float32)
+    rstd = lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (xf * rstd * w.astype(jnp.float32)).astype(x.dtype)
+
+
+def rms_norm_bwd_reference(dy: Any, x: Any, w: Any, eps: float = 1e-6) -> Any:
+    import jax.numpy as jnp
+    from jax import lax
+
+    xf, gf, wf = x.astype(jnp.float32), dy.astype(jnp.float32), w.astype(jnp.float32)
+    rstd = lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    xhat = xf * rstd
+    g = gf * wf
+    dx = rstd * (g - xhat * jnp.mean(g * xhat, axis=-1, keepdims=True))
+    return dx.astype(x.dtype), jnp.sum(gf * xhat, axis=0).astype(w.dtype)
+
+
+def layer_norm_reference(x: Any, w: Any, b: Any, eps: float = 1e-5) -> Any:
+    import jax.numpy as jnp
+    from jax import lax
+
+    xf = x.astype(jnp.float32)
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
+    y = (xf - mean) * lax.rsqrt(var + eps) * w.astype(jnp.float32) + b.astype(jnp.float32)
+    return y.astype(x.dtype)
+
+
+def layer_norm_bwd_reference(dy: Any, x: Any, w: Any, eps: float = 1e-5) -> Any:
+    import jax.numpy as jnp
+    from jax import lax
+
+    xf, gf, wf = x.astype(jnp.float32), dy.astype(jnp.float32), w.astype(jnp.float32)
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
+    rstd = lax.rsqrt(jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True) + eps)
+    xhat = (xf - mean) * rstd
+    g = gf * wf
+    dx = rstd * (g - jnp.mean(g, -1, keepdims=True) - xhat * jnp.mean(g * xhat, -1, keepdims=True))
+    return dx.astype(x.dtype), jnp.sum(gf * xhat, axis=0).astype(w.dtype), jnp.sum(gf, axis=0).astype(w.dtype)
+
+
+def _rows_ok(x: Any, *vecs: Any) -> bool:
+    return (len(x.shape) == 2 and 0 < x.shape[1] <= MAX_H and dtype_of(x) in ("float32", "bfloat16", "float16")
+            and all(tuple(v.shape) == (x.shape[1],) for v in vecs))
+
+
+def rms_norm_supports(x: Any, w: Any, eps: float = 1e-6) -> bool:
+    """2-D float ``x`` with H <= MAX_H and a 1-D weight of length H."""
+    return _rows_ok(x, w)
+
+
+def rms_norm_bwd_supports(dy: Any, x: Any, w: Any, eps: float = 1e-6) -> bool:
+    return _rows_ok(x, w) and tuple(dy.shape) == tuple(x.shape)
+
+
+def layer_norm_supports(x: Any, w: Any, b: Any, eps: float = 1e-5) -> bool:
+    return _rows_ok(x, w, b)
+
+
+def layer_norm_bwd_supports(dy: Any, x: Any, w: Any, eps: float = 1e-5) -> bool:
+    return _rows_ok(x, w) and tuple(dy.shape) == tuple(x.shape)
