@@ -83,3 +83,70 @@ def _table() -> dict[Any, Callable[..., Any]]:
 def decomposition_table() -> dict[Any, Callable[..., Any]]:
     """The decomposition table given to AOTAutograd (a fresh dict; callers may extend it)."""
     return dict(_table())
+
+
+# A graph traced by AOTAutograd with ``decomposition_table()`` never holds these: torch decomposes them
+# first (the OpInfo sweep saw none of them reach the backend). They stay lowered because
+# ``lowering.lower_graph`` takes any aten graph, e.g. one from ``make_fx`` or ``torch.export`` traced
+# without our table, where they are the op's direct form.
+_WITHOUT_OUR_TABLE = "reached only in aten graphs traced without decomposition_table() (lower_graph on make_fx/export)"
+_INDEX_ADD_REASON = (
+    "reached in aten graphs traced without decomposition_table(); tests/test_lowering_families.py lowers "
+    "it directly to check alpha and duplicate indices"
+)
+
+#: Every overload that is both lowered (lowering/) and decomposed away by ``decomposition_table()``,
+#: with why its lowering is kept. tests/test_registry.py checks that this list is exact.
+LOWERED_AND_DECOMPOSED: dict[Any, str] = {
+    aten._unsafe_view.default: _WITHOUT_OUR_TABLE,
+    aten.all.default: _WITHOUT_OUR_TABLE,
+    aten.all.dim: _WITHOUT_OUR_TABLE,
+    aten.all.dims: _WITHOUT_OUR_TABLE,
+    aten.arange.default: _WITHOUT_OUR_TABLE,
+    aten.arange.start: _WITHOUT_OUR_TABLE,
+    aten.bernoulli.default: _WITHOUT_OUR_TABLE,
+    aten.clamp_max.Tensor: _WITHOUT_OUR_TABLE,
+    aten.clamp_max.default: _WITHOUT_OUR_TABLE,
+    aten.clamp_min.Tensor: _WITHOUT_OUR_TABLE,
+    aten.clamp_min.default: _WITHOUT_OUR_TABLE,
+    aten.detach.default: _WITHOUT_OUR_TABLE,
+    aten.diagonal_copy.default: _WITHOUT_OUR_TABLE,
+    aten.empty_like.default: _WITHOUT_OUR_TABLE,
+    aten.expand_copy.default: _WITHOUT_OUR_TABLE,
+    aten.floor_divide.Scalar: _WITHOUT_OUR_TABLE,
+    aten.floor_divide.default: _WITHOUT_OUR_TABLE,
+    aten.index_add.default: _INDEX_ADD_REASON,
+    aten.index_copy.default: _WITHOUT_OUR_TABLE,
+    aten.index_fill.int_Scalar: _WITHOUT_OUR_TABLE,
+    aten.index_fill.int_Tensor: _WITHOUT_OUR_TABLE,
+    aten.native_dropout_backward.default: _WITHOUT_OUR_TABLE,
+    aten.new_empty.default: _WITHOUT_OUR_TABLE,
+    aten.new_full.default: _WITHOUT_OUR_TABLE,
+    aten.new_ones.default: _WITHOUT_OUR_TABLE,
+    aten.new_zeros.default: _WITHOUT_OUR_TABLE,
+    aten.ones.default: _WITHOUT_OUR_TABLE,
+    aten.ones_like.default: _WITHOUT_OUR_TABLE,
+    aten.rsub.Scalar: _WITHOUT_OUR_TABLE,
+    aten.rsub.Tensor: _WITHOUT_OUR_TABLE,
+    aten.select_scatter.default: _WITHOUT_OUR_TABLE,
+    aten.sgn.default: _WITHOUT_OUR_TABLE,
+    aten.split.Tensor: _WITHOUT_OUR_TABLE,
+    aten.split_with_sizes_copy.default: _WITHOUT_OUR_TABLE,
+    aten.squeeze.default: _WITHOUT_OUR_TABLE,
+    aten.squeeze.dim: _WITHOUT_OUR_TABLE,
+    aten.squeeze_copy.default: _WITHOUT_OUR_TABLE,
+    aten.squeeze_copy.dim: _WITHOUT_OUR_TABLE,
+    aten.squeeze_copy.dims: _WITHOUT_OUR_TABLE,
+    aten.sum.default: _WITHOUT_OUR_TABLE,
+    aten.t.default: _WITHOUT_OUR_TABLE,
+    aten.t_copy.default: _WITHOUT_OUR_TABLE,
+    aten.transpose.int: _WITHOUT_OUR_TABLE,
+    aten.transpose_copy.int: _WITHOUT_OUR_TABLE,
+    aten.true_divide.Scalar: _WITHOUT_OUR_TABLE,
+    aten.true_divide.Tensor: _WITHOUT_OUR_TABLE,
+    aten.unbind.int: _WITHOUT_OUR_TABLE,
+    aten.unsqueeze_copy.default: _WITHOUT_OUR_TABLE,
+    aten.var.dim: _WITHOUT_OUR_TABLE,
+    aten.zeros.default: _WITHOUT_OUR_TABLE,
+    aten.zeros_like.default: _WITHOUT_OUR_TABLE,
+}

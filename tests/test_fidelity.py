@@ -102,10 +102,11 @@ RESTRICTED = [
 
 
 @pytest.fixture
-def cholesky_lowering(monkeypatch):
+def cholesky_lowering():
     """A lowering (as a user extension would register it) that emits XLA CPU's LAPACK custom call."""
-    monkeypatch.setitem(LOWERINGS, torch.ops.fidelity_test.cholesky.default, None)
     register_lowering(torch.ops.fidelity_test.cholesky.default)(lambda a: jnp.linalg.cholesky(a))
+    yield
+    del LOWERINGS[torch.ops.fidelity_test.cholesky.default]  # a second registration would be an error
 
 
 @pytest.mark.parametrize("fn, make_input, reason, tol", RESTRICTED)

@@ -8,6 +8,7 @@ Every select is written so that NaN inputs give NaN, as in eager.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax.numpy as jnp
@@ -35,6 +36,7 @@ def _with_scalar_params(*ops):
     ``register_pointwise``, take no part in type promotion (hardtanh(int tensor, -1.0, 1.0) stays int)."""
 
     def decorate(fn):
+        @functools.wraps(fn)
         def lower(x, *params):
             result = out_dtype()
             compute = jnp.float32 if is_float(result) and jnp.dtype(result).itemsize < 4 else result

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from .registry import Unsupported, register_lowering
+from .registry import Unsupported, register_lowering, register_refusal
 from .scan import associative_scan
 from .semantics import broadcast, convert, is_array, is_float, out_dtype, out_shape
 
@@ -317,6 +317,4 @@ def masked_scatter_backward(grad, mask, sizes):
     return jnp.reshape(out, out_shape())
 
 
-@register_lowering(aten.nonzero, aten.masked_select)
-def data_dependent(*args, **kwargs):
-    raise Unsupported(_DATA_DEPENDENT)
+register_refusal(aten.nonzero.default, aten.masked_select.default, reason=_DATA_DEPENDENT)

@@ -22,7 +22,7 @@ from .. import provenance
 from ..artifact import OutputSpec, TensorSpec
 from ..errors import NeuronUnsupportedOpError, UnsupportedNode
 from ..graph_checks import check_fx_graph, non_aten_reason, unsupported_inputs, unsupported_tensor_kind
-from .registry import _CURRENT, NodeContext, Unsupported, lowering_for
+from .registry import _CURRENT, NodeContext, Unsupported, lowering_for, refusal_for
 from .semantics import jax_dtype, torch_dtype
 
 @dataclass
@@ -166,7 +166,7 @@ class _GraphTracer:
         lowering = lowering_for(node.target)
         if lowering is None:
             is_aten = isinstance(node.target, OpOverload)
-            reason = "no lowering for this op" if is_aten else non_aten_reason(node.target)
+            reason = (refusal_for(node.target) or "no lowering for this op") if is_aten else non_aten_reason(node.target)
             self.fail(node, reason)
             return _meta_structs(node.meta.get("val"))
         token = _CURRENT.set(NodeContext(node, self.target, self.seed_for))

@@ -8,6 +8,7 @@ Outputs that torch returns as None (a False in ``output_mask``) are None.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -58,6 +59,7 @@ def _softmax_parts(x: Any, dim: int) -> tuple[Any, Any, int]:
 def _with_rank(fn):
     """Softmax-family ops accept 0-d tensors (dim 0 or -1) and empty tensors: handle both once."""
 
+    @functools.wraps(fn)
     def lower(x, dim, *args):
         if x.size == 0:
             return jnp.zeros(out_shape(), out_dtype())
@@ -87,6 +89,7 @@ def log_softmax(x, dim, half_to_float=False):
 
 
 def _backward_with_rank(fn):
+    @functools.wraps(fn)
     def lower(grad, output, dim, input_dtype):
         if grad.size == 0:
             return jnp.zeros(out_shape(), out_dtype())

@@ -84,17 +84,32 @@ def _transpose_of(forward: Callable[[Any], Any], grad: Any, x: Any) -> Any:
     return convert(out, out_dtype())
 
 
-for _n in (1, 2, 3):
-    for _name, _edge in (("reflection", _reflect), ("replication", _replicate)):
+@register_lowering(aten.reflection_pad1d.default, aten.reflection_pad2d.default, aten.reflection_pad3d.default)
+def reflection_pad(x, padding):
+    return _pad_with(_reflect, x, padding)
 
-        def _forward(x, padding, _edge=_edge):
-            return _pad_with(_edge, x, padding)
 
-        def _backward(grad, x, padding, _edge=_edge):
-            return _transpose_of(lambda t: _pad_with(_edge, t, padding), grad, x)
+@register_lowering(
+    aten.reflection_pad1d_backward.default,
+    aten.reflection_pad2d_backward.default,
+    aten.reflection_pad3d_backward.default,
+)
+def reflection_pad_backward(grad, x, padding):
+    return _transpose_of(lambda t: _pad_with(_reflect, t, padding), grad, x)
 
-        register_lowering(getattr(aten, f"{_name}_pad{_n}d"))(_forward)
-        register_lowering(getattr(aten, f"{_name}_pad{_n}d_backward"))(_backward)
+
+@register_lowering(aten.replication_pad1d.default, aten.replication_pad2d.default, aten.replication_pad3d.default)
+def replication_pad(x, padding):
+    return _pad_with(_replicate, x, padding)
+
+
+@register_lowering(
+    aten.replication_pad1d_backward.default,
+    aten.replication_pad2d_backward.default,
+    aten.replication_pad3d_backward.default,
+)
+def replication_pad_backward(grad, x, padding):
+    return _transpose_of(lambda t: _pad_with(_replicate, t, padding), grad, x)
 
 
 # ---- upsampling ----------------------------------------------------------------------------------------
@@ -169,50 +184,91 @@ def _split_vec(nd: int, output_size, scale_factors) -> list[float | None]:
     return _spatial_scales(nd, scale_factors if output_size is None else None)
 
 
-def _register_upsample(nd: int) -> None:
-    for name, exact in ((f"upsample_nearest{nd}d", False), (f"_upsample_nearest_exact{nd}d", True)):
-        packet = getattr(aten, name)
-
-        def nearest(x, output_size, *scales, exact=exact, nd=nd):
-            return _nearest(x, out_shape()[-nd:], _spatial_scales(nd, scales or None), exact)
-
-        def nearest_vec(x, output_size, scale_factors, exact=exact, nd=nd):
-            return _nearest(x, out_shape()[-nd:], _split_vec(nd, output_size, scale_factors), exact)
-
-        def nearest_backward(grad, output_size, input_size, *scales, exact=exact, nd=nd):
-            sc = _spatial_scales(nd, scales or None)
-            zeros = jnp.zeros(tuple(input_size), grad.dtype)
-            return _transpose_of(lambda t: _nearest(t, output_size, sc, exact), grad, zeros)
-
-        register_lowering(packet.default)(nearest)
-        register_lowering(packet.vec)(nearest_vec)
-        register_lowering(getattr(aten, f"{name}_backward").default)(nearest_backward)
+def _vec_rank(output_size, scale_factors) -> int:
+    """The number of spatial dims of a ``.vec`` overload's call: one of its two lists is given."""
+    return len(output_size) if output_size is not None else len(scale_factors)
 
 
-for _nd in (1, 2, 3):
-    _register_upsample(_nd)
-
-_LINEAR = {1: "upsample_linear1d", 2: "upsample_bilinear2d", 3: "upsample_trilinear3d"}
-
-
-def _register_linear(nd: int) -> None:
-    packet = getattr(aten, _LINEAR[nd])
-
-    def linear(x, output_size, align_corners, *scales, nd=nd):
-        return _linear(x, out_shape()[-nd:], _spatial_scales(nd, scales or None), align_corners)
-
-    def linear_vec(x, output_size, align_corners, scale_factors, nd=nd):
-        return _linear(x, out_shape()[-nd:], _split_vec(nd, output_size, scale_factors), align_corners)
-
-    def linear_backward(grad, output_size, input_size, align_corners, *scales, nd=nd):
-        sc = _spatial_scales(nd, scales or None)
-        zeros = jnp.zeros(tuple(input_size), grad.dtype)
-        return _transpose_of(lambda t: _linear(t, output_size, sc, align_corners), grad, zeros)
-
-    register_lowering(packet.default)(linear)
-    register_lowering(packet.vec)(linear_vec)
-    register_lowering(getattr(aten, f"{_LINEAR[nd]}_backward").default)(linear_backward)
+def _upsample_nearest(x, output_size, scales, exact: bool) -> Any:
+    nd = len(output_size)
+    return _nearest(x, out_shape()[-nd:], _spatial_scales(nd, scales or None), exact)
 
 
-for _nd in (1, 2, 3):
-    _register_linear(_nd)
+def _upsample_nearest_vec(x, output_size, scale_factors, exact: bool) -> Any:
+    nd = _vec_rank(output_size, scale_factors)
+    return _nearest(x, out_shape()[-nd:], _split_vec(nd, output_size, scale_factors), exact)
+
+
+def _upsample_nearest_backward(grad, output_size, input_size, scales, exact: bool) -> Any:
+    sc = _spatial_scales(len(output_size), scales or None)
+    zeros = jnp.zeros(tuple(input_size), grad.dtype)
+    return _transpose_of(lambda t: _nearest(t, output_size, sc, exact), grad, zeros)
+
+
+@register_lowering(aten.upsample_nearest1d.default, aten.upsample_nearest2d.default, aten.upsample_nearest3d.default)
+def upsample_nearest(x, output_size, *scales):
+    return _upsample_nearest(x, output_size, scales, exact=False)
+
+
+@register_lowering(aten.upsample_nearest1d.vec, aten.upsample_nearest2d.vec, aten.upsample_nearest3d.vec)
+def upsample_nearest_vec(x, output_size, scale_factors):
+    return _upsample_nearest_vec(x, output_size, scale_factors, exact=False)
+
+
+@register_lowering(
+    aten.upsample_nearest1d_backward.default,
+    aten.upsample_nearest2d_backward.default,
+    aten.upsample_nearest3d_backward.default,
+)
+def upsample_nearest_backward(grad, output_size, input_size, *scales):
+    return _upsample_nearest_backward(grad, output_size, input_size, scales, exact=False)
+
+
+@register_lowering(
+    aten._upsample_nearest_exact1d.default,
+    aten._upsample_nearest_exact2d.default,
+    aten._upsample_nearest_exact3d.default,
+)
+def upsample_nearest_exact(x, output_size, *scales):
+    return _upsample_nearest(x, output_size, scales, exact=True)
+
+
+@register_lowering(
+    aten._upsample_nearest_exact1d.vec,
+    aten._upsample_nearest_exact2d.vec,
+    aten._upsample_nearest_exact3d.vec,
+)
+def upsample_nearest_exact_vec(x, output_size, scale_factors):
+    return _upsample_nearest_vec(x, output_size, scale_factors, exact=True)
+
+
+@register_lowering(
+    aten._upsample_nearest_exact1d_backward.default,
+    aten._upsample_nearest_exact2d_backward.default,
+    aten._upsample_nearest_exact3d_backward.default,
+)
+def upsample_nearest_exact_backward(grad, output_size, input_size, *scales):
+    return _upsample_nearest_backward(grad, output_size, input_size, scales, exact=True)
+
+
+@register_lowering(aten.upsample_linear1d.default, aten.upsample_bilinear2d.default, aten.upsample_trilinear3d.default)
+def upsample_linear(x, output_size, align_corners, *scales):
+    nd = len(output_size)
+    return _linear(x, out_shape()[-nd:], _spatial_scales(nd, scales or None), align_corners)
+
+
+@register_lowering(aten.upsample_linear1d.vec, aten.upsample_bilinear2d.vec, aten.upsample_trilinear3d.vec)
+def upsample_linear_vec(x, output_size, align_corners, scale_factors):
+    nd = _vec_rank(output_size, scale_factors)
+    return _linear(x, out_shape()[-nd:], _split_vec(nd, output_size, scale_factors), align_corners)
+
+
+@register_lowering(
+    aten.upsample_linear1d_backward.default,
+    aten.upsample_bilinear2d_backward.default,
+    aten.upsample_trilinear3d_backward.default,
+)
+def upsample_linear_backward(grad, output_size, input_size, align_corners, *scales):
+    sc = _spatial_scales(len(output_size), scales or None)
+    zeros = jnp.zeros(tuple(input_size), grad.dtype)
+    return _transpose_of(lambda t: _linear(t, output_size, sc, align_corners), grad, zeros)

@@ -132,7 +132,7 @@ def neg(a):
 
 
 @register_pointwise(aten.abs)
-def abs_(a):
+def absolute(a):
     return lax.abs(a) if a.dtype != jnp.bool_ else a
 
 
@@ -210,7 +210,7 @@ _POW_SPECIAL = {
 
 
 @register_lowering(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
-def pow_(a, b):
+def power(a, b):
     if is_array(a) and not is_array(b) and not isinstance(b, bool) and b in _POW_SPECIAL:
         _, result = promote_types([a, b], Promotion.DEFAULT)
         if is_float(result):
@@ -219,15 +219,34 @@ def pow_(a, b):
 
 
 # ---- comparisons and logic --------------------------------------------------------------------------
-for _op, _compare in [
-    (aten.eq, lax.eq),
-    (aten.ne, lax.ne),
-    (aten.lt, lax.lt),
-    (aten.le, lax.le),
-    (aten.gt, lax.gt),
-    (aten.ge, lax.ge),
-]:
-    register_pointwise(_op.Tensor, _op.Scalar, promotion=BOOL)(_compare)
+@register_pointwise(aten.eq.Tensor, aten.eq.Scalar, promotion=BOOL)
+def eq(a, b):
+    return lax.eq(a, b)
+
+
+@register_pointwise(aten.ne.Tensor, aten.ne.Scalar, promotion=BOOL)
+def ne(a, b):
+    return lax.ne(a, b)
+
+
+@register_pointwise(aten.lt.Tensor, aten.lt.Scalar, promotion=BOOL)
+def lt(a, b):
+    return lax.lt(a, b)
+
+
+@register_pointwise(aten.le.Tensor, aten.le.Scalar, promotion=BOOL)
+def le(a, b):
+    return lax.le(a, b)
+
+
+@register_pointwise(aten.gt.Tensor, aten.gt.Scalar, promotion=BOOL)
+def gt(a, b):
+    return lax.gt(a, b)
+
+
+@register_pointwise(aten.ge.Tensor, aten.ge.Scalar, promotion=BOOL)
+def ge(a, b):
+    return lax.ge(a, b)
 
 
 def _as_bool(x):
@@ -306,41 +325,141 @@ def _erfinv(x):
     return lax.select(jnp.isfinite(y), lax.sub(y, lax.div(residual, slope)), y)
 
 
-def _unary(op, fn):
-    register_pointwise(op, promotion=INT_TO_FLOAT)(fn)
+@register_pointwise(aten.exp, promotion=INT_TO_FLOAT)
+def exp(a):
+    return lax.exp(a)
 
 
-for _op, _fn in [
-    (aten.exp, lax.exp),
-    (aten.exp2, lambda a: lax.exp2(a)),
-    (aten.expm1, lax.expm1),
-    (aten.log, lax.log),
+@register_pointwise(aten.exp2, promotion=INT_TO_FLOAT)
+def exp2(a):
+    return lax.exp2(a)
+
+
+@register_pointwise(aten.expm1, promotion=INT_TO_FLOAT)
+def expm1(a):
+    return lax.expm1(a)
+
+
+@register_pointwise(aten.log, promotion=INT_TO_FLOAT)
+def log(a):
+    return lax.log(a)
+
+
+@register_pointwise(aten.log2, promotion=INT_TO_FLOAT)
+def log2(a):
     # math.log, not jnp.log: a jnp constant would be traced as a float64 op under x64.
-    (aten.log2, lambda a: lax.div(lax.log(a), jnp.asarray(math.log(2.0), a.dtype))),
-    (aten.log10, lambda a: lax.div(lax.log(a), jnp.asarray(math.log(10.0), a.dtype))),
-    (aten.log1p, lax.log1p),
-    (aten.sqrt, lax.sqrt),
-    (aten.rsqrt, lax.rsqrt),
-    (aten.sin, lax.sin),
-    (aten.cos, lax.cos),
-    (aten.tan, lax.tan),
-    (aten.asin, lax.asin),
-    (aten.acos, lax.acos),
-    (aten.atan, lax.atan),
-    (aten.sinh, lax.sinh),
-    (aten.cosh, lax.cosh),
-    (aten.tanh, lax.tanh),
-    (aten.asinh, lax.asinh),
-    (aten.acosh, lax.acosh),
-    (aten.atanh, lax.atanh),
-    (aten.sigmoid, lax.logistic),
-    (aten.erf, device_calls.erf),  # AwsNeuronErf on the device: older neuronx-cc rejected HLO erf
-    (aten.erfc, lax.erfc),
-    (aten.erfinv, _erfinv),
-    (aten.lgamma, lax.lgamma),
-    (aten.digamma, _digamma),
-]:
-    _unary(_op, _fn)
+    return lax.div(lax.log(a), jnp.asarray(math.log(2.0), a.dtype))
+
+
+@register_pointwise(aten.log10, promotion=INT_TO_FLOAT)
+def log10(a):
+    return lax.div(lax.log(a), jnp.asarray(math.log(10.0), a.dtype))
+
+
+@register_pointwise(aten.log1p, promotion=INT_TO_FLOAT)
+def log1p(a):
+    return lax.log1p(a)
+
+
+@register_pointwise(aten.sqrt, promotion=INT_TO_FLOAT)
+def sqrt(a):
+    return lax.sqrt(a)
+
+
+@register_pointwise(aten.rsqrt, promotion=INT_TO_FLOAT)
+def rsqrt(a):
+    return lax.rsqrt(a)
+
+
+@register_pointwise(aten.sin, promotion=INT_TO_FLOAT)
+def sin(a):
+    return lax.sin(a)
+
+
+@register_pointwise(aten.cos, promotion=INT_TO_FLOAT)
+def cos(a):
+    return lax.cos(a)
+
+
+@register_pointwise(aten.tan, promotion=INT_TO_FLOAT)
+def tan(a):
+    return lax.tan(a)
+
+
+@register_pointwise(aten.asin, promotion=INT_TO_FLOAT)
+def asin(a):
+    return lax.asin(a)
+
+
+@register_pointwise(aten.acos, promotion=INT_TO_FLOAT)
+def acos(a):
+    return lax.acos(a)
+
+
+@register_pointwise(aten.atan, promotion=INT_TO_FLOAT)
+def atan(a):
+    return lax.atan(a)
+
+
+@register_pointwise(aten.sinh, promotion=INT_TO_FLOAT)
+def sinh(a):
+    return lax.sinh(a)
+
+
+@register_pointwise(aten.cosh, promotion=INT_TO_FLOAT)
+def cosh(a):
+    return lax.cosh(a)
+
+
+@register_pointwise(aten.tanh, promotion=INT_TO_FLOAT)
+def tanh(a):
+    return lax.tanh(a)
+
+
+@register_pointwise(aten.asinh, promotion=INT_TO_FLOAT)
+def asinh(a):
+    return lax.asinh(a)
+
+
+@register_pointwise(aten.acosh, promotion=INT_TO_FLOAT)
+def acosh(a):
+    return lax.acosh(a)
+
+
+@register_pointwise(aten.atanh, promotion=INT_TO_FLOAT)
+def atanh(a):
+    return lax.atanh(a)
+
+
+@register_pointwise(aten.sigmoid, promotion=INT_TO_FLOAT)
+def sigmoid(a):
+    return lax.logistic(a)
+
+
+@register_pointwise(aten.erf, promotion=INT_TO_FLOAT)
+def erf(a):
+    # AwsNeuronErf on the device: older neuronx-cc rejected HLO erf.
+    return device_calls.erf(a)
+
+
+@register_pointwise(aten.erfc, promotion=INT_TO_FLOAT)
+def erfc(a):
+    return lax.erfc(a)
+
+
+@register_pointwise(aten.erfinv, promotion=INT_TO_FLOAT)
+def erfinv(a):
+    return _erfinv(a)
+
+
+@register_pointwise(aten.lgamma, promotion=INT_TO_FLOAT)
+def lgamma(a):
+    return lax.lgamma(a)
+
+
+@register_pointwise(aten.digamma, promotion=INT_TO_FLOAT)
+def digamma(a):
+    return _digamma(a)
 
 
 @register_lowering(aten.polygamma)
@@ -394,7 +513,7 @@ def trunc(a):
 
 
 @register_pointwise(aten.round.default)
-def round_(a):
+def round_half_even(a):
     # torch rounds half to even, like lax's TO_NEAREST_EVEN.
     return lax.round(a, lax.RoundingMethod.TO_NEAREST_EVEN) if is_float(a.dtype) else a
 
@@ -406,8 +525,8 @@ def round_decimals(a, *, decimals=0):
     # Eager's kernel: nearbyint(a * 10**d) / 10**d, or nearbyint(a / 10**-d) * 10**-d for d < 0.
     scale = jnp.asarray(10.0 ** abs(decimals), a.dtype)
     if decimals < 0:
-        return lax.mul(round_(lax.div(a, scale)), scale)
-    return lax.div(round_(lax.mul(a, scale)), scale)
+        return lax.mul(round_half_even(lax.div(a, scale)), scale)
+    return lax.div(round_half_even(lax.mul(a, scale)), scale)
 
 
 @register_lowering(aten.where.self)

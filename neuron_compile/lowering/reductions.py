@@ -33,7 +33,7 @@ def _acc_dtype(dtype):
 
 
 @register_lowering(aten.sum.dim_IntList, aten.sum.default)
-def sum_(x, dim=None, keepdim=False, *, dtype=None):
+def reduce_sum(x, dim=None, keepdim=False, *, dtype=None):
     result = out_dtype()
     acc = _acc_dtype(result)
     return convert(jnp.sum(convert(x, acc), axis=_axes(x, dim), keepdims=keepdim), result)
@@ -128,10 +128,10 @@ def var_mean(x, dim=None, *, correction=None, keepdim=False):
 
 
 @register_lowering(aten.any.dim, aten.any.default, aten.any.dims)
-def any_(x, dim=None, keepdim=False):
+def reduce_any(x, dim=None, keepdim=False):
     return jnp.any(x != 0 if x.dtype != jnp.bool_ else x, axis=_axes(x, dim), keepdims=keepdim)
 
 
 @register_lowering(aten.all.dim, aten.all.default, aten.all.dims)
-def all_(x, dim=None, keepdim=False):
+def reduce_all(x, dim=None, keepdim=False):
     return jnp.all(x != 0 if x.dtype != jnp.bool_ else x, axis=_axes(x, dim), keepdims=keepdim)

@@ -3,13 +3,20 @@
 A lowering is a plain function from jax values (for tensor arguments) and Python values (for the rest)
 to jax values, registered for one or more aten overloads by decorator. Torch semantics shared by many
 ops (type promotion, broadcasting, the float64 policy) live in ``semantics.py``, not in the lowerings.
+
+Every entry is what it says: a lowering is registered under its own name in its family file (so
+``LOWERINGS[op].__qualname__`` and ``lowered_in(op)`` say where it is), ``out=`` and in-place variants are
+filtered by their schema, ops that are always refused live in ``REFUSALS`` with the reason, and an
+overload registered twice is an error at import.
 """
 
 from __future__ import annotations
 
 import contextvars
+import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from pathlib import Path
+from typing import Any, Callable
 
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
@@ -18,6 +25,10 @@ LoweringFn = Callable[..., Any]
 
 #: aten overload -> lowering function. Read it through ``supported_ops()``.
 LOWERINGS: dict[OpOverload, LoweringFn] = {}
+
+#: aten overload -> why it is always refused (e.g. a data-dependent output shape). Not lowered, not in
+#: ``supported_ops()``; the interpreter's unsupported-op error gives the reason.
+REFUSALS: dict[OpOverload, str] = {}
 
 
 class Unsupported(Exception):
@@ -61,33 +72,98 @@ def current() -> NodeContext:
     return ctx
 
 
-def _overloads(op: OpOverload | OpOverloadPacket) -> Iterable[OpOverload]:
+def _is_out(overload: OpOverload) -> bool:
+    """An ``out=`` variant: it writes into a caller's buffer, which a functional graph never has."""
+    return any(arg.is_out for arg in overload._schema.arguments)
+
+
+def _is_inplace(overload: OpOverload) -> bool:
+    # torch's naming rule for in-place variants (add_, relu_, __iand__ but not __and__); functionalization
+    # removes them from the graphs we get.
+    name = overload._schema.name.split("::")[-1]
+    return (name.endswith("_") and not name.endswith("__")) or (name.startswith("__i") and name.endswith("__"))
+
+
+def _overloads(op: OpOverload | OpOverloadPacket) -> list[OpOverload]:
+    """The overloads ``op`` stands for: itself, or every functional overload of a packet."""
     if isinstance(op, OpOverload):
+        if _is_out(op) or _is_inplace(op):
+            raise TypeError(f"{op} is an out= or in-place overload: register its functional overload instead")
         return [op]
-    # A packet stands for its functional overloads; out= variants write into a buffer we do not own.
-    return [
-        getattr(op, name)
-        for name in op.overloads()
-        if not name.startswith("out") and not name.endswith("_out") and "out" not in name.split("_")
-    ]
+    overloads = [getattr(op, name) for name in op.overloads()]
+    return [o for o in overloads if not _is_out(o) and not _is_inplace(o)]
+
+
+def _claim(overload: OpOverload, what: str) -> None:
+    """Refuse a second registration of ``overload``: the later one would silently replace the first."""
+    if overload in LOWERINGS:
+        first = f"lowering {_describe(LOWERINGS[overload])}"
+    elif overload in REFUSALS:
+        first = f"refusal {REFUSALS[overload]!r}"
+    else:
+        return
+    raise ValueError(f"{overload} is registered twice: as {first} and as {what}")
+
+
+def _describe(fn: LoweringFn) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
 def register_lowering(*ops: OpOverload | OpOverloadPacket) -> Callable[[LoweringFn], LoweringFn]:
-    """Register ``fn`` as the lowering of every given overload (a packet means all its overloads)."""
+    """Register ``fn`` as the lowering of every given overload (a packet means all its functional
+    overloads: ``out=`` and in-place variants are never lowered). Registering an overload twice raises."""
 
     def decorate(fn: LoweringFn) -> LoweringFn:
         for op in ops:
             for overload in _overloads(op):
+                _claim(overload, f"lowering {_describe(fn)}")
                 LOWERINGS[overload] = fn
         return fn
 
     return decorate
 
 
+def register_refusal(*ops: OpOverload | OpOverloadPacket, reason: str) -> None:
+    """Record that every given overload is always refused, and why (the reason is the user's error).
+
+    A refused op is not lowered: ``supported_ops()`` and docs/ops.md list it as unsupported with ``reason``.
+    """
+    for op in ops:
+        for overload in _overloads(op):
+            _claim(overload, f"refusal {reason!r}")
+            REFUSALS[overload] = reason
+
+
+#: ``_c10d_functional`` collective -> its lowering (neuron target; lowering/collectives.py). Not aten ops: kept
+#: out of LOWERINGS, ``supported_ops()`` and docs/ops.md, which list the aten op set.
+COLLECTIVE_LOWERINGS: dict[OpOverload, LoweringFn] = {}
+
+
 def lowering_for(op: Any) -> LoweringFn | None:
-    return LOWERINGS.get(op) if isinstance(op, OpOverload) else None
+    if not isinstance(op, OpOverload):
+        return None
+    return LOWERINGS.get(op) or COLLECTIVE_LOWERINGS.get(op)
+
+
+def refusal_for(op: Any) -> str | None:
+    """Why ``op`` is always refused, or None if it is not in the table of refusals."""
+    return REFUSALS.get(op) if isinstance(op, OpOverload) else None
+
+
+def lowered_in(op: OpOverload) -> str:
+    """Where ``op``'s lowering is defined, as ``lowering/<family>.py:<line>`` (relative to the package)."""
+    fn = inspect.unwrap(LOWERINGS[op])
+    path = Path(inspect.getsourcefile(fn) or "?")
+    line = inspect.getsourcelines(fn)[1]
+    package = Path(__file__).resolve().parent.parent
+    try:
+        path = path.resolve().relative_to(package)
+    except ValueError:
+        pass
+    return f"{path.as_posix()}:{line}"
 
 
 def supported_ops() -> list[str]:
-    """Names of every aten overload the backend lowers, sorted (e.g. ``'aten.add.Tensor'``)."""
+    """Names of every aten overload the backend lowers, sorted (e.g. ``'aten.add.Tensor'``).
+    Refused ops (``REFUSALS``) are not in it."""
     return sorted(str(op) for op in LOWERINGS)

@@ -6,6 +6,7 @@ with jax x64 enabled); complex, quantized and float8 variants the device lacks a
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Sequence
 
 import jax.numpy as jnp
@@ -145,7 +146,8 @@ def register_pointwise(
     """Register an elementwise lowering written for same-dtype, same-shape jax arrays (see ``pointwise``)."""
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        register_lowering(*ops)(pointwise(fn, promotion, compute_in_result))
+        # Registered under fn's own name and module, so the registry says where the lowering is.
+        register_lowering(*ops)(functools.wraps(fn)(pointwise(fn, promotion, compute_in_result)))
         return fn
 
     return decorate

@@ -76,7 +76,7 @@ def squeeze(x, dim=None):
 
 
 @register_lowering(aten.slice.Tensor, aten.slice_copy.Tensor)
-def slice_(x, dim=0, start=None, end=None, step=1):
+def slice_dim(x, dim=0, start=None, end=None, step=1):
     d = _dim(dim, x.ndim)
     size = x.shape[d]
     start, stop, step = slice(start, end, step).indices(size)

@@ -1,0 +1,170 @@
+"""The op registry tells the truth: every lowered overload names its lowering and where it is defined,
+no ``out=``/in-place variant and no always-refused op counts as supported, a second registration is an
+error, and every overload that is both lowered and decomposed away is listed with the reason."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from neuron_compile import decompositions
+from neuron_compile.errors import NeuronUnsupportedOpError
+from neuron_compile.lowering import lower_graph, registry
+from neuron_compile.lowering.registry import LOWERINGS, REFUSALS, register_lowering, register_refusal, supported_ops
+
+LOWERING_DIR = Path(registry.__file__).resolve().parent
+_ops = {str(op): op for op in LOWERINGS}
+
+
+def _where(op_name: str) -> str:
+    """Why ``op_name``'s registered function does not name a function of its family file, or ''."""
+    fn = LOWERINGS[_ops[op_name]]
+    real = inspect.unwrap(fn)
+    source = Path(inspect.getsourcefile(real) or "").resolve()
+    if source.parent != LOWERING_DIR or source.name in ("registry.py", "semantics.py"):
+        return f"defined in {source}, not in a family file of {LOWERING_DIR}"
+    if "<" in fn.__qualname__:
+        return f"registered as {fn.__module__}.{fn.__qualname__}, a nameless function"
+    module = sys.modules[fn.__module__]
+    if Path(module.__file__).resolve() != source:
+        return f"__module__ {fn.__module__} is not the file that defines it ({source.name})"
+    named = getattr(module, fn.__qualname__, None)
+    if named is None or inspect.unwrap(named) is not real:
+        return f"{fn.__module__}.{fn.__qualname__} is not the registered function"
+    return ""
+
+
+def test_every_supported_op_names_its_lowering_in_its_family_file() -> None:
+    wrong = {name: why for name in supported_ops() if (why := _where(name))}
+    assert not wrong, "\n".join(f"{name}: {why}" for name, why in sorted(wrong.items()))
+
+
+def test_registrations_can_be_found_by_grepping_the_op_name() -> None:
+    """No registration through f-strings, getattr or loops over tables: the op is written out."""
+    missing = []
+    for name, op in _ops.items():
+        source = Path(inspect.getsourcefile(inspect.unwrap(LOWERINGS[op]))).read_text()
+        packet, overload = op._schema.name.split("::")[-1], op._overloadname
+        written = re.search(rf"aten\.{re.escape(packet)}(\.{re.escape(overload)})?\b(?!\.)", source)
+        written = written or f"aten.{packet}.{overload}" in source
+        if not written:
+            missing.append(f"{name}: neither aten.{packet}.{overload} nor aten.{packet} appears in {Path(source).name}")
+    assert not missing, "\n".join(missing)
+
+
+def test_no_out_or_inplace_overload_is_lowered() -> None:
+    bad = [str(op) for op in LOWERINGS if registry._is_out(op) or registry._is_inplace(op)]
+    assert not bad, f"out=/in-place overloads registered as lowerings: {bad}"
+
+
+def test_lowering_names_do_not_look_in_place() -> None:
+    # A trailing underscore means in-place in torch (abs_, sum_); no lowering is.
+    bad = sorted({f"{fn.__module__}.{fn.__qualname__}" for fn in LOWERINGS.values() if fn.__name__.endswith("_")})
+    assert not bad, f"lowerings named like in-place ops: {bad}"
+
+
+def test_refused_ops_are_not_supported() -> None:
+    refused = {str(op) for op in REFUSALS}
+    assert {"aten.nonzero.default", "aten.masked_select.default"} <= refused
+    assert not refused & set(supported_ops())
+    assert all(reason.strip() for reason in REFUSALS.values())
+
+
+def test_packet_registration_skips_out_and_inplace_variants() -> None:
+    overloads = registry._overloads(torch.ops.aten.topk)
+    assert [str(o) for o in overloads] == ["aten.topk.default"]
+    with pytest.raises(TypeError, match="aten.topk.values"):
+        registry._overloads(torch.ops.aten.topk.values)
+    with pytest.raises(TypeError, match="aten.relu_.default"):
+        registry._overloads(torch.ops.aten.relu_.default)
+    assert registry._overloads(torch.ops.aten.__and__.Tensor) == [torch.ops.aten.__and__.Tensor]
+
+
+@pytest.fixture
+def test_op():
+    """A fresh custom op per test, so registrations made here never leak into the real registry."""
+    name = f"t{test_op.count}"
+    test_op.count += 1
+    lib = torch.library.Library("registry_test", "FRAGMENT")
+    lib.define(f"{name}(Tensor x) -> Tensor")
+    lib.impl(name, lambda x: x.clone(), "CompositeExplicitAutograd")
+    lib.impl(name, lambda x: torch.empty_like(x), "Meta")
+    op = getattr(torch.ops.registry_test, name).default
+    yield op
+    LOWERINGS.pop(op, None)
+    REFUSALS.pop(op, None)
+    lib._destroy()
+
+
+test_op.count = 0
+
+
+def first(x):
+    return x
+
+
+def second(x):
+    return x
+
+
+def test_duplicate_registration_raises_naming_both(test_op) -> None:
+    register_lowering(test_op)(first)
+    with pytest.raises(ValueError, match=r"registered twice.*test_registry\.first.*test_registry\.second"):
+        register_lowering(test_op)(second)
+    assert LOWERINGS[test_op] is first
+    with pytest.raises(ValueError, match=r"registered twice.*first.*refusal 'no'"):
+        register_refusal(test_op, reason="no")
+
+
+def test_refusal_then_lowering_raises(test_op) -> None:
+    register_refusal(test_op, reason="never")
+    with pytest.raises(ValueError, match=r"registered twice: as refusal 'never' and as lowering .*second"):
+        register_lowering(test_op)(second)
+
+
+def test_refusal_reason_is_the_unsupported_error(test_op) -> None:
+    register_refusal(test_op, reason="refused for a test: use torch.where instead")
+    assert str(test_op) not in supported_ops()
+    gm = make_fx(lambda x: (test_op(x),), tracing_mode="fake")(torch.ones(3))
+    with pytest.raises(NeuronUnsupportedOpError) as info:
+        lower_graph(gm, [torch.ones(3)], "refusal_test")
+    message = str(info.value)
+    assert f"{test_op.name()}" in message.replace("::", ".") or str(test_op) in message, message
+    assert "refused for a test: use torch.where instead" in message, message
+    assert "no lowering for this op" not in message, message
+
+
+def test_nonzero_refusal_reason_reaches_the_user() -> None:
+    reason = REFUSALS[torch.ops.aten.nonzero.default]
+    gm = make_fx(lambda x: (torch.ops.aten.nonzero.default(x),))(torch.tensor([0.0, 1.0, 2.0]))
+    with pytest.raises(NeuronUnsupportedOpError, match=re.escape(reason)):
+        lower_graph(gm, [torch.tensor([0.0, 1.0, 2.0])], "nonzero_test")
+
+
+def test_lowered_in_points_at_the_def_line() -> None:
+    for name in ("aten.relu.default", "aten.exp.default", "aten.reflection_pad2d.default", "aten.sum.dim_IntList"):
+        where = registry.lowered_in(_ops[name])
+        path, line = where.rsplit(":", 1)
+        assert path.startswith("lowering/") and path.endswith(".py"), where
+        lines = (LOWERING_DIR.parent / path).read_text().splitlines()[int(line) - 1 :]
+        fn = inspect.unwrap(LOWERINGS[_ops[name]])
+        # The line of the def, or of the first of its decorators (usually the registration).
+        decorators = next(i for i, text in enumerate(lines) if text.startswith("def "))
+        assert lines[decorators].startswith(f"def {fn.__name__}("), f"{name}: {where} is {lines[0]!r}"
+        assert all(text.startswith(("@", " ", ")")) for text in lines[:decorators]), f"{name}: {where}"
+
+
+def test_lowered_and_decomposed_overlap_is_listed_exactly() -> None:
+    """An overload in both tables is only reached where our decompositions do not run: say where."""
+    table = decompositions.decomposition_table()
+    overlap = {str(op) for op in LOWERINGS if op in table}
+    listed = {str(op) for op in decompositions.LOWERED_AND_DECOMPOSED}
+    assert overlap - listed == set(), f"lowered and decomposed, not explained: {sorted(overlap - listed)}"
+    assert listed - overlap == set(), f"listed but no longer in both tables: {sorted(listed - overlap)}"
+    assert all(reason.strip() for reason in decompositions.LOWERED_AND_DECOMPOSED.values())
