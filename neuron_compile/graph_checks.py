@@ -149,19 +149,39 @@ def unsupported_tensor_kind(t: torch.Tensor) -> str | None:
     return None
 
 
+#: Devices whose tensors the backend takes: CPU tensors run; meta tensors give meta outputs (shapes only).
+INPUT_DEVICES = ("cpu", "meta")
+
+
+def unsupported_device(t: torch.Tensor) -> str | None:
+    """Why a graph input on ``t.device`` cannot be run, with what to do, or None."""
+    if t.device.type in INPUT_DEVICES:
+        return None
+    return (
+        f"tensor on device '{t.device}': the neuron backend takes CPU tensors (it moves data to the "
+        f"NeuronCore itself; the cpu target runs on XLA CPU) or meta tensors (shapes only); move the "
+        f"model and inputs to CPU with .cpu() / .to('cpu')"
+    )
+
+
 def unsupported_inputs(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> list[UnsupportedNode]:
-    """Every graph input of a kind the device cannot take, named with the user line of its first use."""
+    """Every graph input of a kind or on a device the backend cannot take, named with the user line of
+    its first use."""
     bad = []
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node, value in zip(placeholders, example_inputs):
-        problem = unsupported_tensor_kind(value) if isinstance(value, torch.Tensor) else None
+        if not isinstance(value, torch.Tensor):
+            continue
+        kind = unsupported_tensor_kind(value)
+        problem = f"unsupported tensor kind: {kind}" if kind else unsupported_device(value)
         if problem:
+            shape = "" if getattr(value, "is_nested", False) else list(value.shape)
             bad.append(
                 UnsupportedNode(
                     op=f"input '{node.name}'",
-                    inputs=f"{type(value).__name__} {value.dtype}",
+                    inputs=f"{type(value).__name__} {value.dtype}{shape} on {value.device}",
                     source=provenance.user_source(next(iter(node.users), node)),
-                    reason=f"unsupported tensor kind: {problem}",
+                    reason=problem,
                 )
             )
     return bad

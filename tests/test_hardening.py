@@ -3,8 +3,8 @@ backend cannot run fail loudly, and debug dumps are written on a warm cache."""
 
 from __future__ import annotations
 
-import os
 import pathlib
+import warnings
 from typing import Any, Callable
 
 import pytest
@@ -309,3 +309,109 @@ def test_in_range_float_to_int_casts_are_exact(src: torch.dtype, dtype: torch.dt
     x = torch.tensor([lo + 0.0, lo + 0.75, -0.5 if lo else 0.5, 0.0, 1.5, 99.9, 100.0], dtype=src)
     got = _compile(lambda t: t.to(dtype))(x)
     assert got.dtype == dtype and torch.equal(got, x.to(dtype)), (src, dtype, got, x.to(dtype))
+
+
+# -- item 4: tensor kinds Dynamo keeps to itself, and what the backend does if handed one -------------
+def _qint8() -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch: quantized tensor creation is deprecated
+        return torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8)
+
+
+def _strided_nested() -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch: strided nested tensors are a prototype
+        return torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)])
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    return t.to_padded_tensor(0.0) if t.is_nested else t
+
+
+KIND_CASES = [
+    pytest.param(_qint8, lambda t: t.dequantize() * 2, "(?i)quantized", id="qint8"),
+    pytest.param(_strided_nested, lambda t: t * 2, "(?i)strided NestedTensor", id="strided-nested"),
+]
+
+
+@pytest.mark.parametrize("make, fn, reason", KIND_CASES)
+def test_dynamo_never_hands_these_kinds_to_the_backend(make: Callable, fn: Fn, reason: str) -> None:
+    # What README says: Dynamo runs such a frame in eager itself (the backend is never called, so it
+    # cannot refuse or warn); fullgraph=True turns that into Dynamo's error naming the kind.
+    x = make()
+    neuron_compile.STATS.reset()
+    out = _compile(fn)(x)
+    ref = fn(x)
+    assert torch.equal(_dense(out), _dense(ref))
+    assert neuron_compile.STATS.count() == 0, "Dynamo handed the frame to the backend: update README and test"
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match=reason):
+        torch.compile(fn, backend="neuron", dynamic=False, fullgraph=True)(x)
+
+
+def _fx_graph(n_inputs: int) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    xs = [graph.placeholder(f"x{i}") for i in range(n_inputs)]
+    graph.output(tuple(xs))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (_qint8, "quantized tensor"),
+        (_strided_nested, "nested tensor"),
+        (lambda: torch.randn(3, dtype=torch.complex64), "complex dtype"),
+    ],
+    ids=["qint8", "strided-nested", "complex"],
+)
+def test_backend_refuses_these_kinds_when_handed_them(make: Callable, reason: str) -> None:
+    from neuron_compile.backend import neuron_backend
+
+    with pytest.raises(NeuronUnsupportedOpError, match=reason):
+        neuron_backend(_fx_graph(1), [make()])
+
+
+# -- item 5: meta and other devices --------------------------------------------------------------------
+def _meta_fn(x, w):
+    y = F.conv2d(x, w, padding=1)
+    return y, y.sum(dim=(2, 3)), (x * 2).transpose(1, 3)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["forward", "training"])
+def test_meta_inputs_give_meta_outputs_like_eager(requires_grad: bool) -> None:
+    x = torch.empty(2, 3, 5, 4, device="meta").to(memory_format=torch.channels_last).requires_grad_(requires_grad)
+    w = torch.empty(4, 3, 3, 3, device="meta").requires_grad_(requires_grad)
+    eager, compiled = _meta_fn(x, w), _compile(_meta_fn)(x, w)
+    for e, c in zip(eager, compiled):
+        assert c.is_meta and (c.shape, c.dtype, c.stride()) == (e.shape, e.dtype, e.stride())
+    if requires_grad:
+        sum(o.sum() for o in compiled).backward()
+        assert x.grad is not None and x.grad.is_meta and x.grad.shape == x.shape
+
+
+def test_non_cpu_device_is_a_clear_error() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from neuron_compile.backend import neuron_backend
+
+    with FakeTensorMode():  # a CUDA tensor's metadata, without CUDA
+        x = torch.empty(3, 2, device="cuda")
+    with pytest.raises(NeuronUnsupportedOpError) as info:
+        neuron_backend(_fx_graph(1), [x])
+    msg = str(info.value)
+    assert "cuda:0" in msg and "float32[3, 2]" in msg and ".cpu()" in msg, msg
+
+
+# -- item 9: debug dumps on a warm cache ---------------------------------------------------------------
+def test_debug_dump_is_written_on_a_warm_cache(tmp_path: pathlib.Path) -> None:
+    fn, x = (lambda t: t.sin() * 2), torch.randn(5)
+    cache = tmp_path / "cache"
+    _compile(fn, cache_dir=str(cache))(x)  # warms the cache
+    torch._dynamo.reset()
+    neuron_compile.STATS.reset()
+    debug = tmp_path / "debug"
+    out = _compile(fn, cache_dir=str(cache), debug_dir=str(debug))(x)
+    torch.testing.assert_close(out, fn(x))
+    dumps = sorted(p.name for p in debug.rglob("*") if p.is_file())
+    assert {"fx_graph.py", "stablehlo.mlir", "timings.json"} <= set(dumps), dumps
