@@ -380,3 +380,19 @@ def test_shape_only_infers_outputs_without_data():
 def test_lists_are_rejected_as_kernel_arguments():
     with pytest.raises(nki.NkiError, match="tuples, not lists"):
         nki.simulate(copy_through_sbuf)([rand(2, 2)])
+
+
+def test_sub_kernel_is_inlined_into_the_calling_kernel():
+    @nki.jit
+    def inner(x):
+        return nl.copy(nl.exp(nl.load(x)))
+
+    @nki.jit
+    def outer(x):
+        out = _out_like(x)
+        nl.store(out, inner(x))  # returns an SBUF tile: legal only because it is inlined
+        return out
+
+    x = rand(16, 8)
+    np.testing.assert_allclose(outer(x), np.exp(x), rtol=1e-6)
+    assert nki.last_run_stats().instructions() == {"tensor": 0, "vector": 1, "scalar": 1, "gpsimd": 0, "dma": 2}

@@ -33,6 +33,7 @@ from .core import (
     Run,
     RunStats,
     dtype_name,
+    in_kernel,
     last_run_stats,
     np_dtype,
     pop_run,
@@ -75,6 +76,10 @@ class Kernel:
         return Kernel(self.fn, tuple(int(g) for g in grid), **self.options)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if in_kernel():  # a sub-kernel called from a kernel is inlined, as NKI does
+            return self.fn(*args, **kwargs)
+        if any(_is_data_free(a) for a in (*args, *kwargs.values())):
+            return _data_free_outputs(self, args, kwargs)
         return simulate(self)(*args, **kwargs)
 
     def __repr__(self) -> str:
@@ -96,6 +101,33 @@ def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
 # ------------------------------------------------------------------------------------------- conversions
 def _is_torch(x: Any) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "dtype") and hasattr(x, "shape")
+
+
+def _is_data_free(x: Any) -> bool:
+    """A torch fake or meta tensor: what torch.compile traces with (``nki_op``'s fake implementation)."""
+    if not _is_torch(x):
+        return False
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(x) or x.device.type == "meta"
+
+
+def _data_free_outputs(kernel: Kernel, args: tuple, kwargs: dict) -> Any:
+    """A kernel called on fake/meta tensors: shape-only mode, outputs as empty tensors of the ambient
+    (fake) mode with the inferred shapes and dtypes; every hardware rule is still checked."""
+    import torch
+
+    like = next(a for a in (*args, *kwargs.values()) if _is_data_free(a))
+    specs = infer_shapes(kernel)(*args, **kwargs)
+
+    def make(spec: Any) -> Any:
+        if isinstance(spec, tuple):
+            return tuple(make(s) for s in spec)
+        if isinstance(spec, TensorSpec):
+            return like.new_empty(spec.shape, dtype=spec.torch_dtype())
+        return spec
+
+    return make(specs)
 
 
 def _torch_to_numpy(t: Any) -> np.ndarray:

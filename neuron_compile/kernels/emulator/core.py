@@ -252,6 +252,11 @@ def current_run() -> Run:
     return stack[-1]
 
 
+def in_kernel() -> bool:
+    """True while a kernel runs on this thread (a nested ``@nki.jit`` call is then inlined)."""
+    return bool(getattr(_local, "stack", None))
+
+
 def push_run(run: Run) -> None:
     if not hasattr(_local, "stack"):
         _local.stack = []

@@ -157,13 +157,6 @@ def store(dst: NkiTensor, value: NkiTensor) -> None:
     _isa.dma_copy(dst, value)
 
 
-def copy(x: NkiTensor, dtype: Any = None, name: str = "") -> NkiTensor:
-    """An SBUF copy of ``x`` made on the Vector engine."""
-    t = new_tensor(x.shape, dtype or x.dtype, sbuf, name)
-    _isa.tensor_copy(t, x, engine="vector")
-    return t
-
-
 def matmul(x: NkiTensor, y: NkiTensor, transpose_x: bool = False) -> NkiTensor:
     """A PSUM tile holding ``x @ y`` (or ``x.T @ y`` with ``transpose_x``); x <= 128x128, y <= 128x512."""
     if not transpose_x:
@@ -261,6 +254,7 @@ def _reduce_wrapper(op: MathOp, x: NkiTensor, axis: Any, dtype: Any = None, keep
     return out
 
 
+# nl.copy is the "copy" op below: an SBUF copy made on the Vector engine (documented engine)
 _UNARY_ENGINE = {"copy": "vector", "rsqrt": "gpsimd", "reciprocal": "vector", "abs": "vector",
                  "negative": "vector", "relu": "vector", "sign": "vector", "floor": "vector", "ceil": "vector",
                  "trunc": "vector", "logical_not": "vector"}
