@@ -111,6 +111,16 @@ def k_vector_free_size(x):
     nisa.tensor_copy(t, t)
 
 
+def k_partition_start_misaligned(x):
+    t = _sbuf((128, 16))
+    nisa.memset(t[10:20], 0.0)  # 10 partitions may start at 0, 32, 64 or 96 only
+
+
+def k_partition_stepped(x):
+    t = _sbuf((128, 16))
+    nisa.memset(t[::2], 0.0)
+
+
 def k_reshape_count(x):
     _sbuf((128, 16)).reshape((128, 15))
 
@@ -137,6 +147,8 @@ LIMIT_CASES = [
     (k_gpsimd_psum, "GpSimd engine cannot access PSUM"),
     (k_vector_free_size, "above the 65536 limit"),
     (k_reshape_count, "changes the element count"),
+    (k_partition_start_misaligned, "starts at partition 10; an access of 10 partitions must start at partition 0 or 32"),
+    (k_partition_stepped, "compute engines access contiguous partitions only"),
     (k_transpose_too_big_vector, "exceeds 32x32 on the vector engine"),
 ]
 
@@ -208,7 +220,7 @@ def test_views_share_storage():
         t = nl.zeros((128, 16), "float32")
         nisa.memset(t[:, 4:8], 3.0)
         nisa.memset(t[0:2, nl.ds(10, 2)], 5.0)
-        nisa.memset(t[7, ::5], 9.0)  # integer on the partition dim keeps it: shape (1, 4)
+        nisa.memset(t[32, ::5], 9.0)  # integer on the partition dim keeps it: shape (1, 4)
         out = nl.ndarray((128, 16), "float32", buffer=nl.shared_hbm)
         nisa.dma_copy(out, t)
         return out
@@ -216,7 +228,7 @@ def test_views_share_storage():
     ref = np.zeros((128, 16), F32)
     ref[:, 4:8] = 3
     ref[0:2, 10:12] = 5
-    ref[7, ::5] = 9
+    ref[32, ::5] = 9
     np.testing.assert_array_equal(nki.simulate(k)(rand(2, 2)), ref)
 
 

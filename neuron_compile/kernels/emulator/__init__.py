@@ -163,6 +163,8 @@ def _to_arg(x: Any, name: str, shape_only: bool) -> Any:
         return wrap_hbm(_torch_to_numpy(x), name)
     if isinstance(x, np.ndarray):
         return wrap_hbm(x, name)
+    if hasattr(x, "__array__") and hasattr(x, "shape") and hasattr(x, "dtype"):  # jax.Array and the like
+        return wrap_hbm(np.asarray(x), name)
     if isinstance(x, tuple):
         return tuple(_to_arg(v, f"{name}[{i}]", shape_only) for i, v in enumerate(x))
     if isinstance(x, list):

@@ -306,10 +306,12 @@ def _fmt_shape(t: NkiTensor) -> str:
 class NkiTensor:
     """An NKI tensor or a view of one: a NumPy view plus dtype and buffer; views share storage."""
 
-    __slots__ = ("_arr", "_written", "_alloc", "dtype", "buffer", "name")
+    __slots__ = ("_arr", "_written", "_alloc", "dtype", "buffer", "name", "p0", "pstep")
 
     def __init__(self, arr: np.ndarray, dtype: str, buffer: Buffer, alloc: Any = None, name: str = "",
-                 written: np.ndarray | None = None):
+                 written: np.ndarray | None = None, p0: int = 0, pstep: int = 1):
+        self.p0 = p0  # first partition of this view in its allocation (on chip)
+        self.pstep = pstep  # partition stride of this view (compute engines need 1)
         self._arr = arr
         self._written = written
         self._alloc = alloc
@@ -347,8 +349,10 @@ class NkiTensor:
         return f"NkiTensor({_fmt_shape(self)})"
 
     # ---- views
-    def _view(self, arr: np.ndarray, written: np.ndarray | None = None) -> NkiTensor:
-        return NkiTensor(arr, self.dtype, self.buffer, self._alloc, self.name, written)
+    def _view(self, arr: np.ndarray, written: np.ndarray | None = None, p0: int | None = None,
+              pstep: int | None = None) -> NkiTensor:
+        return NkiTensor(arr, self.dtype, self.buffer, self._alloc, self.name, written,
+                         self.p0 if p0 is None else p0, self.pstep if pstep is None else pstep)
 
     def _normalize_key(self, key: Any) -> tuple:
         key = key if isinstance(key, tuple) else (key,)
@@ -393,7 +397,10 @@ class NkiTensor:
 
     def __getitem__(self, key: Any) -> NkiTensor:
         k = self._normalize_key(key)
-        return self._view(self._arr[k], None if self._written is None else self._written[k])
+        p0, pstep = self.p0, self.pstep
+        if self.buffer.on_chip and k:
+            p0, pstep = p0 + k[0].start * pstep, pstep * (k[0].step or 1)
+        return self._view(self._arr[k], None if self._written is None else self._written[k], p0, pstep)
 
     def __setitem__(self, key: Any, value: Any) -> None:
         raise NkiError(
@@ -436,7 +443,8 @@ class NkiTensor:
         name = dtype_name(dtype)
         if itemsize(name) != self.itemsize:
             raise NkiError(f"view of {_fmt_shape(self)} as {name} changes the element size")
-        return NkiTensor(self._arr.view(np_dtype(name)), name, self.buffer, self._alloc, self.name)
+        return NkiTensor(self._arr.view(np_dtype(name)), name, self.buffer, self._alloc, self.name,
+                         p0=self.p0, pstep=self.pstep)
 
     # ---- host access (only outside kernels / in tests)
     def numpy(self) -> np.ndarray:

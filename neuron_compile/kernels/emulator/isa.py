@@ -99,8 +99,23 @@ def _free_limit(op: str, *ts: NkiTensor) -> None:
                 f"{lim} limit for {t.buffer} operands of Vector/Scalar/GpSimd instructions")
 
 
+def _partition_start(op: str, t: NkiTensor) -> None:
+    """Compute engines access contiguous partitions starting at an aligned quadrant (A2 guide)."""
+    n = t.partitions
+    if t.pstep != 1 and n > 1:
+        raise NkiValidationError(f"nisa.{op}: {_fmt_shape(t)} takes every {t.pstep}th partition; compute "
+                                 "engines access contiguous partitions only")
+    allowed = (0,) if n > 64 else (0, 64) if n > 32 else (0, 32, 64, 96)
+    if t.p0 not in allowed:
+        raise NkiValidationError(
+            f"nisa.{op}: {_fmt_shape(t)} starts at partition {t.p0}; an access of {n} partitions must start "
+            f"at partition {' or '.join(map(str, allowed))}")
+
+
 def _on_chip(op: str, *ts: NkiTensor) -> None:
     for t in ts:
+        if t.buffer.on_chip:
+            _partition_start(op, t)
         if not t.buffer.on_chip:
             raise NkiValidationError(
                 f"nisa.{op}: {_fmt_shape(t)} is in {t.buffer}; compute engines read and write SBUF/PSUM "
@@ -223,6 +238,8 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
     _buf(st, ("sbuf",), op, "stationary")
     _buf(mv, ("sbuf",), op, "moving")
     _buf(dst, ("psum",), op, "dst")
+    for t in (st, mv, dst):
+        _partition_start(op, t)
     run = current_run()
     for t, role in ((st, "stationary"), (mv, "moving"), (dst, "dst")):
         if t.ndim != 2:
@@ -288,6 +305,8 @@ def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: Any = None, name: str 
     if eng == "tensor":
         _buf(data, ("sbuf",), op, "data")
         _buf(dst, ("psum",), op, "dst")
+        _partition_start(op, data)
+        _partition_start(op, dst)
     else:
         _on_chip(op, dst, data)
     current_run().count(eng, "transpose", p, f, data.itemsize)
@@ -453,6 +472,8 @@ def tensor_partition_reduce(dst: NkiTensor, op: Any, data: NkiTensor, name: str 
     fn = _ops.reduce(op, f"nisa.{where}")
     _buf(data, ("sbuf",), where, "data")
     _buf(dst, ("sbuf",), where, "dst")
+    _partition_start(where, data)
+    _partition_start(where, dst)
     if dst.partitions != 1 or dst.free_size != data.free_size:
         raise NkiValidationError(f"nisa.{where}: dst {_fmt_shape(dst)} must be [1, {data.free_size}]")
     current_run().count("gpsimd", "partition_reduce", data.partitions, data.free_size, data.itemsize)
@@ -507,6 +528,7 @@ def iota(dst: NkiTensor, pattern: Any, offset: int = 0, channel_multiplier: int 
     """``dst[p, i...] = offset + channel_multiplier*p + sum(step_k * i_k)`` (int32 affine values) on GpSimd."""
     dst = _t(dst, "iota", "dst")
     _buf(dst, ("sbuf",), "iota", "dst")
+    _partition_start("iota", dst)
     current_run().count("gpsimd", "iota", dst.partitions, dst.free_size, dst.itemsize)
     val = _affine(dst, pattern, offset, channel_multiplier, "iota")
     if val is not None:
@@ -523,6 +545,8 @@ def affine_select(dst: NkiTensor, pattern: Any, channel_multiplier: int, on_true
     dst, src = _t(dst, where, "dst"), _t(on_true_tile, where, "on_true_tile")
     _buf(dst, ("sbuf",), where, "dst")
     _buf(src, ("sbuf",), where, "on_true_tile")
+    _partition_start(where, dst)
+    _partition_start(where, src)
     _same_partitions(where, dst, src)
     _same_free(where, dst, src)
     cmp = _ops.binary(cmp_op, f"nisa.{where}")
