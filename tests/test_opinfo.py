@@ -1,16 +1,25 @@
 """PyTorch's OpInfo database through backend="neuron": every case passes or fails loudly.
 
 Each OpInfo entry is one test. It compiles the op on a deterministic choice of CPU samples (float32 with
-gradients where the op supports autograd, bfloat16, int64, bool where the op takes them) and compares
-with eager. A case may end as PASS, as our clear ``NeuronUnsupportedOpError`` (EXPECTED-UNSUPPORTED), or
+gradients where the op supports autograd, bfloat16, float16, int64, bool where the op takes them) and
+compares with eager; a 16-bit float value that differs from eager passes only as close to the float64
+reference as eager's own (``opinfo_harness.accuracy_distances``). A case may end as PASS, as our clear ``NeuronUnsupportedOpError`` (EXPECTED-UNSUPPORTED), or
 as one of the explained skips of ``tools/opinfo_harness.SKIP_REASONS``; anything else, above all a value
 that differs from eager without an error, fails the test. There is no list of known-wrong results.
 
-CI runs a bounded sample (``NEURON_OPINFO_SAMPLES`` samples per entry and dtype, default 1, picked
-deterministically among the first 4; bf16/int64/bool on a fixed third of the entries each). The full
-sweep, which also writes docs/opinfo_results.json for docs/ops.md:
+CI runs a bounded sample, rotated over every sample index by a fixed scheme (``_ci_cases``):
 
-    python tools/opinfo_sweep.py --samples 0          # every sample of every dtype (hours)
+- dtypes: float32 on every entry; bfloat16, float16, int64 and bool each on the quarter of the entries
+  whose ``crc32(entry) % 4`` is that dtype's position in ``ROTATED_DTYPES``;
+- samples: of the n samples OpInfo makes for (entry, dtype), numbered 0..n-1 (all of them, not a
+  leading window), CI takes ``NEURON_OPINFO_SAMPLES`` (default 1) consecutive ones, wrapping around,
+  starting at ``(crc32("entry/dtype") + NEURON_OPINFO_ROTATION * NEURON_OPINFO_SAMPLES) % n``. The hash
+  spreads the start over every index across the suite; ``NEURON_OPINFO_ROTATION`` (default 0; e.g. the
+  CI run number) walks each (entry, dtype) through all its samples in ceil(n / SAMPLES) runs.
+
+The full sweep, which also writes docs/opinfo_results.json for docs/ops.md:
+
+    python tools/opinfo_sweep.py --samples 0 --dtypes float32,bfloat16,float16   # every sample (~1 h)
     python tools/opinfo_sweep.py                      # up to 4 samples per entry and dtype
     NEURON_OPINFO_FULL=1 python -m pytest tests/test_opinfo.py   # the same cases as pytest tests
 """
@@ -19,47 +28,45 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import zlib
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tools import gen_ops_doc  # noqa: E402
-from tools import opinfo_harness as H  # noqa: E402
+from tools import gen_ops_doc
+from tools import opinfo_harness as H
 
 FULL = os.environ.get("NEURON_OPINFO_FULL", "") not in ("", "0")
 SAMPLES = int(os.environ.get("NEURON_OPINFO_SAMPLES", "1"))
-#: The CI choice among the first few samples, so that ops are not all tested on their first (often 0-d) one.
-CHOICE_WINDOW = 4
+ROTATION = int(os.environ.get("NEURON_OPINFO_ROTATION", "0"))
+#: The dtypes besides float32, each run by CI on a quarter of the entries (see the module docstring).
+ROTATED_DTYPES = ("bfloat16", "float16", "int64", "bool")
 
 OP_DB = {H.entry_name(op): op for op in H.load_op_db()}
 
 
 def _bucket(name: str) -> int:
-    return zlib.crc32(name.encode()) % 3
+    return zlib.crc32(name.encode()) % len(ROTATED_DTYPES)
+
+
+def ci_indices(name: str, dtype: str, n: int, samples: int = SAMPLES, rotation: int = ROTATION) -> list[int]:
+    """The sample indices CI runs for (entry ``name``, ``dtype``) out of ``n`` samples."""
+    if n == 0:
+        return []
+    start = (zlib.crc32(f"{name}/{dtype}".encode()) + rotation * samples) % n
+    return sorted({(start + j) % n for j in range(min(samples, n))})
 
 
 def _ci_cases(op) -> list:
-    """CI: float32 always; each other dtype on the third of the entries whose bucket it owns."""
+    """CI: float32 always, each other dtype on its quarter of the entries, samples rotated (docstring)."""
     name = H.entry_name(op)
     chosen = []
-    for k, dtype in enumerate(H.tested_dtypes(op)):
-        if dtype != "float32" and _bucket(name) != ("bfloat16", "int64", "bool").index(dtype):
+    for dtype in H.tested_dtypes(op):
+        if dtype != "float32" and _bucket(name) != ROTATED_DTYPES.index(dtype):
             continue
         with_grad = dtype == "float32" and op.supports_autograd
-        window = H.samples(op, dtype, max(CHOICE_WINDOW, SAMPLES), with_grad)
-        if not window:
-            continue
-        start = zlib.crc32(f"{name}/{dtype}".encode()) % len(window)
-        for j in range(min(SAMPLES, len(window))):
-            index = (start + j) % len(window)
-            chosen.append((dtype, index, window[index], with_grad))
+        every = H.samples(op, dtype, None, with_grad)
+        chosen += [(dtype, i, every[i], with_grad) for i in ci_indices(name, dtype, len(every))]
     return chosen
 
 
@@ -67,6 +74,15 @@ def _cases(op) -> list:
     if FULL:
         return list(H.cases(op, {d: None for d in H.DTYPES}))
     return _ci_cases(op)
+
+
+def test_ci_rotation_reaches_every_sample() -> None:
+    """Successive rotations walk an (entry, dtype) through all its samples, each once per cycle."""
+    n, samples = 11, 3
+    cycle = -(-n // samples)
+    seen = [i for r in range(cycle) for i in ci_indices("add", "float32", n, samples, r)]
+    assert sorted(set(seen)) == list(range(n))
+    assert ci_indices("add", "float32", n, samples, 0) == ci_indices("add", "float32", n, samples, cycle * n)
 
 
 @pytest.mark.parametrize("entry", sorted(OP_DB))
@@ -95,10 +111,10 @@ def test_results_file_covers_op_db() -> None:
 
 
 def test_ops_doc_is_current() -> None:
-    """docs/ops.md matches the op registry and docs/opinfo_results.json (regenerate: tools/gen_ops_doc.py)."""
+    """docs/ops.md matches the op registry and docs/opinfo_results.json (regenerate: python -m tools.gen_ops_doc)."""
     expected = gen_ops_doc.render(gen_ops_doc.load_results())
     actual = gen_ops_doc.DOC.read_text() if gen_ops_doc.DOC.exists() else ""
-    assert actual == expected, "docs/ops.md is stale: run `python tools/gen_ops_doc.py`"
+    assert actual == expected, "docs/ops.md is stale: run `python -m tools.gen_ops_doc`"
 
 
 # ---- corner cases of torch semantics that random OpInfo samples rarely hit ---------------------------

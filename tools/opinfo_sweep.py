@@ -3,6 +3,13 @@
     python tools/opinfo_sweep.py                      # default: up to 4 samples per entry per dtype
     python tools/opinfo_sweep.py --samples 0          # every sample (the full sweep; hours on 2 cores)
     python tools/opinfo_sweep.py --ops add,cat --out /tmp/r.json --print
+    python tools/opinfo_sweep.py --samples 0 --ops linspace,gather --merge   # rerun entries in the file
+
+``--merge`` keeps the other entries of the existing results file and replaces (or adds) the ones run, so
+that a fix is re-checked at the file's depth without rerunning everything; the file's configuration
+must match (same samples and dtypes). While it runs, the sweep rewrites ``--out`` after every entry
+(finished entries plus, with ``--merge``, the old ones), so a stopped sweep leaves a usable file and
+``--resume`` continues it, skipping entries already in the file.
 
 The results file (default docs/opinfo_results.json) feeds tools/gen_ops_doc.py, which writes docs/ops.md.
 Besides the outcomes it records, per aten op, the trn2/trn3 legality verdict (``legality.verdicts_by_op``
@@ -52,6 +59,24 @@ def _run_entry(task: tuple[str, dict[str, int | None]]) -> dict[str, Any]:
     return H.entry_record(op, results, time.perf_counter() - t0)
 
 
+def _entry_legality_of(doc: dict[str, Any], entry: str) -> dict[str, dict[str, Any]]:
+    """An entry's per-op legality records, rebuilt from a results file's merged "legality" map: the ops
+    the entry lowered, each with the file's (worst over all entries) verdict, made legal (reasons
+    dropped) for a generation where the file's "illegal_in" does not name the entry."""
+    ops = set(doc["entries"][entry].get("ops", ()))
+    out: dict[str, dict[str, Any]] = {}
+    for op, by_gen in doc.get("legality", {}).items():
+        if op not in ops:
+            continue
+        mine = entry in by_gen.get("illegal_in", ())
+        out[op] = {
+            gen: rec if rec["legal"] or mine else {**rec, "legal": True, "reasons": []}
+            for gen, rec in by_gen.items()
+            if gen != "illegal_in"
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=4, help="samples per entry per dtype (0 = all)")
@@ -60,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     parser.add_argument("--print", action="store_true", help="print every non-PASS case")
+    parser.add_argument("--merge", action="store_true", help="keep the other entries of --out")
+    parser.add_argument("--resume", action="store_true", help="skip entries already in --out")
     args = parser.parse_args(argv)
 
     limit = None if args.samples == 0 else args.samples
@@ -67,10 +94,31 @@ def main(argv: list[str] | None = None) -> int:
     names = [H.entry_name(o) for o in H.load_op_db()]
     if args.ops:
         wanted = set(args.ops.split(","))
+        unknown = wanted - set(names)
+        if unknown:
+            parser.error(f"--ops: no OpInfo entry named {', '.join(sorted(unknown))}")
         names = [n for n in names if n in wanted]
+    config = {"samples_per_dtype": args.samples, "dtypes": list(per_dtype)}
+    order = {n: i for i, n in enumerate(H.entry_name(o) for o in H.load_op_db())}
+    kept: dict[str, dict[str, Any]] = {}
+    if args.merge or args.resume:
+        old = json.loads(Path(args.out).read_text())
+        if old["config"] != config:
+            parser.error(f"--merge/--resume: {args.out} was made with {old['config']}, this run is {config}")
+        kept = {n: {**e, "legality": _entry_legality_of(old, n)} for n, e in old["entries"].items()}
+        if args.resume:
+            names = [n for n in names if n not in kept]
+        else:
+            kept = {n: e for n, e in kept.items() if n not in set(names)}
     tasks = [(n, per_dtype) for n in names]
     t0 = time.perf_counter()
     entries: list[dict[str, Any]] = []
+
+    def write() -> dict[str, Any]:
+        every = sorted([*kept.values(), *entries], key=lambda e: order.get(e["entry"], len(order)))
+        doc = H.results_document(every, config)
+        Path(args.out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        return doc
     # maxtasksperchild: Dynamo/jax caches grow with every compile; fresh workers keep memory bounded.
     with mp.get_context("spawn").Pool(args.jobs, initializer=_worker_init, maxtasksperchild=250) as pool:
         for i, rec in enumerate(pool.imap(_run_entry, tasks)):
@@ -80,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                 for c in rec["cases"]:
                     if c["outcome"] != H.PASS:
                         print("    ", c["dtype"], c["index"], c["outcome"], c["detail"][:300], flush=True)
-    results = H.results_document(entries, {"samples_per_dtype": args.samples, "dtypes": list(per_dtype)})
-    Path(args.out).write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+            write()
+    results = write()
     print(json.dumps(results["summary"], indent=1))
     print(f"wrote {args.out} in {time.perf_counter() - t0:.0f}s")
     return 0

@@ -17,7 +17,7 @@ from jax import lax
 
 from . import device_calls
 from .registry import Unsupported, register_lowering
-from .semantics import convert, is_float, out_dtype, register_pointwise
+from .semantics import in_opmath, out_dtype, register_pointwise
 
 aten = torch.ops.aten
 
@@ -38,9 +38,7 @@ def _with_scalar_params(*ops):
     def decorate(fn):
         @functools.wraps(fn)
         def lower(x, *params):
-            result = out_dtype()
-            compute = jnp.float32 if is_float(result) and jnp.dtype(result).itemsize < 4 else result
-            return convert(fn(convert(x, compute), *params), result)
+            return in_opmath(lambda v: fn(v, *params), x, result=out_dtype())
 
         register_lowering(*ops)(lower)
         return fn

@@ -20,7 +20,7 @@ import torch
 from jax import lax
 
 from .registry import Unsupported, register_lowering
-from .semantics import convert, is_float, out_dtype
+from .semantics import convert, is_float, opmath_dtype, out_dtype
 
 aten = torch.ops.aten
 
@@ -35,7 +35,7 @@ def _dimension_numbers(ndim: int) -> tuple[str, str, str]:
 def _acc(dtype: Any) -> Any:
     if not is_float(dtype):
         raise Unsupported(f"convolution of dtype {jnp.dtype(dtype)} (eager supports floating point only)")
-    return jnp.float32 if jnp.dtype(dtype).itemsize < 4 else dtype
+    return opmath_dtype(dtype)
 
 
 def _transposed_kernel(w: Any, groups: int) -> Any:

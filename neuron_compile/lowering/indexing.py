@@ -58,6 +58,9 @@ def _src_window(src: Any, shape: Sequence[int], dtype: Any) -> Any:
 # ---- gather / scatter along a dimension --------------------------------------------------------------
 @register_lowering(aten.gather)
 def gather(x, dim, index, *, sparse_grad=False):
+    if index.size == 0:
+        # torch checks ranks only for a non-empty index: an empty one of any rank gives an empty result.
+        return jnp.zeros(out_shape(), x.dtype)
     xs, index = _as_nd(x), _as_nd(index)
     out = xs.at[_coords(index, _axis(dim, xs.ndim))].get(mode="clip")
     return jnp.reshape(out, out_shape())
@@ -74,6 +77,8 @@ def _reduction(how: str, dtype: Any) -> str:
 
 
 def _scatter(x, dim, index, src, how: str) -> Any:
+    if index.size == 0:  # as in gather, an empty index of any rank writes nothing
+        return x
     xs, index = _as_nd(x), _as_nd(index)
     dim = _axis(dim, xs.ndim)
     src = _src_window(src, index.shape, xs.dtype)

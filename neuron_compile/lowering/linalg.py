@@ -14,18 +14,16 @@ import torch
 from jax import lax
 
 from .registry import Unsupported, register_lowering
-from .semantics import convert, is_float, is_integer, out_dtype
+from .semantics import convert, is_float, is_integer, opmath_dtype, out_dtype
 
 aten = torch.ops.aten
 
 
 def _acc_dtype(dtype: Any) -> Any:
     """The dtype products accumulate in: float32 for 16-bit floats, the dtype itself otherwise."""
-    if is_float(dtype) and jnp.dtype(dtype).itemsize < 4:
-        return jnp.float32
     if not (is_float(dtype) or is_integer(dtype)):
         raise Unsupported(f"matrix product of dtype {jnp.dtype(dtype)}")
-    return dtype
+    return opmath_dtype(dtype)
 
 
 def dot(a: Any, b: Any, contract: tuple[int, int], batch: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())) -> Any:

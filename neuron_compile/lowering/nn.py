@@ -18,20 +18,15 @@ from jax import lax
 
 from . import device_calls
 from .registry import Unsupported, current, register_lowering
-from .semantics import convert, is_float, out_dtype, out_shape
+from .semantics import convert, opmath_dtype, out_dtype, out_shape
 
 aten = torch.ops.aten
 
 _REDUCTION_NONE, _REDUCTION_MEAN, _REDUCTION_SUM = 0, 1, 2
 
 
-def opmath(dtype: Any) -> Any:
-    """The dtype eager computes ``dtype`` in: float32 for 16-bit floats, ``dtype`` otherwise."""
-    return jnp.float32 if is_float(dtype) and jnp.dtype(dtype).itemsize < 4 else dtype
-
-
 def _up(x: Any) -> Any:
-    return None if x is None else convert(x, opmath(x.dtype))
+    return None if x is None else convert(x, opmath_dtype(x.dtype))
 
 
 def _wanted(index: int) -> bool:
@@ -317,7 +312,7 @@ def nll_loss_forward(x, target, weight, reduction, ignore_index):
 def nll_loss_backward(grad_out, x, target, weight, reduction, ignore_index, total_weight):
     _check_nll(x, reduction)
     shape = x.shape
-    dtype = opmath(x.dtype)
+    dtype = opmath_dtype(x.dtype)
     if x.ndim == 1:
         target = jnp.reshape(target, (1,))
     num_classes = shape[-1]

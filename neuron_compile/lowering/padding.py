@@ -18,7 +18,7 @@ import torch
 from jax import lax
 
 from .registry import Unsupported, register_lowering
-from .semantics import convert, is_float, out_dtype, out_shape
+from .semantics import convert, opmath_dtype, out_dtype, out_shape
 
 aten = torch.ops.aten
 
@@ -78,7 +78,7 @@ def _pad_with(edge_fn: Callable[[Any, int, int, int], Any], x: Any, padding: Seq
 
 def _transpose_of(forward: Callable[[Any], Any], grad: Any, x: Any) -> Any:
     """The gradient of a linear ``forward`` at ``x``: forward's transpose applied to ``grad``."""
-    acc = jnp.float32 if is_float(grad.dtype) and jnp.dtype(grad.dtype).itemsize < 4 else grad.dtype
+    acc = opmath_dtype(grad.dtype)
     _, transpose = jax.vjp(forward, jnp.zeros(x.shape, acc))
     (out,) = transpose(convert(grad, acc))
     return convert(out, out_dtype())
@@ -165,7 +165,7 @@ def _nearest(x: Any, out_spatial: Sequence[int], scales: Sequence[float | None],
 
 def _linear(x: Any, out_spatial: Sequence[int], scales: Sequence[float | None], align_corners: bool) -> Any:
     nd = len(out_spatial)
-    acc = jnp.float32 if jnp.dtype(x.dtype).itemsize < 4 else x.dtype
+    acc = opmath_dtype(x.dtype)
     y = convert(x, acc)
     # Innermost dim first, as eager's separable kernels interpolate.
     for i in reversed(range(nd)):

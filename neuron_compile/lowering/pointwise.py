@@ -104,8 +104,18 @@ def _floor_divide(a, b):
     return lax.select(lax.eq(b, zero), quotient, floordiv)
 
 
+def _rounded_quotient(a, b):
+    """a / b rounded once, as eager divides. XLA's simplifier turns ``a / broadcast(b)`` into
+    ``a * broadcast(1 / b)``, up to 2 ulp off (5.125 / 5.125 = 0.99999994), which truncation turns
+    into an off-by-one; one Newton step on the residual restores the rounded quotient."""
+    q = lax.div(a, b)
+    correction = lax.div(lax.sub(a, lax.mul(q, b)), b)
+    # b = 0 or inf, and overflowing products, leave the residual non-finite: keep the plain quotient there.
+    return lax.select(jnp.isfinite(correction), lax.add(q, correction), q)
+
+
 def _trunc_divide(a, b):
-    return jnp.trunc(lax.div(a, b)) if is_float(a.dtype) else lax.div(a, b)
+    return jnp.trunc(_rounded_quotient(a, b)) if is_float(a.dtype) else lax.div(a, b)
 
 
 _DIV_MODES = {

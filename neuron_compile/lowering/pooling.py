@@ -25,7 +25,7 @@ import torch
 from jax import lax
 
 from .registry import Unsupported, register_lowering
-from .semantics import convert, is_float, out_dtype, out_shape
+from .semantics import convert, is_float, opmath_dtype, out_dtype, out_shape
 
 aten = torch.ops.aten
 
@@ -38,10 +38,6 @@ def _params(value: Any, nd: int, default: Sequence[int] | None = None) -> tuple[
         return (value,) * nd
     value = tuple(int(v) for v in value)
     return value * nd if len(value) == 1 else value
-
-
-def _acc(dtype: Any) -> Any:
-    return jnp.float32 if is_float(dtype) and jnp.dtype(dtype).itemsize < 4 else dtype
 
 
 def _lowest(dtype: Any) -> Any:
@@ -122,7 +118,7 @@ def _scatter_at_indices(grad: Any, indices: Any, input_shape: Sequence[int], nd:
     lead = tuple(input_shape[:-nd])
     planes = int(np.prod(lead))
     size = int(np.prod(input_shape[-nd:]))
-    g = jnp.reshape(convert(grad, _acc(grad.dtype)), (planes, -1))
+    g = jnp.reshape(convert(grad, opmath_dtype(grad.dtype)), (planes, -1))
     idx = jnp.reshape(indices, (planes, -1))
     rows = lax.broadcasted_iota(jnp.int32, idx.shape, 0)
     out = jnp.zeros((planes, size), g.dtype).at[rows, idx].add(g, mode="drop")
@@ -180,7 +176,7 @@ def _avg_pool(x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad,
     out_spatial = out_shape()[-nd:]
     kernel, stride, pads, div = _avg_setup(x, nd, kernel_size, stride, padding, count_include_pad,
                                            divisor_override, out_spatial)
-    acc = _acc(x.dtype)
+    acc = opmath_dtype(x.dtype)
     total = _window_sum(convert(x, acc), nd, kernel, stride, pads)
     if not is_float(acc):
         # Eager divides the integer window sum by the integer divisor in C++: truncation toward zero,
@@ -194,7 +190,7 @@ def _avg_pool_backward(grad, x, nd, kernel_size, stride, padding, ceil_mode, cou
     out_spatial = grad.shape[-nd:]
     kernel, stride, pads, div = _avg_setup(x, nd, kernel_size, stride, padding, count_include_pad,
                                            divisor_override, out_spatial)
-    acc = _acc(x.dtype)
+    acc = opmath_dtype(x.dtype)
     g = convert(grad, acc) / jnp.asarray(div, acc)
     zeros = jnp.zeros(x.shape, acc)
     _, transpose = jax.vjp(lambda t: _window_sum(t, nd, kernel, stride, pads), zeros)
@@ -253,13 +249,13 @@ def _adaptive_avg(x, nd):
     if not is_float(x.dtype):
         raise Unsupported(f"adaptive_avg_pool on {x.dtype}")
     out_spatial = out_shape()[-nd:]
-    acc = _acc(x.dtype)
+    acc = opmath_dtype(x.dtype)
     mats = [_averaging_matrix(n, o) for n, o in zip(x.shape[-nd:], out_spatial)]
     return convert(_apply_per_dim(convert(x, acc), mats, False), out_dtype())
 
 
 def _adaptive_avg_backward(grad, x, nd):
-    acc = _acc(x.dtype)
+    acc = opmath_dtype(x.dtype)
     mats = [_averaging_matrix(n, o) for n, o in zip(x.shape[-nd:], grad.shape[-nd:])]
     return convert(_apply_per_dim(convert(grad, acc), mats, True), out_dtype())
 

@@ -21,7 +21,7 @@ import torch
 from jax import lax
 
 from .registry import Unsupported, current, register_lowering
-from .semantics import broadcast, convert, is_float, out_dtype, out_shape
+from .semantics import broadcast, convert, in_opmath, is_float, out_dtype, out_shape
 from .sorting import sort_along
 
 aten = torch.ops.aten
@@ -184,13 +184,10 @@ def native_dropout(x, p, train):
     scale = 0.0 if keep == 0 else 1.0 / keep
     mask = _uniform(x.shape, jnp.float32) < jnp.float32(keep)
     # As eager: input * mask * scale, rounded once (so inf * dropped = nan, as in eager).
-    acc = jnp.float32 if jnp.dtype(x.dtype).itemsize < 4 else x.dtype
-    out = convert(x, acc) * convert(mask, acc) * jnp.asarray(scale, acc)
-    return convert(out, x.dtype), mask
+    out = in_opmath(lambda v, m: v * m * jnp.asarray(scale, v.dtype), x, mask)
+    return out, mask
 
 
 @register_lowering(aten.native_dropout_backward)
 def native_dropout_backward(grad, mask, scale):
-    acc = jnp.float32 if jnp.dtype(grad.dtype).itemsize < 4 else grad.dtype
-    out = convert(grad, acc) * convert(mask, acc) * jnp.asarray(scale, acc)
-    return convert(out, grad.dtype)
+    return in_opmath(lambda g, m: g * m * jnp.asarray(scale, g.dtype), grad, mask)

@@ -13,7 +13,7 @@ from jax import lax
 
 from . import device_calls
 from .registry import register_lowering
-from .semantics import convert, is_float, out_dtype
+from .semantics import convert, is_float, opmath_dtype, out_dtype
 
 aten = torch.ops.aten
 
@@ -27,9 +27,7 @@ def _axes(x, dim) -> tuple[int, ...]:
 
 
 def _acc_dtype(dtype):
-    if is_float(dtype):
-        return jnp.float32 if jnp.dtype(dtype).itemsize < 4 else dtype
-    return jnp.int64
+    return opmath_dtype(dtype) if is_float(dtype) else jnp.int64
 
 
 @register_lowering(aten.sum.dim_IntList, aten.sum.default)

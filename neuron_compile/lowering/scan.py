@@ -15,7 +15,7 @@ import torch
 from jax import lax
 
 from .registry import register_lowering
-from .semantics import convert, is_float, out_dtype
+from .semantics import convert, is_float, opmath_dtype, out_dtype
 
 aten = torch.ops.aten
 
@@ -57,20 +57,14 @@ def _scan1(x: Any, dim: int, combine: Callable[[Any, Any], Any], compute: Any) -
     return convert(y, out_dtype())
 
 
-def _compute_dtype(result: Any) -> Any:
-    if is_float(result) and jnp.dtype(result).itemsize < 4:
-        return jnp.float32
-    return result
-
-
 @register_lowering(aten.cumsum)
 def cumsum(x, dim, *, dtype=None):
-    return _scan1(x, dim, lax.add, _compute_dtype(out_dtype()))
+    return _scan1(x, dim, lax.add, opmath_dtype(out_dtype()))
 
 
 @register_lowering(aten.cumprod)
 def cumprod(x, dim, *, dtype=None):
-    return _scan1(x, dim, lax.mul, _compute_dtype(out_dtype()))
+    return _scan1(x, dim, lax.mul, opmath_dtype(out_dtype()))
 
 
 def _log_add_exp(a: Any, b: Any) -> Any:
@@ -85,7 +79,7 @@ def _log_add_exp(a: Any, b: Any) -> Any:
 
 @register_lowering(aten.logcumsumexp)
 def logcumsumexp(x, dim):
-    return _scan1(x, dim, _log_add_exp, _compute_dtype(out_dtype()))
+    return _scan1(x, dim, _log_add_exp, opmath_dtype(out_dtype()))
 
 
 def _cum_extreme(x: Any, dim: int, later_wins: Callable[[Any, Any], Any]) -> tuple[Any, Any]:

@@ -115,6 +115,27 @@ def is_integer(dtype: Any) -> bool:
     return jnp.issubdtype(dtype, jnp.integer)
 
 
+def opmath_dtype(dtype: Any) -> Any:
+    """The dtype eager computes ``dtype`` in (ATen's ``at::opmath_type``): float32 for bfloat16 and
+    float16, ``dtype`` itself otherwise.
+
+    The one opmath rule of every lowering: convert 16-bit float inputs to this dtype, compute, and
+    round to the result dtype once at the end (``in_opmath``), as eager's CPU kernels and Inductor's
+    ``pw_cast_for_opmath`` do. Rounding an intermediate to bfloat16 instead drifts by an ulp, which a
+    truncation or a softmax turns into a visibly wrong value.
+    """
+    return jnp.float32 if is_float(dtype) and jnp.dtype(dtype).itemsize < 4 else dtype
+
+
+def in_opmath(fn: Callable[..., Any], *xs: Any, result: Any = None) -> Any:
+    """``fn(*xs)`` computed in the opmath dtype of ``result`` (default: the first array's dtype) and
+    rounded once to ``result``. Non-array arguments (Python scalars, None) are passed unchanged."""
+    if result is None:
+        result = next(x.dtype for x in xs if is_array(x))
+    compute = opmath_dtype(result)
+    return convert(fn(*(convert(x, compute) if is_array(x) else x for x in xs)), result)
+
+
 def pointwise(
     fn: Callable[..., Any],
     promotion: Promotion = Promotion.DEFAULT,
