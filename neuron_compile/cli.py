@@ -6,14 +6,18 @@
     neuron-compile cache clear                remove every entry (--stats also resets the counters)
     neuron-compile cache prune --max-size 2G  evict least-recently-used entries down to a size
 
-``--dir`` picks the directory; default: NEURON_COMPILE_CACHE_DIR, else the user cache dir.
+``--dir`` picks the directory; default: NEURON_COMPILE_CACHE_DIR, else the user cache dir
+(``cache.paths.resolve_cache_dir``, the same resolution ``torch.compile`` uses). ``clear`` and ``prune``
+also remove what killed processes left in ``tmp/`` and ``trash/``; ``list`` and ``stats`` count it.
+
+The cache commands import neither jax nor the lowering (they only read files). Each command group
+registers itself in ``build_parser`` through a ``add_<group>_commands(subparsers)`` function.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import Sequence
@@ -45,12 +49,19 @@ def parse_size(text: str) -> int:
 
 
 def _store(args: argparse.Namespace):  # -> DiskStore (import kept lazy: --help stays fast)
-    from .cache.store import DiskStore, default_cache_dir
+    from .cache.paths import resolve_cache_dir
+    from .cache.store import DiskStore
 
-    return DiskStore(args.dir or os.environ.get("NEURON_COMPILE_CACHE_DIR") or default_cache_dir())
+    return DiskStore(resolve_cache_dir(args.dir))
 
 
 def _resolve(store, prefix: str) -> str:
+    from .cache.paths import InvalidKey, check_key_prefix
+
+    try:
+        prefix = check_key_prefix(prefix)  # a key never becomes a path unchecked
+    except InvalidKey as e:
+        raise SystemExit(f"neuron-compile: {e}") from None
     matches = store.find(prefix)
     if len(matches) != 1:
         what = "no entry" if not matches else f"{len(matches)} entries"
@@ -64,7 +75,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     store = _store(args)
     infos = sorted(store.entries(), key=lambda e: e.last_used, reverse=True)
     now = time.time()
-    print(f"{store.root}: {len(infos)} entries, {human_size(sum(e.size for e in infos))}")
+    print(f"{store.root}: {len(infos)} entries, {human_size(sum(e.size for e in infos))}{_leftover_note(store)}")
     for e in infos:
         try:
             meta = store.meta(e.key)
@@ -77,10 +88,22 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _leftover_note(store) -> str:
+    left = store.leftovers()
+    if not left:
+        return ""
+    return f" + {len(left)} leftovers of interrupted writes/deletes, {human_size(sum(lo.size for lo in left))}"
+
+
 def cmd_info(args: argparse.Namespace) -> int:
+    from .cache.entry import CorruptEntry
+
     store = _store(args)
     key = _resolve(store, args.key)
-    meta = store.meta(key)
+    try:
+        meta = store.meta(key)
+    except (OSError, CorruptEntry) as e:
+        raise SystemExit(f"neuron-compile: entry {key} is damaged ({e}); the next compile replaces it") from None
     if args.stablehlo:
         _, module, _ = store.read_raw(key)
         sys.stdout.write(module.decode())
@@ -118,6 +141,8 @@ def cmd_stats(args: argparse.Namespace) -> int:
     rate = f" ({100 * hits / (hits + misses):.0f}% hits)" if hits + misses else ""
     print(f"cache dir:     {store.root}")
     print(f"entries:       {len(infos)}, {human_size(sum(e.size for e in infos))}")
+    left = store.leftovers()
+    print(f"leftovers:     {len(left)}, {human_size(sum(lo.size for lo in left))}  (tmp/ and trash/ of interrupted processes)")
     print(f"hits:          {hits:.0f}{rate}  (memory {s.get('memory_hits', 0):.0f}, disk {s.get('disk_hits', 0):.0f})")
     print(f"misses:        {misses:.0f}  (stored {s.get('stores', 0):.0f})")
     print(f"corrupt:       {s.get('corrupt', 0):.0f}   evicted: {s.get('evictions', 0):.0f}")
@@ -133,23 +158,50 @@ def cmd_clear(args: argparse.Namespace) -> int:
     n = store.clear()
     if args.stats:
         store.reset_stats()
-    print(f"removed {n} entries from {store.root}" + (" and reset the counters" if args.stats else ""))
+    left = store.leftovers()
+    kept = f"; {len(left)} leftovers kept (still being written)" if left else ""
+    print(f"removed {n} entries from {store.root}" + (" and reset the counters" if args.stats else "") + kept)
     return 0
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
     store = _store(args)
     before = store.total_bytes()
+    swept = store.sweep()
     # exactly down to the asked size, not to the automatic eviction's low-water mark
     evicted = store.evict(args.max_size, low_water=1.0)
     after = store.total_bytes()
-    print(f"evicted {len(evicted)} entries: {human_size(before)} -> {human_size(after)} in {store.root}")
+    gone = f" and {len(swept)} stale leftovers" if swept else ""
+    print(f"evicted {len(evicted)} entries{gone}: {human_size(before)} -> {human_size(after)} in {store.root}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="neuron-compile", description="neuron_compile tools")
     sub = p.add_subparsers(dest="group", required=True)
+    add_cache_commands(sub)
+    add_evaluate_command(sub)
+    return p
+
+
+def add_evaluate_command(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """``neuron-compile evaluate FILE.py:FACTORY``; its code (neuron_compile/evaluate/) loads only when run."""
+    ev = sub.add_parser("evaluate", help="can this model move to Trainium? compile it, run it, judge its numerics")
+    ev.add_argument("factory", metavar="FILE.py:FACTORY",
+                    help="a function returning (model, example_inputs) or (model, example_inputs, loss_fn)")  # fmt: skip
+    ev.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
+    ev.add_argument("--steps", type=int, default=3, help="steady-state steps timed (medians; default 3)")
+    ev.set_defaults(fn=cmd_evaluate)
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from .evaluate.cli import run
+
+    return run(args)
+
+
+def add_cache_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """``neuron-compile cache {list,info,stats,clear,prune}``."""
     cache = sub.add_parser("cache", help="inspect and manage the compile cache")
     cache.add_argument("--dir", help="cache directory (default: NEURON_COMPILE_CACHE_DIR or the user cache dir)")
     csub = cache.add_subparsers(dest="cmd", required=True)
@@ -165,7 +217,6 @@ def build_parser() -> argparse.ArgumentParser:
     prune = csub.add_parser("prune", help="evict least-recently-used entries down to a size")
     prune.add_argument("--max-size", type=parse_size, required=True, help="e.g. 500M, 2G")
     prune.set_defaults(fn=cmd_prune)
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -59,11 +59,15 @@ def _tensor_fingerprint(t: torch.Tensor) -> tuple[Any, ...]:
     """A constant baked into the graph enters the key by value (bytes), not by its attribute name."""
     if isinstance(t, torch._subclasses.FakeTensor) or t.device.type == "meta":
         raise NotCacheable("graph holds a constant tensor without data (fake or meta)")
+    if t.layout != torch.strided or t.is_quantized:
+        raise NotCacheable(f"graph holds a {t.layout} / {t.dtype} constant (no plain bytes to hash)")
     # compile time runs under the graph's FakeTensorMode; reading a real constant's bytes must not
     with torch._subclasses.fake_tensor.unset_fake_temporarily():
-        flat = t.detach().contiguous().reshape(-1)
-        data = flat.view(torch.uint8) if flat.numel() else flat
-        digest = hashlib.sha256(data.cpu().numpy().tobytes()).hexdigest()
+        flat = t.detach().resolve_conj().resolve_neg().cpu().contiguous().reshape(-1)
+        # Bytes through uint8, never through numpy's view of the dtype: numpy has no bfloat16/float8, and
+        # an empty tensor keeps its dtype (the crash of issue 11 was an empty bf16 constant).
+        data = flat.view(torch.uint8) if flat.element_size() == 1 else flat.view(-1, 1).view(torch.uint8)
+        digest = hashlib.sha256(data.numpy().tobytes()).hexdigest()
     return ("tensor", str(t.dtype), tuple(t.shape), tuple(t.stride()), digest)
 
 

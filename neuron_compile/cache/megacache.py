@@ -3,16 +3,21 @@
 
 A fresh process must import ``neuron_compile.cache`` (``import neuron_compile`` does) before
 ``load_cache_artifacts``: torch only knows the artifact types registered at that moment.
+
+An artifact is untrusted input: its key is checked to be a cache key (``paths.check_key``) before it goes
+near a path, and its parts are fully verified before anything lands on disk. A bad artifact is skipped
+with one warning; loading never fails because of it.
 """
 
 from __future__ import annotations
 
 import logging
-import warnings
 
 from torch.compiler._cache import CacheArtifact, CacheArtifactFactory, CacheArtifactManager
 
 from . import entry as E
+from .paths import InvalidKey, check_key
+from .report import warn
 
 log = logging.getLogger("neuron_compile.cache")
 
@@ -23,24 +28,31 @@ class NeuronCacheArtifact(CacheArtifact):
     """key = our cache key; content = one packed entry (meta.json + module.mlir + executable.bin)."""
 
     def populate_cache(self) -> None:
-        from . import NeuronCacheWarning, store_for_default_dir
+        from ..options import Options
+        from .compile_cache import CACHE
 
         try:
+            key = check_key(self.key)
+        except InvalidKey as e:
+            warn(f"neuron cache: refused a mega-cache artifact: {e}. Nothing was written.", stacklevel=3)
+            return
+        try:
             meta, module, executable = E.unpack(self.content)
-            payload = E.verify_meta(meta, self.key)
+            payload = E.verify_meta(meta, key)
             E.decode(payload, module, executable)  # full integrity check before anything lands on disk
         except E.CorruptEntry as e:
-            warnings.warn(f"neuron cache: skipped a damaged mega-cache artifact {self.key[:12]}: {e}", NeuronCacheWarning)
+            warn(f"neuron cache: skipped a damaged mega-cache artifact {key[:12]}: {e}", stacklevel=3)
             return
-        store = store_for_default_dir()
+        store = CACHE.store_for(Options.from_user(None))
         if store is None:
             return
         try:
-            store.write(self.key, meta, module, executable)
+            with store.lock(key):  # a write in progress is never swept (store.sweep)
+                store.write(key, meta, module, executable)
         except Exception as e:  # noqa: BLE001 - a cache problem must never fail loading
-            warnings.warn(f"neuron cache: could not write mega-cache artifact {self.key[:12]}: {e}", NeuronCacheWarning)
+            warn(f"neuron cache: could not write mega-cache artifact {key[:12]}: {e}", stacklevel=3)
             return
-        log.info("neuron cache: loaded %s from mega-cache into %s", self.key[:12], store.root)
+        log.info("neuron cache: loaded %s from mega-cache into %s", key[:12], store.root)
 
     @staticmethod
     def type() -> str:

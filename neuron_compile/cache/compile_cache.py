@@ -1,0 +1,241 @@
+"""``CompileCache``: the one process-wide cache object (``CACHE``) the compiler asks for every graph.
+
+``CACHE.get_or_build(gm, example_inputs, opts, build)`` returns ``(Artifact, state)``:
+
+1. key the graph (``key.cache_key``: canonical graph + input metadata + options + versions + tag);
+2. in-process layer (``memory.MemoryLRU``): a hit returns the already loaded executable (no file read);
+3. disk (``store.DiskStore`` of ``opts``' directory, if ``trust`` allows it): a verified entry whose
+   executable fits its own plan (``verify``) is loaded; a damaged one is a warned miss that is rewritten;
+4. miss: take the key's lock, look again (another process may have just built it), else ``build()``,
+   store atomically, evict down to the size cap.
+
+Any problem with the directory (unwritable, full, untrusted) degrades to compiling without the disk cache,
+with one warning per directory and process (``report.OnceWarner``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any, Callable
+
+import filelock
+
+from ..artifact import Artifact
+from ..options import Options
+from . import entry as E
+from . import megacache
+from .counters import FLUSH_INTERVAL, Counters
+from .key import CacheKey, NotCacheable, cache_key
+from .memory import MemoryLRU
+from .paths import resolve_cache_dir
+from .report import OnceWarner, log, warn
+from .store import DEFAULT_MAX_BYTES, DiskStore, StoreUnavailable
+from .verify import check_executable
+
+
+def _load(artifact: Artifact, opts: Options) -> Artifact:
+    """Deserialize the executable once, here, and check it fits the entry's plan, so a bad blob is a miss
+    rather than a crash at run time."""
+    from ..runtime.targets import target_for
+
+    artifact.loaded = target_for(opts).deserialize(artifact.executable)
+    check_executable(artifact)
+    return artifact
+
+
+class CompileCache:
+    """Process-wide state of the compile cache: the in-process layer, counters, warnings already given,
+    directories already judged trustworthy and swept. Per-call settings (directory, trust, size cap)
+    come from the ``Options`` of each call."""
+
+    def __init__(self) -> None:
+        self.memory = MemoryLRU()
+        self.counters = Counters()
+        self.warn_once = OnceWarner()
+        self._lock = threading.Lock()
+        self._trusted_roots: set[str] = set()  # roots store_for() accepted: memory hits count there
+        self._swept_roots: set[str] = set()
+        self.recorded: set[str] = set()  # keys already handed to torch's mega-cache in this process
+
+    # ------------------------------------------------------------- directory
+    @staticmethod
+    def directory(opts: Options) -> str:
+        return resolve_cache_dir(opts.cache_dir)
+
+    def store_for(self, opts: Options) -> DiskStore | None:
+        """The disk store ``opts`` names if it may be trusted (warns once either way), else None.
+        The first use of a directory in this process sweeps what killed processes left behind."""
+        store = DiskStore(self.directory(opts))
+        root = store.root
+        reason = store.untrusted_reason()
+        if reason is not None and not opts.trust_cache_dir:
+            self.warn_once(
+                root, "untrusted",
+                f"neuron cache: not using {root}: {reason}. Cached executables are native code, so such a "
+                "directory could run another user's code in your process. Compiling without the disk cache. "
+                "Use a private directory (NEURON_COMPILE_CACHE_DIR), or trust this one with "
+                "options={'trust_cache_dir': True} / NEURON_COMPILE_CACHE_TRUST=1.",
+            )  # fmt: skip
+            return None
+        if reason is not None:
+            self.warn_once(
+                root, "trusted",
+                f"neuron cache: loading compiled executables (native code) from {root} although {reason}, "
+                "because it is explicitly trusted (trust_cache_dir / NEURON_COMPILE_CACHE_TRUST=1).",
+            )  # fmt: skip
+        with self._lock:
+            self._trusted_roots.add(root)
+            first = root not in self._swept_roots
+            self._swept_roots.add(root)
+        if first:
+            self._sweep(store)
+        return store
+
+    def _sweep(self, store: DiskStore) -> None:
+        try:
+            swept = store.sweep()
+        except OSError:
+            return  # read-only or vanished: nothing we may delete anyway
+        if swept:
+            self.counters.count(store.root, swept=len(swept))
+            log.info("neuron cache: removed %d stale leftovers of interrupted processes from %s", len(swept), store.root)
+
+    # ----------------------------------------------------------------- lookup
+    def get_or_build(
+        self, gm: Any, example_inputs: list[Any], opts: Options, build: Callable[[], Artifact]
+    ) -> tuple[Artifact, str]:
+        if not opts.cache:
+            return build(), "off"
+        t0 = time.perf_counter()
+        try:
+            key = cache_key(gm, example_inputs, opts)
+        except NotCacheable as e:
+            log.debug("neuron cache: graph not cacheable (%s); compiling without the cache", e)
+            self.counters.count(None, uncached=1)
+            return build(), "off"
+
+        hit = self.memory.get(key.digest)
+        if hit is not None:
+            root = self.directory(opts)
+            counted_root = root if root in self._trusted_roots else None
+            saved = hit.lower_seconds + hit.compile_seconds
+            self.counters.count(counted_root, hits=1, memory_hits=1, compile_seconds_saved=saved)
+            log.info("neuron cache: hit (memory) %s %s in %.4fs", key.digest[:12], hit.name, time.perf_counter() - t0)
+            if key.digest not in self.recorded:
+                self._record_megacache(key.digest, E.encode(hit, key.digest, key.summary))
+            return hit, "hit"
+
+        store = self.store_for(opts)
+        if store is None:
+            return self._build_uncached(key, build)
+        found = self._read(store, key, opts)
+        if found is not None:
+            log.info("neuron cache: hit %s %s in %.4fs", key.digest[:12], found.name, time.perf_counter() - t0)
+            return found, "hit"
+        try:
+            lock = store.lock(key.digest)
+            try:
+                lock.acquire(timeout=0)
+            except filelock.Timeout:
+                log.info("neuron cache: waiting for another process compiling %s", key.digest[:12])
+                lock.acquire()
+        except (StoreUnavailable, OSError) as e:
+            self._warn_unwritable(store, e)
+            return self._build_uncached(key, build)
+        try:
+            found = self._read(store, key, opts)  # built by another process while we waited?
+            if found is not None:
+                log.info("neuron cache: hit %s %s (built by another process)", key.digest[:12], found.name)
+                return found, "hit"
+            log.info("neuron cache: miss %s; compiling", key.digest[:12])
+            artifact = build()
+            self.memory.put(key.digest, artifact)
+            spent = artifact.lower_seconds + artifact.compile_seconds
+            self.counters.count(store.root, misses=1, compile_seconds_spent=spent)
+            self._store(store, key, artifact, opts)
+        finally:
+            lock.release()
+        self.counters.flush(store.root)
+        return artifact, "miss"
+
+    def _build_uncached(self, key: CacheKey, build: Callable[[], Artifact]) -> tuple[Artifact, str]:
+        log.info("neuron cache: miss %s; compiling (not stored on disk)", key.digest[:12])
+        artifact = build()
+        self.memory.put(key.digest, artifact)
+        self.counters.count(None, misses=1, compile_seconds_spent=artifact.lower_seconds + artifact.compile_seconds)
+        with contextlib.suppress(E.NotSerializable):
+            self._record_megacache(key.digest, E.encode(artifact, key.digest, key.summary))
+        return artifact, "miss"
+
+    def _read(self, store: DiskStore, key: CacheKey, opts: Options) -> Artifact | None:
+        """A verified, loaded entry from disk; None when absent or damaged (damaged: warned, removed)."""
+        if not opts.trust_cache_dir:
+            reason = store.entry_untrusted_reason(key.digest)
+            if reason is not None:
+                self.warn_once(key.digest, "untrusted-entry", f"neuron cache: not loading entry {key.digest[:12]}: {reason}.")
+                return None
+        try:
+            found = store.read(key.digest)
+            if found is None:
+                return None
+            _payload, artifact, parts = found
+            _load(artifact, opts)
+        except E.CorruptEntry as e:
+            self._report_corrupt(store, key, str(e))
+            return None
+        except Exception as e:  # noqa: BLE001 - e.g. the runtime refuses the executable blob
+            self._report_corrupt(store, key, f"executable could not be loaded ({type(e).__name__}: {e})")
+            return None
+        saved = artifact.lower_seconds + artifact.compile_seconds
+        self.counters.count(store.root, hits=1, disk_hits=1, compile_seconds_saved=saved)
+        self.counters.flush(store.root, min_interval=FLUSH_INTERVAL)
+        self.memory.put(key.digest, artifact)
+        self._record_megacache(key.digest, parts)
+        return artifact
+
+    def _report_corrupt(self, store: DiskStore, key: CacheKey, why: str) -> None:
+        warn(f"neuron cache: entry {key.digest[:12]} in {store.root} is damaged ({why}); recompiling it.", stacklevel=5)
+        self.counters.count(store.root, corrupt=1)
+        store.remove(key.digest)  # so the re-check under the lock is a plain miss, not a second warning
+
+    def _warn_unwritable(self, store: DiskStore, e: Exception) -> None:
+        self.warn_once(
+            store.root, "unwritable",
+            f"neuron cache: cannot write to {store.root} ({e}); compiling without storing results.",
+        )  # fmt: skip
+
+    def _store(self, store: DiskStore, key: CacheKey, artifact: Artifact, opts: Options) -> None:
+        try:
+            parts = E.encode(artifact, key.digest, key.summary)
+        except E.NotSerializable as e:
+            log.debug("neuron cache: not storing %s: %s", key.digest[:12], e)
+            return
+        self._record_megacache(key.digest, parts)
+        try:
+            store.write(key.digest, *parts)
+        except StoreUnavailable as e:
+            self._warn_unwritable(store, e)
+            return
+        self.counters.count(store.root, stores=1)
+        max_bytes = opts.cache_max_bytes if opts.cache_max_bytes is not None else DEFAULT_MAX_BYTES
+        evicted = store.evict(max_bytes, protect=key.digest)
+        if evicted:
+            self.counters.count(store.root, evictions=len(evicted))
+            log.info("neuron cache: evicted %d entries to stay under %d bytes", len(evicted), max_bytes)
+
+    def _record_megacache(self, digest: str, parts: tuple[bytes, bytes, bytes]) -> None:
+        megacache.record(digest, *parts)
+        self.recorded.add(digest)
+
+    # ------------------------------------------------------------------ stats
+    def persistent_stats(self, cache_dir: str | None = None) -> dict[str, float]:
+        """Counters of every process that used ``cache_dir`` (this one's flushed first)."""
+        store = DiskStore(resolve_cache_dir(cache_dir))
+        self.counters.flush(store.root)
+        return store.read_stats()
+
+
+#: THE cache of this process.
+CACHE = CompileCache()
