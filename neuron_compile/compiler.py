@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import debug, legality
+from . import debug, distributed, legality
 from .artifact import Artifact
 from .cache import cache_for
 from .errors import WARNING_CLASSES, NeuronFloat64Warning, NeuronUnsupportedOpError, NeuronWarning
@@ -95,10 +95,21 @@ def build_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Op
 
 def compile_graph(
     gm: torch.fx.GraphModule, example_inputs: list[Any], *, opts: Options, kind: str, name: str
-) -> CompiledGraph:
+) -> CompiledGraph | distributed.SplitGraph:
     """Compile ``gm`` for ``opts.target`` (or fetch it from the cache) as a boxed callable."""
     for hook in HOOKS.on_graph:
         hook(gm)
+    # XLA CPU cannot reach torch.distributed: there, collectives run between compiled pieces of the graph.
+    run_collectives = opts.target == "cpu" and distributed.has_collectives(gm)
+    if run_collectives or distributed.has_opaque_inputs(example_inputs):
+        return distributed.split_graph(
+            gm,
+            lambda piece, inputs, i: compile_graph(piece, inputs, opts=opts, kind=kind, name=f"{name}_part{i}"),
+            name,
+            run_collectives=run_collectives,
+        )
+    if distributed.has_collectives(gm):
+        distributed.annotate_replica_groups(gm)  # the ranks, not a process-local group name, in graph and key
     t0 = time.perf_counter()
     # A debug dump must show this run's lowering, so debugging bypasses the cache.
     cache_opts = dataclasses.replace(opts, cache=False) if opts.debug_dir else opts

@@ -6,6 +6,7 @@ a complaint about any HLO op can be mapped back to user code.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from typing import Any
@@ -40,13 +41,37 @@ def describe_inputs(node: torch.fx.Node) -> str:
     return ", ".join(parts)
 
 
+def _library_dirs() -> tuple[str, ...]:
+    """Directories of the packages whose frames are never the user's line (torch, transformers)."""
+    dirs = [os.path.dirname(torch.__file__)]
+    try:  # find_spec of a top-level package does not import it
+        spec = importlib.util.find_spec("transformers")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        dirs.extend(spec.submodule_search_locations)
+    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs)
+
+
+_LIBRARY_DIRS: tuple[str, ...] | None = None
+
+
+def is_library_file(path: str) -> bool:
+    global _LIBRARY_DIRS
+    if _LIBRARY_DIRS is None:
+        _LIBRARY_DIRS = _library_dirs()
+    return os.path.realpath(path).startswith(_LIBRARY_DIRS)
+
+
 def user_frame(node: torch.fx.Node) -> tuple[str, int] | None:
-    """(file, line) of the innermost user frame that produced ``node``, if Dynamo recorded it."""
+    """(file, line) of the innermost frame that produced ``node`` outside torch and transformers (the
+    user's call of, e.g., a functional collective or a decomposed op), if Dynamo recorded it; the
+    innermost frame when every frame is library code."""
     trace = node.meta.get("stack_trace") or ""
     frames = _FRAME.findall(trace)
     if not frames:
         return None
-    path, line = frames[-1]
+    path, line = next((f for f in reversed(frames) if not is_library_file(f[0])), frames[-1])
     return path, int(line)
 
 

@@ -123,6 +123,9 @@ OPS: dict[str, OpRule] = {
     "stablehlo.shift_left": _assumed(_ELEMENTWISE),
     "stablehlo.popcnt": _assumed(_ELEMENTWISE),
     "stablehlo.count_leading_zeros": _assumed(_ELEMENTWISE),
+    "stablehlo.all_to_all": _assumed(
+        "collective; not in the public table, but emitted by torch-xla's all_to_all for Neuron (MoE expert parallel)"
+    ),
     "stablehlo.dynamic_slice": _assumed("slice at runtime offsets; held to DynamicUpdateSlice's constant-index rule"),
     # CHLO ops that the StableHLO->HLO conversion expands into the elementwise ops above.
     **{

@@ -2,6 +2,7 @@
 
 from . import (  # noqa: F401  (importing a family registers its lowerings)
     activations,
+    collectives,
     convolution,
     creation,
     indexing,
