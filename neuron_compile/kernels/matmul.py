@@ -2,14 +2,15 @@
 
 Tiling (for TensorE utilisation, see :mod:`neuron_compile.kernels.cost`):
 
-* M is cut into blocks of up to ``BM`` 128-row tiles. For each block, the rows of ``a`` are loaded with
-  one DMA per 128-row tile and transposed on the PE into ``aT[K(partition), kt, M]`` — the stationary
+* M is cut into blocks of up to ``bm`` (4) 128-row tiles. For each block, the rows of ``a`` are loaded
+  1024 columns per DMA and transposed on the PE into ``aT[K(partition), kt, M]`` — the stationary
   operand — which stays resident in SBUF for the whole block.
-* For each 512-wide column tile of ``b`` (the moving operand, loaded once per block as ``[K, kt, 512]``),
+* For each ``tn``-wide (512; narrower for large K or fp32) column tile of ``b`` (the moving operand, loaded
+  once per block as ``[K, kt, tn]``),
   every 128-row tile of the block accumulates over K in its own fp32 PSUM bank (``accumulate=kt>0``),
   is copied out of PSUM with the cast to the output dtype, and stored.
 
-HBM traffic is ``|a| + |b| * ceil(M / (128*BM)) + |out|``; with BM=4 a 4096^3 bf16 matmul moves ~0.3 GB,
+HBM traffic is ``|a| + |b| * ceil(M / (128*bm)) + |out|``; with bm=4 a 4096^3 bf16 matmul moves ~0.3 GB,
 well under its TensorE time, so the kernel is compute bound.
 """
 
@@ -22,18 +23,24 @@ from ..nki import jit
 from ..nki import language as nl
 from ._common import P, cdiv, dtype_of, itemsize, psum, sbuf, tiles
 
-TN = 512  # nl.tile_size.gemm_moving_fmax
+KC = 1024  # columns of a row tile of ``a`` loaded per DMA (2 KiB per partition in bf16)
 SBUF_BUDGET = 160 * 1024  # bytes per partition this kernel allows itself (of ~208 KiB usable on trn2)
 
 
-def _block_tiles(k: int, isz: int) -> int:
-    """How many 128-row tiles of ``a`` one M block keeps resident (0: K too large for this kernel)."""
+def _plan(k: int, isz: int) -> tuple[int, int]:
+    """``(tn, bm)``: moving-tile width and 128-row tiles per M block that fit the SBUF budget; (0, 0) if none.
+
+    Wide moving tiles and tall blocks first (fewer instructions, fewer reloads of ``b``); large K (or fp32)
+    falls back to narrower/shorter ones. K itself is not blocked: a K whose resident operands do not fit
+    even at (128, 1) is not supported.
+    """
     nk = cdiv(k, P)
-    fixed = 2 * nk * TN * isz + 2 * k * isz + 2 * TN * isz  # b column tile, a row tile, out tile (x2 buffers)
-    for bm in (4, 2, 1):
-        if fixed + nk * bm * P * isz <= SBUF_BUDGET:
-            return bm
-    return 0
+    for tn in (512, 256, 128):
+        fixed = 2 * nk * tn * isz + 2 * min(k, KC) * isz + 2 * tn * isz  # b columns, a rows, out (x2 buffers)
+        for bm in (4, 2, 1):
+            if fixed + nk * bm * P * isz <= SBUF_BUDGET:
+                return tn, bm
+    return 0, 0
 
 
 @jit
@@ -45,28 +52,30 @@ def matmul_kernel(a: Any, b: Any) -> Any:
     dt = a.dtype
     out = nl.ndarray((m_total, n_total), dt, buffer=nl.shared_hbm, name="out")
     nk = cdiv(k_total, P)
-    bm = _block_tiles(k_total, itemsize(dt))
+    tn, bm = _plan(k_total, itemsize(dt))
     assert bm, f"matmul_kernel: K={k_total} needs more SBUF than this kernel's budget"
+    tp = psum((P, P), dt, "aT_psum")
     for m_blk in range(0, m_total, bm * P):
         blk_rows = min(bm * P, m_total - m_blk)
         a_t = sbuf((P, nk, blk_rows), dt, "aT")  # stationary: K on partitions, resident for the block
         for mo, msz in tiles(blk_rows):
-            a_rows = sbuf((P, k_total), dt, "a_rows")
-            nisa.dma_copy(a_rows[:msz, :], a[m_blk + mo:m_blk + mo + msz, :])
-            for kt, (k0, ksz) in enumerate(tiles(k_total)):
-                tp = psum((P, P), dt, "aT_psum")
-                nisa.nc_transpose(tp[:ksz, :msz], a_rows[:msz, k0:k0 + ksz])
-                nisa.tensor_copy(a_t[:ksz, kt, mo:mo + msz], tp[:ksz, :msz], engine=nisa.scalar_engine)
-        for n0, nsz in tiles(n_total, TN):
-            b_t = sbuf((P, nk, TN), dt, "b_cols")  # moving: loaded once per block, reused by every row tile
+            for c0, cs in tiles(k_total, KC):
+                a_rows = sbuf((P, KC), dt, "a_rows")
+                nisa.dma_copy(a_rows[:msz, :cs], a[m_blk + mo:m_blk + mo + msz, c0:c0 + cs])
+                for k0, ksz in tiles(cs):
+                    kt = (c0 + k0) // P
+                    nisa.nc_transpose(tp[:ksz, :msz], a_rows[:msz, k0:k0 + ksz])
+                    nisa.tensor_copy(a_t[:ksz, kt, mo:mo + msz], tp[:ksz, :msz], engine=nisa.scalar_engine)
+        for n0, nsz in tiles(n_total, tn):
+            b_t = sbuf((P, nk, tn), dt, "b_cols")  # moving: loaded once per block, reused by every row tile
             for kt, (k0, ksz) in enumerate(tiles(k_total)):
                 nisa.dma_copy(b_t[:ksz, kt, :nsz], b[k0:k0 + ksz, n0:n0 + nsz])
             for mo, msz in tiles(blk_rows):
-                acc = psum((P, TN), "float32", "acc")
+                acc = psum((P, tn), "float32", "acc")
                 for kt, (k0, ksz) in enumerate(tiles(k_total)):
                     nisa.nc_matmul(acc[:msz, :nsz], a_t[:ksz, kt, mo:mo + msz], b_t[:ksz, kt, :nsz],
                                    accumulate=kt > 0)
-                res = sbuf((P, TN), dt, "res")
+                res = sbuf((P, tn), dt, "res")
                 nisa.tensor_copy(res[:msz, :nsz], acc[:msz, :nsz], engine=nisa.vector_engine)
                 nisa.dma_copy(out[m_blk + mo:m_blk + mo + msz, n0:n0 + nsz], res[:msz, :nsz])
     return out
@@ -88,4 +97,4 @@ def matmul_supports(a: Any, b: Any) -> bool:
     dt = dtype_of(a)
     if dt != dtype_of(b) or dt not in ("float32", "bfloat16", "float16"):
         return False
-    return _block_tiles(int(a.shape[1]), itemsize(dt)) > 0
+    return _plan(int(a.shape[1]), itemsize(dt))[1] > 0
