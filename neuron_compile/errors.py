@@ -8,6 +8,7 @@ A user of this backend must see the failure, never a quiet fallback to eager.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 SUPPORTED_OPS_HINT = (
     "See neuron_compile.supported_ops() or docs/ops.md for what is supported. To run the rest of the "
@@ -28,6 +29,22 @@ class UnsupportedNode:
     inputs: str
     source: str
     reason: str = ""
+
+    @classmethod
+    def from_node(cls, node: Any, reason: str) -> UnsupportedNode:
+        """The entry for FX ``node``: its op, input shapes/dtypes and the user's source line (from the
+        node's provenance); for ``node=None`` (the failing node is unknown), the whole graph."""
+        if node is None:
+            return cls(op="graph", inputs="", source="<unknown source line>", reason=reason)
+        # Imported here: this module is imported by everything and must stay free of torch.fx work.
+        from . import provenance
+
+        return cls(
+            op=provenance.op_name(node),
+            inputs=provenance.describe_inputs(node),
+            source=provenance.user_source(node),
+            reason=reason,
+        )
 
     def describe(self) -> str:
         why = f" — {self.reason}" if self.reason else ""

@@ -24,7 +24,8 @@ _STATIC_SHAPE_FIX = (
 )
 
 
-def _symbolic(value: Any) -> bool:
+def is_symbolic(value: Any) -> bool:
+    """Whether ``value`` is a symbolic size or scalar (SymInt/SymFloat/SymBool) rather than a number."""
     return isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool))
 
 
@@ -41,10 +42,10 @@ def check_static_shapes(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node, value in zip(placeholders, example_inputs):
         example = node.meta.get("example_value", value)
-        if _symbolic(value) or _symbolic(example):
+        if is_symbolic(value) or is_symbolic(example):
             problems.append(f"  input '{node.name}' is a symbolic size ({example})")
         elif isinstance(example, torch.Tensor):
-            dims = [f"dim {i} = {s}" for i, s in enumerate(example.shape) if _symbolic(s)]
+            dims = [f"dim {i} = {s}" for i, s in enumerate(example.shape) if is_symbolic(s)]
             if dims:
                 problems.append(
                     f"  input '{node.name}' of shape {list(example.shape)} has symbolic "
@@ -98,25 +99,12 @@ def data_dependent_error(gm: torch.fx.GraphModule, error: BaseException) -> Neur
 
     reason = f"data-dependent value ({str(error).splitlines()[0][:160]}); neuronx-cc needs static shapes: pass sizes as Python ints"
     nodes = [
-        UnsupportedNode(
-            op=provenance.op_name(node),
-            inputs=provenance.describe_inputs(node),
-            source=provenance.user_source(node),
-            reason=reason,
-        )
+        UnsupportedNode.from_node(node, reason)
         for node in gm.graph.nodes
         if node.op == "call_function" and free_unbacked_symbols(node.meta.get("example_value"))
     ]
     if not nodes:
-        node = _node_being_traced(gm, error)
-        nodes = [
-            UnsupportedNode(
-                op=provenance.op_name(node) if node else "graph",
-                inputs=provenance.describe_inputs(node) if node else "",
-                source=provenance.user_source(node) if node else "<unknown source line>",
-                reason=reason,
-            )
-        ]
+        nodes = [UnsupportedNode.from_node(_node_being_traced(gm, error), reason)]
     return NeuronUnsupportedOpError(gm.__class__.__name__, nodes)
 
 
@@ -193,8 +181,8 @@ def _symbolic_sizes(val: Any) -> list[str]:
     out = []
     for t in vals:
         if isinstance(t, torch.Tensor):
-            out += [str(s) for s in t.shape if isinstance(s, torch.SymInt)]
-        elif isinstance(t, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            out += [str(s) for s in t.shape if is_symbolic(s)]
+        elif is_symbolic(t):
             out.append(str(t))
     return out
 
@@ -213,11 +201,9 @@ def check_fx_graph(gm: torch.fx.GraphModule, name: str) -> None:
         sizes = _symbolic_sizes(node.meta.get("val"))
         if sizes:
             bad.append(
-                UnsupportedNode(
-                    op=provenance.op_name(node),
-                    inputs=provenance.describe_inputs(node),
-                    source=provenance.user_source(node),
-                    reason=f"data-dependent output shape ({', '.join(sizes)}): neuronx-cc needs static shapes; "
+                UnsupportedNode.from_node(
+                    node,
+                    f"data-dependent output shape ({', '.join(sizes)}): neuronx-cc needs static shapes; "
                     "keep the shape fixed (e.g. torch.where(mask, x, 0) instead of x[mask])",
                 )
             )

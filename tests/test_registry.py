@@ -49,12 +49,15 @@ def test_registrations_can_be_found_by_grepping_the_op_name() -> None:
     """No registration through f-strings, getattr or loops over tables: the op is written out."""
     missing = []
     for name, op in _ops.items():
-        source = Path(inspect.getsourcefile(inspect.unwrap(LOWERINGS[op]))).read_text()
-        packet, overload = op._schema.name.split("::")[-1], op._overloadname
-        written = re.search(rf"aten\.{re.escape(packet)}(\.{re.escape(overload)})?\b(?!\.)", source)
-        written = written or f"aten.{packet}.{overload}" in source
+        path = Path(inspect.getsourcefile(inspect.unwrap(LOWERINGS[op])))
+        source = path.read_text()
+        namespace, packet = op._schema.name.split("::")
+        overload = op._overloadname
+        qualified = rf"{re.escape(namespace)}\.{re.escape(packet)}"
+        written = re.search(rf"{qualified}(\.{re.escape(overload)})?\b(?!\.)", source)
+        written = written or f"{namespace}.{packet}.{overload}" in source
         if not written:
-            missing.append(f"{name}: neither aten.{packet}.{overload} nor aten.{packet} appears in {Path(source).name}")
+            missing.append(f"{name}: neither {name} nor {namespace}.{packet} appears in {path.name}")
     assert not missing, "\n".join(missing)
 
 
@@ -168,3 +171,40 @@ def test_lowered_and_decomposed_overlap_is_listed_exactly() -> None:
     assert overlap - listed == set(), f"lowered and decomposed, not explained: {sorted(overlap - listed)}"
     assert listed - overlap == set(), f"listed but no longer in both tables: {sorted(listed - overlap)}"
     assert all(reason.strip() for reason in decompositions.LOWERED_AND_DECOMPOSED.values())
+
+
+# ---- shared pieces said once ---------------------------------------------------------------------------
+@pytest.mark.parametrize("ndim", [0, 1, 3])
+def test_canonical_dim_matches_torch(ndim: int) -> None:
+    from neuron_compile.lowering.semantics import canonical_dim
+
+    x = torch.zeros((2,) * ndim)
+    for dim in range(-max(ndim, 1), max(ndim, 1)):
+        # torch's own answer: the size of dim ``dim`` equals the size at the canonical axis
+        axis = canonical_dim(dim, ndim)
+        assert 0 <= axis < max(ndim, 1), (dim, ndim, axis)
+        if ndim:
+            assert axis == dim % ndim, (dim, ndim, axis)
+        assert torch.sum(x, dim=dim).shape == torch.sum(x, dim=axis).shape
+    with pytest.raises(IndexError):
+        canonical_dim(max(ndim, 1), ndim)
+
+
+def test_is_symbolic() -> None:
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from neuron_compile.graph_checks import is_symbolic
+
+    sym = ShapeEnv().create_unbacked_symint()
+    assert is_symbolic(sym) and not is_symbolic(3) and not is_symbolic(2.0) and not is_symbolic(torch.ones(1))
+
+
+def test_unsupported_node_from_node_names_op_inputs_and_line() -> None:
+    from neuron_compile.errors import UnsupportedNode
+
+    gm = make_fx(lambda x: (torch.ops.aten.relu.default(x),), tracing_mode="fake")(torch.ones(2, 3))
+    node = next(n for n in gm.graph.nodes if n.op == "call_function")
+    entry = UnsupportedNode.from_node(node, "because")
+    assert entry.op == "aten.relu.default" and "[2, 3]" in entry.inputs and entry.reason == "because", entry
+    graph = UnsupportedNode.from_node(None, "because")
+    assert graph.op == "graph" and graph.source == "<unknown source line>", graph

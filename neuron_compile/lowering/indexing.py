@@ -25,15 +25,11 @@ from jax import lax
 
 from .registry import Unsupported, register_lowering, register_refusal
 from .scan import associative_scan
-from .semantics import broadcast, convert, is_array, is_float, out_dtype, out_shape
+from .semantics import broadcast, canonical_dim, convert, is_array, is_float, out_dtype, out_shape
 
 aten = torch.ops.aten
 
 _DATA_DEPENDENT = "its output shape depends on tensor values, which a static-shape graph cannot express"
-
-
-def _axis(d: int, ndim: int) -> int:
-    return d % ndim if ndim else 0
 
 
 def _coords(index: Any, dim: int) -> tuple[Any, ...]:
@@ -62,7 +58,7 @@ def gather(x, dim, index, *, sparse_grad=False):
         # torch checks ranks only for a non-empty index: an empty one of any rank gives an empty result.
         return jnp.zeros(out_shape(), x.dtype)
     xs, index = _as_nd(x), _as_nd(index)
-    out = xs.at[_coords(index, _axis(dim, xs.ndim))].get(mode="clip")
+    out = xs.at[_coords(index, canonical_dim(dim, xs.ndim))].get(mode="clip")
     return jnp.reshape(out, out_shape())
 
 
@@ -80,7 +76,7 @@ def _scatter(x, dim, index, src, how: str) -> Any:
     if index.size == 0:  # as in gather, an empty index of any rank writes nothing
         return x
     xs, index = _as_nd(x), _as_nd(index)
-    dim = _axis(dim, xs.ndim)
+    dim = canonical_dim(dim, xs.ndim)
     src = _src_window(src, index.shape, xs.dtype)
     ref = xs.at[_coords(index, dim)]
     out = getattr(ref, _reduction(how, xs.dtype))(src, mode="drop")
@@ -125,7 +121,7 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     if reduce not in ("sum", "prod", "mean", "amax", "amin"):
         raise Unsupported(f"scatter_reduce with reduce='{reduce}'")
     xs, index = _as_nd(x), _as_nd(index)
-    d = _axis(dim, xs.ndim)
+    d = canonical_dim(dim, xs.ndim)
     coords = _coords(index, d)
     src = _src_window(src, index.shape, xs.dtype)
     base = xs
@@ -198,13 +194,13 @@ def index_put(x, indices, values, accumulate=False):
 
 
 def _along(dim: int, ndim: int, index: Any) -> tuple[Any, ...]:
-    return (slice(None),) * _axis(dim, ndim) + (index,)
+    return (slice(None),) * canonical_dim(dim, ndim) + (index,)
 
 
 @register_lowering(aten.index_select)
 def index_select(x, dim, index):
     xs = _as_nd(x)
-    out = jnp.take(xs, jnp.reshape(index, (-1,)), axis=_axis(dim, xs.ndim), mode="clip")
+    out = jnp.take(xs, jnp.reshape(index, (-1,)), axis=canonical_dim(dim, xs.ndim), mode="clip")
     return jnp.reshape(out, out_shape())
 
 
@@ -219,7 +215,7 @@ def _index_write(x, dim, index, source, how: str) -> Any:
 
 def _index_write_shape(shape, dim, n):
     shape = list(shape)
-    shape[_axis(dim, len(shape))] = n
+    shape[canonical_dim(dim, len(shape))] = n
     return tuple(shape)
 
 
@@ -273,21 +269,21 @@ def _embed(x: Any, src: Any, axis: int, start: int, stop: int, step: int) -> Any
 
 @register_lowering(aten.slice_scatter)
 def slice_scatter(x, src, dim=0, start=None, end=None, step=1):
-    axis = _axis(dim, x.ndim)
+    axis = canonical_dim(dim, x.ndim)
     start, stop, step = slice(start, end, step).indices(x.shape[axis])
     return _embed(x, src, axis, start, max(stop, start), step)
 
 
 @register_lowering(aten.select_scatter)
 def select_scatter(x, src, dim, index):
-    axis = _axis(dim, x.ndim)
+    axis = canonical_dim(dim, x.ndim)
     index = index % x.shape[axis]
     return _embed(x, jnp.expand_dims(src, axis), axis, index, index + 1, 1)
 
 
 @register_lowering(aten.diagonal_scatter)
 def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
-    d1, d2 = _axis(dim1, x.ndim), _axis(dim2, x.ndim)
+    d1, d2 = canonical_dim(dim1, x.ndim), canonical_dim(dim2, x.ndim)
     xt = jnp.moveaxis(x, (d1, d2), (-2, -1))
     n = src.shape[-1]
     rows = np.arange(n) + max(-offset, 0)

@@ -118,14 +118,7 @@ class _GraphTracer:
         return lax.bitwise_xor(seed, mix)
 
     def fail(self, node: torch.fx.Node, reason: str) -> None:
-        self.failures.append(
-            UnsupportedNode(
-                op=provenance.op_name(node),
-                inputs=provenance.describe_inputs(node),
-                source=provenance.user_source(node),
-                reason=reason,
-            )
-        )
+        self.failures.append(UnsupportedNode.from_node(node, reason))
 
     def run(
         self, gm: torch.fx.GraphModule, args: list[Any], extra: list[torch.fx.Node] | tuple = ()

@@ -18,7 +18,7 @@ from jax import lax
 
 from . import device_calls
 from .registry import Unsupported, current, register_lowering
-from .semantics import convert, opmath_dtype, out_dtype, out_shape
+from .semantics import canonical_dim, convert, opmath_dtype, out_dtype, out_shape
 
 aten = torch.ops.aten
 
@@ -46,7 +46,7 @@ def _softmax_parts(x: Any, dim: int) -> tuple[Any, Any, int]:
     """(x - max, sum(exp(x - max)), axis) in float32 for 16-bit input; NaN and all -inf rows give NaN
     as in eager."""
     xf = _up(x)
-    axis = dim % xf.ndim
+    axis = canonical_dim(dim, xf.ndim)
     shifted = lax.sub(xf, jnp.max(xf, axis=axis, keepdims=True))
     return shifted, jnp.sum(jnp.exp(shifted), axis=axis, keepdims=True), axis
 
@@ -110,7 +110,7 @@ def softmax_backward(grad, output, dim, input_dtype):
 @_backward_with_rank
 def log_softmax_backward(grad, output, dim, input_dtype):
     g, y = _up(grad), _up(output)
-    return convert(lax.sub(g, lax.mul(jnp.exp(y), jnp.sum(g, axis=dim % g.ndim, keepdims=True))), out_dtype())
+    return convert(lax.sub(g, lax.mul(jnp.exp(y), jnp.sum(g, axis=canonical_dim(dim, g.ndim), keepdims=True))), out_dtype())
 
 
 # ---- layer norm ------------------------------------------------------------------------------------

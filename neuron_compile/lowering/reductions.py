@@ -13,7 +13,7 @@ from jax import lax
 
 from . import device_calls
 from .registry import register_lowering
-from .semantics import convert, is_float, opmath_dtype, out_dtype
+from .semantics import canonical_dim, convert, is_float, opmath_dtype, out_dtype
 
 aten = torch.ops.aten
 
@@ -23,7 +23,7 @@ def _axes(x, dim) -> tuple[int, ...]:
         return tuple(range(x.ndim))
     if isinstance(dim, int):
         dim = [dim]
-    return tuple(sorted({d % x.ndim if x.ndim else 0 for d in dim})) if x.ndim else ()
+    return tuple(sorted({canonical_dim(d, x.ndim) for d in dim})) if x.ndim else ()
 
 
 def _acc_dtype(dtype):
@@ -66,7 +66,7 @@ def _arg_extreme(x, dim, keepdim, largest):
     if dim is None or x.ndim == 0:
         index = device_calls.arg_extreme(jnp.reshape(x, (-1,)), 0, largest).astype(jnp.int64)
         return jnp.reshape(index, (1,) * x.ndim if keepdim else ())
-    axis = dim % x.ndim
+    axis = canonical_dim(dim, x.ndim)
     index = device_calls.arg_extreme(x, axis, largest).astype(jnp.int64)
     return jnp.expand_dims(index, axis) if keepdim else index
 

@@ -15,7 +15,7 @@ import torch
 from jax import lax
 
 from .registry import register_lowering
-from .semantics import convert, is_float, opmath_dtype, out_dtype
+from .semantics import canonical_dim, convert, is_float, opmath_dtype, out_dtype
 
 aten = torch.ops.aten
 
@@ -46,14 +46,10 @@ def associative_scan(combine: Combine, xs: Sequence[Any], axis: int) -> list[Any
     return xs
 
 
-def _axis(x: Any, dim: int) -> int:
-    return dim % x.ndim if x.ndim else 0
-
-
 def _scan1(x: Any, dim: int, combine: Callable[[Any, Any], Any], compute: Any) -> Any:
     if x.ndim == 0:
         return convert(x, out_dtype())
-    (y,) = associative_scan(lambda a, b: [combine(a[0], b[0])], [convert(x, compute)], _axis(x, dim))
+    (y,) = associative_scan(lambda a, b: [combine(a[0], b[0])], [convert(x, compute)], canonical_dim(dim, x.ndim))
     return convert(y, out_dtype())
 
 
@@ -85,7 +81,7 @@ def logcumsumexp(x, dim):
 def _cum_extreme(x: Any, dim: int, later_wins: Callable[[Any, Any], Any]) -> tuple[Any, Any]:
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
-    axis = _axis(x, dim)
+    axis = canonical_dim(dim, x.ndim)
     idx = lax.broadcasted_iota(jnp.int64, x.shape, axis)
 
     def combine(a, b):

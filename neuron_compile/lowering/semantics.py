@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
-from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, canonicalize_dim, elementwise_dtypes
 
 from ..dtypes import DEVICE_DTYPES
 from .registry import Unsupported, current, register_lowering
@@ -172,3 +172,9 @@ def register_pointwise(
         return fn
 
     return decorate
+
+
+def canonical_dim(dim: int, ndim: int) -> int:
+    """``dim`` of a rank-``ndim`` tensor as a non-negative axis, with torch's rules (negative dims count
+    from the end; a 0-d tensor takes dim 0 or -1 as axis 0). Raises IndexError when out of range."""
+    return canonicalize_dim(ndim, dim)

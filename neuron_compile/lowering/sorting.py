@@ -30,13 +30,9 @@ from jax import lax
 
 from . import device_calls
 from .registry import register_lowering
-from .semantics import convert, is_float, out_shape
+from .semantics import canonical_dim, convert, is_float, out_shape
 
 aten = torch.ops.aten
-
-
-def _axis(dim: int, ndim: int) -> int:
-    return dim % ndim if ndim else 0
 
 
 def sort_key(x: Any, descending: bool = False) -> Any:
@@ -65,7 +61,7 @@ def sort_along(x: Any, axis: int, descending: bool = False) -> tuple[Any, Any]:
 
 def _sorted(x: Any, dim: int, descending: bool) -> tuple[Any, Any, int]:
     xs = jnp.reshape(x, (1,)) if x.ndim == 0 else x
-    axis = _axis(dim, xs.ndim)
+    axis = canonical_dim(dim, xs.ndim)
     values, indices = sort_along(xs, axis, descending)
     return values, indices, axis
 
@@ -89,7 +85,7 @@ def topk(x, k, dim=-1, largest=True, sorted=True):
         pick = lambda a: lax.slice_in_dim(a, 0, k, axis=v.ndim - 1)  # noqa: E731
         return pick(values), pick(indices)
 
-    values, indices = device_calls.topk(xs, k, _axis(dim, xs.ndim), largest, reference)
+    values, indices = device_calls.topk(xs, k, canonical_dim(dim, xs.ndim), largest, reference)
     shape = out_shape(0)
     return jnp.reshape(values, shape), jnp.reshape(convert(indices, jnp.int64), shape)
 

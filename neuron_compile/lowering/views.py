@@ -9,13 +9,9 @@ import torch
 from jax import lax
 
 from .registry import Unsupported, current, register_lowering
-from .semantics import convert, jax_dtype, out_dtype, out_shape
+from .semantics import canonical_dim, convert, jax_dtype, out_dtype, out_shape
 
 aten = torch.ops.aten
-
-
-def _dim(d: int, ndim: int) -> int:
-    return d % ndim if ndim else 0
 
 
 @register_lowering(aten.alias, aten.clone, aten.detach, aten.lift_fresh_copy, aten.contiguous)
@@ -41,7 +37,7 @@ def view_dtype(x, dtype):
 
 @register_lowering(aten.permute, aten.permute_copy)
 def permute(x, dims):
-    return lax.transpose(x, tuple(_dim(d, x.ndim) for d in dims))
+    return lax.transpose(x, tuple(canonical_dim(d, x.ndim) for d in dims))
 
 
 @register_lowering(aten.t, aten.t_copy)
@@ -53,7 +49,7 @@ def t(x):
 def transpose(x, dim0, dim1):
     perm = list(range(x.ndim))
     if x.ndim:
-        a, b = _dim(dim0, x.ndim), _dim(dim1, x.ndim)
+        a, b = canonical_dim(dim0, x.ndim), canonical_dim(dim1, x.ndim)
         perm[a], perm[b] = perm[b], perm[a]
     return lax.transpose(x, tuple(perm))
 
@@ -77,7 +73,7 @@ def squeeze(x, dim=None):
 
 @register_lowering(aten.slice.Tensor, aten.slice_copy.Tensor)
 def slice_dim(x, dim=0, start=None, end=None, step=1):
-    d = _dim(dim, x.ndim)
+    d = canonical_dim(dim, x.ndim)
     size = x.shape[d]
     start, stop, step = slice(start, end, step).indices(size)
     stop = max(stop, start)
@@ -86,7 +82,7 @@ def slice_dim(x, dim=0, start=None, end=None, step=1):
 
 @register_lowering(aten.select.int, aten.select_copy.int)
 def select(x, dim, index):
-    d = _dim(dim, x.ndim)
+    d = canonical_dim(dim, x.ndim)
     index = index % x.shape[d]
     return lax.index_in_dim(x, index, axis=d, keepdims=False)
 
@@ -97,13 +93,13 @@ def cat(tensors, dim=0):
     arrays = [convert(t, dtype) for t in tensors if not (t.ndim == 1 and t.shape[0] == 0)]
     if not arrays:
         return jnp.zeros(out_shape(), dtype)
-    d = _dim(dim, arrays[0].ndim)
+    d = canonical_dim(dim, arrays[0].ndim)
     return lax.concatenate(arrays, d)
 
 
 @register_lowering(aten.split_with_sizes, aten.split_with_sizes_copy)
 def split_with_sizes(x, split_sizes, dim=0):
-    d = _dim(dim, x.ndim)
+    d = canonical_dim(dim, x.ndim)
     out, start = [], 0
     for s in split_sizes:
         out.append(lax.slice_in_dim(x, start, start + s, axis=d))
@@ -113,7 +109,7 @@ def split_with_sizes(x, split_sizes, dim=0):
 
 @register_lowering(aten.split.Tensor, aten.split_copy.Tensor)
 def split(x, split_size, dim=0):
-    d = _dim(dim, x.ndim)
+    d = canonical_dim(dim, x.ndim)
     n = x.shape[d]
     sizes = [min(split_size, n - s) for s in range(0, n, split_size)] or [0]
     return split_with_sizes(x, sizes, d)
@@ -121,13 +117,13 @@ def split(x, split_size, dim=0):
 
 @register_lowering(aten.unbind.int, aten.unbind_copy.int)
 def unbind(x, dim=0):
-    d = _dim(dim, x.ndim)
+    d = canonical_dim(dim, x.ndim)
     return [lax.index_in_dim(x, i, axis=d, keepdims=False) for i in range(x.shape[d])]
 
 
 @register_lowering(aten.flip)
 def flip(x, dims):
-    return lax.rev(x, tuple(_dim(d, x.ndim) for d in dims))
+    return lax.rev(x, tuple(canonical_dim(d, x.ndim) for d in dims))
 
 
 @register_lowering(aten._to_copy)
@@ -148,7 +144,7 @@ def copy(x, src, non_blocking=False):
 def diagonal(x, offset=0, dim1=0, dim2=1):
     # Same layout as torch: dim1 and dim2 removed, the diagonal appended as the last dim. A gather with
     # static indices (jnp.diagonal would emit a conditional, which neuronx-cc refuses).
-    d1, d2 = _dim(dim1, x.ndim), _dim(dim2, x.ndim)
+    d1, d2 = canonical_dim(dim1, x.ndim), canonical_dim(dim2, x.ndim)
     rest = [d for d in range(x.ndim) if d not in (d1, d2)]
     x = lax.transpose(x, (*rest, d1, d2))
     n1, n2 = x.shape[-2], x.shape[-1]
