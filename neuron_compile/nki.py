@@ -21,8 +21,8 @@ def _real_nki() -> Any | None:
         return None
     try:
         import nki as real  # the AWS package, not this module (absolute import)
-        import nki.isa  # noqa: F401
-        import nki.language  # noqa: F401
+        import nki.isa
+        import nki.language
     except Exception:  # noqa: BLE001 - absent, the placeholder, or broken: all mean "emulate"
         return None
     return real if hasattr(real, "jit") and hasattr(real, "simulate") else None

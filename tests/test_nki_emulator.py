@@ -178,7 +178,6 @@ def test_freed_tiles_release_capacity():
         for _ in range(10):  # each tile takes 100 KiB per partition; only ~2 are ever live
             t = _sbuf((128, 25 * 1024))
             nisa.memset(t, 0.0)
-        return None
 
     _, st = nki.simulate(nki.jit(k), stats=True)(rand(2, 2))
     assert st.sbuf_peak_bytes_per_partition == 2 * 100 * 1024

@@ -137,8 +137,8 @@ def test_kernel_matches_reference_and_eager(name, shape_id, build, eager, dtype)
         assert k.shape == e.shape and k.dtype == e.dtype, f"{what}: {k.shape}/{k.dtype} vs eager {e.shape}/{e.dtype}"
         if dtype == torch.float32:
             scale = max(float(e.abs().max()), 1.0)
-            torch.testing.assert_close(k, e, rtol=1e-4, atol=1e-4 * scale, msg=lambda m: f"{what} kernel: {m}")
-            torch.testing.assert_close(r, e, rtol=1e-4, atol=1e-4 * scale, msg=lambda m: f"{what} reference: {m}")
+            torch.testing.assert_close(k, e, rtol=1e-4, atol=1e-4 * scale, msg=lambda m, w=what: f"{w} kernel: {m}")
+            torch.testing.assert_close(r, e, rtol=1e-4, atol=1e-4 * scale, msg=lambda m, w=what: f"{w} reference: {m}")
         else:
             e32 = _as_tuple(eager(*(t.float() for t in tensors), *consts))[spec.outputs.index(out_name)].detach()
             step = 2.0 ** -8 * float(e32.abs().max())

@@ -12,8 +12,9 @@ Kernel modules: :mod:`.matmul`, :mod:`.softmax`, :mod:`.norms`, :mod:`.attention
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["KERNELS", "KernelSpec"]
 

@@ -260,7 +260,7 @@ def flash_attention_bwd_reference(q: Any, k: Any, v: Any, o: Any, do: Any, lse: 
 
     s, sc = _scores(q, k, causal, scale)
     p = jnp.exp(s - lse[..., None])
-    f = lambda x: x.astype(jnp.float32)  # noqa: E731
+    f = lambda x: x.astype(jnp.float32)
     dv = jnp.einsum("bhqk,bhqd->bhkd", p, f(do))
     dp = jnp.einsum("bhqd,bhkd->bhqk", f(do), f(v))
     di = jnp.sum(f(do) * f(o), axis=-1, keepdims=True)

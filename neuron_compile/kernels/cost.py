@@ -47,12 +47,12 @@ from typing import Any
 
 __all__ = [
     "GENERATIONS",
-    "Generation",
     "CostEstimate",
+    "Generation",
     "estimate",
+    "generation",
     "instruction_cycles",
     "roofline_seconds",
-    "generation",
 ]
 
 

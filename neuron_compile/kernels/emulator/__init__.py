@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -115,8 +116,6 @@ def _is_data_free(x: Any) -> bool:
 def _data_free_outputs(kernel: Kernel, args: tuple, kwargs: dict) -> Any:
     """A kernel called on fake/meta tensors: shape-only mode, outputs as empty tensors of the ambient
     (fake) mode with the inferred shapes and dtypes; every hardware rule is still checked."""
-    import torch
-
     like = next(a for a in (*args, *kwargs.values()) if _is_data_free(a))
     specs = infer_shapes(kernel)(*args, **kwargs)
 

@@ -290,7 +290,7 @@ class _Alloc:
 class ds:
     """``nl.ds(start, size)``: a dynamic slice ``start:start+size``."""
 
-    __slots__ = ("start", "size")
+    __slots__ = ("size", "start")
 
     def __init__(self, start: int, size: int):
         self.start, self.size = int(start), int(size)
@@ -306,7 +306,7 @@ def _fmt_shape(t: NkiTensor) -> str:
 class NkiTensor:
     """An NKI tensor or a view of one: a NumPy view plus dtype and buffer; views share storage."""
 
-    __slots__ = ("_arr", "_written", "_alloc", "dtype", "buffer", "name", "p0", "pstep")
+    __slots__ = ("_alloc", "_arr", "_written", "buffer", "dtype", "name", "p0", "pstep")
 
     def __init__(self, arr: np.ndarray, dtype: str, buffer: Buffer, alloc: Any = None, name: str = "",
                  written: np.ndarray | None = None, p0: int = 0, pstep: int = 1):
@@ -435,7 +435,7 @@ class NkiTensor:
         return self._view(np.broadcast_to(self._arr, shape))
 
     def broadcast_to(self, shape: Any) -> NkiTensor:
-        if self.buffer.on_chip and tuple(shape)[0] != self.shape[0]:
+        if self.buffer.on_chip and next(iter(shape)) != self.shape[0]:
             raise NkiValidationError(f"cannot broadcast the partition dim of on-chip {_fmt_shape(self)}")
         return self._view(np.broadcast_to(self._arr, tuple(shape)))
 

@@ -8,7 +8,8 @@ write, and counts itself on its engine. In shape-only mode the checks and counts
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -25,11 +26,33 @@ from .core import (
 )
 
 __all__ = [
-    "NkiError", "NkiValidationError", "dma_copy", "tensor_copy", "nc_matmul", "nc_transpose", "activation",
-    "activation_reduce", "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor", "tensor_reduce", "memset",
-    "iota", "affine_select", "reciprocal", "tensor_partition_reduce", "bn_stats", "bn_aggr",
-    "tensor_engine", "vector_engine", "scalar_engine", "gpsimd_engine", "unknown_engine",
-    "reduce_cmd", "dge_mode", "oob_mode",
+    "NkiError",
+    "NkiValidationError",
+    "activation",
+    "activation_reduce",
+    "affine_select",
+    "bn_aggr",
+    "bn_stats",
+    "dge_mode",
+    "dma_copy",
+    "gpsimd_engine",
+    "iota",
+    "memset",
+    "nc_matmul",
+    "nc_transpose",
+    "oob_mode",
+    "reciprocal",
+    "reduce_cmd",
+    "scalar_engine",
+    "scalar_tensor_tensor",
+    "tensor_copy",
+    "tensor_engine",
+    "tensor_partition_reduce",
+    "tensor_reduce",
+    "tensor_scalar",
+    "tensor_tensor",
+    "unknown_engine",
+    "vector_engine",
 ]
 
 tensor_engine = "tensor"
@@ -39,21 +62,21 @@ gpsimd_engine = "gpsimd"
 unknown_engine = None
 
 
-class reduce_cmd:  # noqa: N801 - mirrors the NKI enum's spelling
+class reduce_cmd:
     idle = "idle"
     reset = "reset"
     reduce = "reduce"
     reset_reduce = "reset_reduce"
 
 
-class dge_mode:  # noqa: N801
+class dge_mode:
     unknown = "unknown"
     none = "none"
     swdge = "swdge"
     hwdge = "hwdge"
 
 
-class oob_mode:  # noqa: N801
+class oob_mode:
     error = "error"
     skip = "skip"
 

@@ -6,7 +6,8 @@ objects are the ``nl.*`` wrappers. Every engine computes in fp32 and rounds when
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from scipy import special
