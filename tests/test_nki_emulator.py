@@ -407,3 +407,18 @@ def test_sub_kernel_is_inlined_into_the_calling_kernel():
     x = rand(16, 8)
     np.testing.assert_allclose(outer(x), np.exp(x), rtol=1e-6)
     assert nki.last_run_stats().instructions() == {"tensor": 0, "vector": 1, "scalar": 1, "gpsimd": 0, "dma": 2}
+
+
+def test_spmd_grid_runs_every_program():
+    @nki.jit
+    def halves(x, out):
+        n = x.shape[0] // nl.num_programs(0)
+        r0 = nl.program_id(0) * n
+        t = _sbuf((n, x.shape[1]))
+        nisa.dma_copy(t, x[r0:r0 + n])
+        nisa.tensor_scalar(t, t, nl.add, float(nl.program_id(0)))
+        nisa.dma_copy(out[r0:r0 + n], t)
+
+    x, out = rand(64, 4), np.zeros((64, 4), F32)
+    nki.simulate(halves[2])(x, out)  # LNC=2: both programs write their half of the output argument
+    np.testing.assert_allclose(out, x + np.repeat([0.0, 1.0], 32)[:, None])
