@@ -162,8 +162,9 @@ def run_aten(fn: Callable[..., Any], inputs: list[Any], tracing_mode: str = "rea
 
     gm = make_fx(as_tuple, tracing_mode=tracing_mode)(*inputs)
     lowered = lower_graph(gm, list(inputs), "families")
-    executable = CpuTarget().compile(lowered.stablehlo())
-    graph = CompiledGraph("families", executable, lowered.inputs, lowered.outputs, lowered.needs_rng_seed)
+    target = CpuTarget()
+    executable = target.compile(lowered.stablehlo())
+    graph = CompiledGraph("families", target, executable, lowered.inputs, lowered.outputs, lowered.needs_rng_seed)
     return graph(list(inputs))
 
 
