@@ -20,6 +20,7 @@ from .stats import STATS
 from .version import __version__
 
 __all__ = [
+    "EvaluationReport",
     "NeuronCompileError",
     "NeuronDynamicShapeError",
     "NeuronOptionsError",
@@ -29,6 +30,8 @@ __all__ = [
     "UnsupportedNode",
     "__version__",
     "cache_stats",
+    "evaluate",
+    "pad_to_bucket",
     "supported_ops",
 ]
 
@@ -39,3 +42,22 @@ def supported_ops() -> list[str]:
 
     return registry_ops()
 
+
+#: Public names whose modules load on first use: ``import neuron_compile`` must stay light (no jax, no
+#: lowerings), and evaluation pulls in the whole backend.
+_LAZY = {
+    "evaluate": ("neuron_compile.evaluate", "evaluate"),
+    "EvaluationReport": ("neuron_compile.evaluate", "EvaluationReport"),
+    "pad_to_bucket": ("neuron_compile.bucketing", "pad_to_bucket"),
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'neuron_compile' has no attribute {name!r}")

@@ -1,0 +1,343 @@
+"""``evaluate(model, example_inputs)``: compile and run one model as a user would, and report.
+
+Phases (each announced on stderr): Dynamo's explain (graphs and breaks), a float64 reference step, eager
+steps, the cold compiled step (every graph through the neuron backend; a graph it refuses is recorded and,
+for this evaluation only, run in eager so the later graphs are seen too), steady compiled steps, and a warm
+start (Dynamo reset, the in-process cache layer dropped, the disk cache kept).
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..errors import NeuronCompileError, NeuronFloat64Warning, NeuronUnsupportedOpError, UnsupportedNode
+from ..options import Options
+from ..provenance import _describe
+from ..stats import STATS
+from .numerics import NumericsVerdict, compare_to_reference, merge
+from .report import EvaluationReport, GraphBreak, GraphEntry, advice_for, root_causes
+
+LossFn = Callable[[Any], torch.Tensor]
+
+
+def _progress(enabled: bool, message: str) -> None:
+    if enabled:
+        print(f"[neuron evaluate] {message}", file=sys.stderr, flush=True)
+
+
+def _split_inputs(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if isinstance(example_inputs, Mapping):
+        return (), dict(example_inputs)
+    if isinstance(example_inputs, (tuple, list)):
+        return tuple(example_inputs), {}
+    return (example_inputs,), {}
+
+
+def _map_tensors(fn: Callable[[torch.Tensor], torch.Tensor], tree: Any) -> Any:
+    return pytree.tree_map(lambda x: fn(x) if isinstance(x, torch.Tensor) else x, tree)
+
+
+def _to_float64(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().double().requires_grad_(x.requires_grad) if x.is_floating_point() else x.clone()
+
+
+def _clone(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().clone().requires_grad_(x.requires_grad)
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """The output's ``loss`` when it has one (transformers models given labels), else the sum of every
+    floating-point output: every output then gets a gradient of ones."""
+    loss = getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    leaves = [x for x in pytree.tree_leaves(dict(output.items()) if hasattr(output, "to_tuple") else output)
+              if isinstance(x, torch.Tensor) and x.is_floating_point()]  # fmt: skip
+    if not leaves:
+        raise ValueError("evaluate: the model returns no floating-point tensor to backpropagate from; pass loss_fn=")
+    # summed in float32 at least (a bf16 sum of many outputs is coarse), never below the reference's float64
+    return sum(x.sum(dtype=torch.promote_types(x.dtype, torch.float32)) for x in leaves)
+
+
+class _Step:
+    """One forward (+ loss + backward when training) of a model; returns what the numerics compare."""
+
+    def __init__(self, training: bool, loss_fn: LossFn | None) -> None:
+        self.training = training
+        self.loss_fn = loss_fn or default_loss
+
+    def __call__(self, model: Callable[..., Any], params: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
+        args, kwargs = _map_tensors(_clone, (args, kwargs))
+        if not self.training:
+            with torch.no_grad():
+                return {"outputs": {"output": model(*args, **kwargs)}, "grads": {}}
+        for p in params.parameters():
+            p.grad = None
+        out = model(*args, **kwargs)
+        loss = self.loss_fn(out)
+        loss.backward()
+        grads = {f"grad:{n}": p.grad for n, p in params.named_parameters() if p.grad is not None}
+        return {"outputs": {"output": out, "loss": loss}, "grads": grads}
+
+
+def _median_ms(fn: Callable[[], Any], n: int) -> float:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _disable_dropout(model: torch.nn.Module) -> int:
+    """Dropout draws a different random stream compiled than in eager: the copies compared run it at p=0."""
+    n = 0
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0:
+            m.p = 0.0
+            n += 1
+    return n
+
+
+class _CollectingBackend:
+    """The neuron backend, except that a graph it refuses is recorded and run in eager.
+
+    Only ``evaluate`` uses this, so that the unsupported ops of EVERY graph are found in one run; a normal
+    ``torch.compile(backend="neuron")`` keeps failing hard on the first one.
+    """
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self.options = dict(options)
+        self.dynamo_graphs = 0
+        self.refused: list[tuple[str, list[UnsupportedNode]]] = []
+        self.errors: list[str] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        from ..backend import neuron_backend
+
+        self.dynamo_graphs += 1
+        label = f"dynamo graph {self.dynamo_graphs}"
+        try:
+            return neuron_backend(gm, example_inputs, options=self.options)
+        except NeuronUnsupportedOpError as e:
+            self.refused.append((f"{label} ({e.graph_name})" if e.graph_name != "GraphModule" else label, list(e.nodes)))
+        except NeuronCompileError as e:
+            self.errors.append(f"{label}: {type(e).__name__}: {e}")
+        except Exception as e:  # a crash in the backend is a finding too; the evaluation goes on
+            self.errors.append(f"{label}: backend crashed: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+        return gm.forward
+
+
+def _graph_breaks(model: Callable[..., Any], args: tuple, kwargs: dict, training: bool) -> tuple[int, list[GraphBreak]]:
+    from .. import backend  # noqa: F401  (sets capture_dynamic_output_shape_ops, as a neuron compile would)
+
+    torch._dynamo.reset()
+    args, kwargs = _map_tensors(_clone, (args, kwargs))
+    ctx = torch.enable_grad() if training else torch.no_grad()
+    with ctx:
+        explained = torch._dynamo.explain(model)(*args, **kwargs)
+    breaks = []
+    for r in explained.break_reasons:
+        frame = r.user_stack[-1] if r.user_stack else None
+        reason = r.reason.strip().splitlines()[0] if r.reason.strip() else "graph break"
+        detail = next((ln.strip() for ln in r.reason.splitlines() if ln.strip().startswith("Explanation:")), "")
+        text = f"{reason} {detail}".strip()
+        breaks.append(GraphBreak(text, frame.filename if frame else "<unknown>", frame.lineno if frame else None,
+                                 advice_for(r.reason)))  # fmt: skip
+    torch._dynamo.reset()
+    return explained.graph_count, breaks
+
+
+def _reference_step(
+    model: torch.nn.Module, step: _Step, args: tuple, kwargs: dict
+) -> tuple[dict[str, Any], str]:
+    """The reference run: a float64 copy of the model where it runs, else float32 (and say why)."""
+    ref = copy.deepcopy(model)
+    _disable_dropout(ref)
+    try:
+        ref64 = ref.double()
+        a64, k64 = _map_tensors(_to_float64, (args, kwargs))
+        return step(ref64, ref64, a64, k64), ""
+    except Exception as e:  # some ops have no float64 kernel on CPU
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}" if str(e) else type(e).__name__
+        ref = copy.deepcopy(model).float()
+        _disable_dropout(ref)
+        a32, k32 = _map_tensors(lambda x: _clone(x).float() if x.is_floating_point() else x.clone(), (args, kwargs))
+        return step(ref, ref, a32, k32), f"float64 reference failed ({why}); float32 reference used"
+
+
+def _input_shapes(args: tuple, kwargs: dict) -> list[str]:
+    leaves = pytree.tree_leaves((args, kwargs))
+    return [_describe(x) for x in leaves if isinstance(x, torch.Tensor)]
+
+
+def evaluate(
+    model: torch.nn.Module,
+    example_inputs: Any,
+    *,
+    loss_fn: LossFn | None = None,
+    steps: int = 3,
+    options: Mapping[str, Any] | None = None,
+    progress: bool = True,
+) -> EvaluationReport:
+    """Can ``model`` move to Trainium? Compile it with the neuron backend, run it, and report.
+
+    ``example_inputs``: a tuple of positional arguments, a dict of keyword arguments, or one tensor.
+    A model in training mode with parameters that require grad runs forward + ``loss_fn(output)`` +
+    backward (default loss: ``output.loss`` if present, else the sum of the floating outputs); otherwise
+    inference under ``torch.no_grad()``. ``steps``: steady-state steps timed (medians). ``options``: the
+    backend's options; without ``cache_dir`` (or ``cache=False``) a fresh temporary cache directory is
+    used so that the cold compile is cold and the warm one a disk hit. ``progress``: phase lines on stderr.
+
+    The model itself is not changed: every run uses a deep copy. This resets Dynamo
+    (``torch._dynamo.reset()``) between phases, which drops other compiled functions of the process.
+    """
+    if steps < 1:
+        raise ValueError(f"evaluate: steps={steps}; need at least 1 timed step")
+    args, kwargs = _split_inputs(example_inputs)
+    user_options = dict(options or {})
+    tmp_cache = None
+    if "cache_dir" not in user_options and Options.from_user(user_options).cache:
+        tmp_cache = tempfile.TemporaryDirectory(prefix="neuron-evaluate-cache-")
+        user_options["cache_dir"] = tmp_cache.name
+    opts = Options.from_user(user_options)
+    training = model.training and any(p.requires_grad for p in model.parameters())
+    step = _Step(training, loss_fn)
+    report = EvaluationReport(
+        model=type(model).__name__, mode="training" if training else "inference", target=opts.target
+    )
+    say = lambda msg: _progress(progress, msg)  # noqa: E731
+    try:
+        _run(model, args, kwargs, step, steps, user_options, report, say)
+    finally:
+        torch._dynamo.reset()
+        if tmp_cache is not None:
+            tmp_cache.cleanup()
+    say("done: " + ("OK" if report.ok else "NOT OK"))
+    return report
+
+
+def _run(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    step: _Step,
+    steps: int,
+    options: dict[str, Any],
+    report: EvaluationReport,
+    say: Callable[[str], None],
+) -> None:
+    from ..cache import clear_memory
+
+    say("1/6 graphs and graph breaks (torch._dynamo.explain)")
+    try:
+        report.dynamo_graphs, report.graph_breaks = _graph_breaks(copy.deepcopy(model), args, kwargs, step.training)
+    except Exception as e:
+        report.errors.append(f"explain: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+
+    say("2/6 reference step (float64 copy of the model)")
+    reference, ref_note = _reference_step(model, step, args, kwargs)
+
+    say(f"3/6 eager steps (1 + {steps} timed)")
+    eager_model = copy.deepcopy(model)
+    dropped = _disable_dropout(eager_model)
+    eager = step(eager_model, eager_model, args, kwargs)
+    report.timing["eager_step_ms"] = _median_ms(lambda: step(eager_model, eager_model, args, kwargs), steps)
+
+    say("4/6 cold compile: first compiled step with an empty cache")
+    compiled_model = copy.deepcopy(model)
+    _disable_dropout(compiled_model)
+    collector = _CollectingBackend(options)
+    torch._dynamo.reset()
+    clear_memory()
+    first = len(STATS.graphs)
+    cmodel = torch.compile(compiled_model, backend=collector, dynamic=False)
+    try:
+        with warnings.catch_warnings(record=True) as raised:
+            warnings.simplefilter("always", NeuronFloat64Warning)
+            t0 = time.perf_counter()
+            compiled = step(cmodel, compiled_model, args, kwargs)
+            report.timing["compile_cold_s"] = time.perf_counter() - t0
+        for w in raised:
+            if isinstance(w.message, NeuronFloat64Warning):
+                name = str(w.message).split("'")[1] if "'" in str(w.message) else str(w.message)
+                if name not in report.float64_downcasts:
+                    report.float64_downcasts.append(name)
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    except Exception as e:
+        report.errors.append(f"compiled step: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+        report.unsupported = root_causes(collector.refused)
+        report.errors += collector.errors
+        return
+    records = STATS.graphs[first:]
+    report.graphs = [
+        GraphEntry(r.name, r.kind, r.num_ops, int(getattr(r, "nki_kernels", 0)), r.cache, r.lower_seconds, r.compile_seconds)
+        for r in records
+    ]
+    report.unsupported = root_causes(collector.refused)
+    report.errors += collector.errors
+    if not report.dynamo_graphs:
+        report.dynamo_graphs = collector.dynamo_graphs
+
+    say(f"5/6 steady compiled steps ({steps} timed)")
+    before = collector.dynamo_graphs
+    report.timing["step_ms"] = _median_ms(lambda: step(cmodel, compiled_model, args, kwargs), steps)
+    report.timing["steps"] = steps
+    report.recompiles = {
+        "input_shapes": _input_shapes(args, kwargs),
+        "compiled_graphs": collector.dynamo_graphs if not before else before,
+        "aot_graphs": len(records),
+        "recompiles_in_steps": collector.dynamo_graphs - before,
+    }
+
+    say("6/6 warm compile: Dynamo reset, compiled again from the disk cache")
+    torch._dynamo.reset()
+    clear_memory()
+    warm_model = copy.deepcopy(model)
+    _disable_dropout(warm_model)
+    warm_first = len(STATS.graphs)
+    warm_backend = _CollectingBackend(options)
+    cwarm = torch.compile(warm_model, backend=warm_backend, dynamic=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # already reported by the cold step
+        t0 = time.perf_counter()
+        step(cwarm, warm_model, args, kwargs)
+        report.timing["compile_warm_s"] = time.perf_counter() - t0
+    warm = STATS.graphs[warm_first:]
+    report.timing["warm_cache_hits"] = sum(r.cache == "hit" for r in warm)
+    report.timing["warm_graphs"] = len(warm)
+
+    outputs = compare_to_reference(reference["outputs"], eager["outputs"], compiled["outputs"])
+    groups = [outputs]
+    if step.training:
+        groups.append(_compare_grads(reference["grads"], eager["grads"], compiled["grads"]))
+    notes = [n for n in (ref_note, f"{dropped} dropout module(s) run at p=0 for the comparison" if dropped else "") if n]
+    report.numerics = merge(groups, note="; ".join(notes))
+
+
+def _compare_grads(reference: dict, eager: dict, compiled: dict) -> NumericsVerdict:
+    missing = sorted(set(eager) ^ set(compiled))
+    verdict = compare_to_reference(
+        {k: reference[k] for k in eager if k in compiled and k in reference},
+        {k: eager[k] for k in eager if k in compiled and k in reference},
+        {k: compiled[k] for k in eager if k in compiled and k in reference},
+    )
+    if missing:
+        from .numerics import TensorVerdict
+
+        for name in missing:
+            side = "compiled" if name in eager else "eager"
+            verdict.tensors.append(TensorVerdict(name, False, "-", [], None, None, None, None, None,
+                                                 why=f"no gradient in the {side} run"))  # fmt: skip
+        verdict.ok = False
+    return verdict

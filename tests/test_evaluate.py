@@ -1,0 +1,224 @@
+"""neuron_compile.evaluate and `neuron-compile evaluate`: what compiles, where it fails, numerics, timings."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import neuron_compile
+from neuron_compile.evaluate import compare_to_reference
+from neuron_compile.evaluate.report import root_causes
+from neuron_compile.errors import UnsupportedNode
+
+# Two unsupported ops on two lines, in two Dynamo graphs (the print is a graph break between them).
+UNSUPPORTED_FACTORY = textwrap.dedent(
+    """
+    import torch
+
+    class TwoUnsupported(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(8, 8)
+            self.b = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = self.a(x)
+            s = h[h > 0].sum()  # MASK_LINE
+            print("graph break")
+            g = self.b(h)
+            n = torch.nonzero(g).shape[0]  # NONZERO_LINE
+            return g.sum() + s + n
+
+    def make():
+        torch.manual_seed(0)
+        return TwoUnsupported(), (torch.randn(4, 8),)
+    """
+)
+
+SUPPORTED_FACTORY = textwrap.dedent(
+    """
+    import torch
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(16)
+            self.up = torch.nn.Linear(16, 32)
+            self.down = torch.nn.Linear(32, 4)
+
+        def forward(self, x):
+            return self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+    def make():
+        torch.manual_seed(0)
+        model = Block()
+        target = torch.randn(8, 4)
+        return model, (torch.randn(8, 16),), lambda out: torch.nn.functional.mse_loss(out, target)
+    """
+)
+
+
+def _line_of(source: str, marker: str) -> int:
+    return next(i for i, text in enumerate(source.splitlines(), 1) if marker in text)
+
+
+def _run_cli(tmp_path: Path, source: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "factory_model.py"
+    path.write_text(source)
+    return subprocess.run(
+        [sys.executable, "-m", "neuron_compile.cli", "evaluate", f"{path}:make", *extra],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+
+
+def test_cli_lists_every_unsupported_op_of_every_graph_and_exits_1(tmp_path: Path) -> None:
+    proc = _run_cli(tmp_path, UNSUPPORTED_FACTORY, "--json", "--steps", "1")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert {"graphs", "graph_breaks", "unsupported", "numerics", "timing", "recompiles"} <= set(report)
+    where = sorted((Path(u["file"]).name, u["line"], u["op"]) for u in report["unsupported"])
+    mask_line, nonzero_line = _line_of(UNSUPPORTED_FACTORY, "MASK_LINE"), _line_of(UNSUPPORTED_FACTORY, "NONZERO_LINE")
+    # one entry per root cause: the sym_size/ge/le follow-ups of each data-dependent op are folded in
+    assert where == [
+        ("factory_model.py", mask_line, "aten.index.Tensor"),
+        ("factory_model.py", nonzero_line, "aten.nonzero.default"),
+    ], json.dumps(report["unsupported"], indent=1)
+    by_op = {u["op"]: u for u in report["unsupported"]}
+    assert all(u["reason"] and u["follow_ups"] >= 1 for u in report["unsupported"])
+    assert "torch.where" in by_op["aten.index.Tensor"]["advice"]
+    assert report["graphs"]["dynamo_graphs"] == 2
+    [brk] = report["graph_breaks"]
+    assert brk["line"] == _line_of(UNSUPPORTED_FACTORY, 'print("graph break")')
+    assert report["ok"] is False
+    assert "[neuron evaluate]" in proc.stderr and "graph break" in proc.stderr  # progress; the model's prints
+
+
+def test_table_names_every_unsupported_line_and_the_verdict() -> None:
+    from neuron_compile.evaluate.report import EvaluationReport, UnsupportedEntry
+
+    report = EvaluationReport("M", "training", "cpu")
+    report.unsupported = [
+        UnsupportedEntry("aten.index.Tensor", "/m.py", 12, "data-dependent output shape (u0)", advice="use torch.where"),
+        UnsupportedEntry("aten.nonzero.default", "/m.py", 15, "data-dependent output shape (u1)"),
+    ]
+    table = str(report)
+    assert "NO" in table.splitlines()[0] and "/m.py:12" in table and "/m.py:15" in table
+    assert "advice: use torch.where" in table and not report.ok
+
+
+def test_cli_on_a_supported_model_exits_0_with_timings_and_numerics(tmp_path: Path) -> None:
+    proc = _run_cli(tmp_path, SUPPORTED_FACTORY, "--json", "--steps", "2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["ok"] and report["mode"] == "training" and report["unsupported"] == []
+    timing = report["timing"]
+    for key in ("compile_cold_s", "compile_warm_s", "step_ms", "eager_step_ms"):
+        assert isinstance(timing[key], float) and timing[key] > 0, (key, timing)
+    # the warm start compiles nothing: every graph comes from the disk cache
+    assert timing["warm_graphs"] >= 2 and timing["warm_cache_hits"] == timing["warm_graphs"], timing
+    kinds = sorted(g["kind"] for g in report["graphs"]["compiled"])
+    assert kinds == ["backward", "forward"] and all(g["aten_ops"] > 0 for g in report["graphs"]["compiled"])
+    numerics = report["numerics"]
+    assert numerics["ok"] and numerics["reference_dtype"] == "float64" and numerics["dtype"] == "float32"
+    names = {t["name"] for t in numerics["tensors"]}
+    assert {"grad:up.weight", "grad:down.bias", "loss", "output"} <= names, names
+    assert all(t["compiled_error"] is not None and t["eager_error"] is not None for t in numerics["tensors"])
+    assert report["recompiles"]["recompiles_in_steps"] == 0
+    assert report["recompiles"]["input_shapes"] == ["float32[8, 16]"]
+
+
+class _EvalModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = x.abs().max().item()  # a graph break: .item() leaves the graph
+        return self.proj(x) / (scale + 1)
+
+
+def test_inference_for_eval_models_and_item_graph_break_advice() -> None:
+    torch.manual_seed(0)
+    report = neuron_compile.evaluate(_EvalModel().eval(), (torch.randn(2, 6),), steps=1, progress=False)
+    d = report.to_dict()
+    assert report.ok, str(report)
+    assert d["mode"] == "inference"
+    assert {g["kind"] for g in d["graphs"]["compiled"]} == {"inference"}
+    assert not any(t["name"].startswith("grad:") for t in d["numerics"]["tensors"])
+    [brk] = d["graph_breaks"]
+    assert brk["file"] == __file__ and "item" in brk["advice"], brk
+    assert "graph break" in str(report) and "numerics" in str(report)
+
+
+# -- the numerics rule ------------------------------------------------------------------------------
+def _noisy(ref: torch.Tensor, rel: float, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (ref + rel * ref.abs().mean() * torch.randn(ref.shape, generator=g, dtype=ref.dtype)).to(dtype)
+
+
+@pytest.mark.parametrize(
+    "dtype, eager_rel, compiled_rel, ok",
+    [
+        (torch.float32, 1e-3, 1e-3, True),  # as far as eager: pass
+        (torch.float32, 1e-3, 1.5e-3, True),  # within torch's 2x
+        (torch.float32, 1e-3, 5e-3, False),  # 5x further than eager
+        (torch.bfloat16, 1e-2, 2e-2, True),  # within 3x for bf16
+        (torch.bfloat16, 1e-2, 1e-1, False),  # 10x
+    ],
+)
+def test_compare_to_reference_multiple_of_eager_distance(dtype, eager_rel, compiled_rel, ok) -> None:
+    ref = torch.randn(64, 64, dtype=torch.float64)
+    eager, compiled = _noisy(ref, eager_rel, dtype, 1), _noisy(ref, compiled_rel, dtype, 2)
+    verdict = compare_to_reference({"y": ref}, {"y": eager}, {"y": compiled})
+    [t] = verdict.tensors
+    assert verdict.ok is ok, t
+    assert t.eager_error is not None and t.compiled_error is not None
+    assert math.isclose(t.ratio, t.compiled_error / t.eager_error)
+    assert (t.cosine_compiled is not None) == (dtype == torch.bfloat16)
+
+
+def test_compare_to_reference_zero_gradients_judged_against_the_group_scale() -> None:
+    # a gradient that is zero in exact arithmetic (float32 noise ~1e-11) next to one of scale 1
+    ref = {"w": torch.randn(32, 32, dtype=torch.float64), "bias_k": torch.zeros(32, dtype=torch.float64)}
+    eager = {"w": ref["w"].float(), "bias_k": torch.full((32,), 1e-12)}
+    compiled = {"w": ref["w"].float(), "bias_k": torch.full((32,), 3e-11)}
+    assert compare_to_reference(ref, eager, compiled).ok
+    compiled["bias_k"] = torch.full((32,), 0.5)  # a real error at the group's scale still fails
+    verdict = compare_to_reference(ref, eager, compiled)
+    assert [t.name for t in verdict.failures] == ["bias_k"]
+
+
+def test_compare_to_reference_integers_exact_and_structure_checked() -> None:
+    ref = eager = (torch.tensor([1, 2, 3]),)
+    assert compare_to_reference(ref, eager, (torch.tensor([1, 2, 3]),)).ok
+    assert not compare_to_reference(ref, eager, (torch.tensor([1, 2, 4]),)).ok
+    with pytest.raises(ValueError, match="same structure"):
+        compare_to_reference(ref, eager, (torch.tensor([1]), torch.tensor([2])))
+
+
+def test_root_causes_fold_follow_ups_and_repeats_across_graphs() -> None:
+    why = "data-dependent output shape (u0): ..."
+    node = lambda op, line, reason=why: UnsupportedNode(op, "", f"/m.py:{line}", reason)  # noqa: E731
+    fw = [node("aten.index.Tensor", 3), node("aten.sym_size.int", 3),
+          node("ge", 3, "data-dependent output shape (u0 >= 0)"), node("aten.histc.default", 7, "no lowering")]  # fmt: skip
+    bw = [node("aten.index.Tensor", 3)]
+    entries = root_causes([("graph0_forward", fw), ("graph0_backward", bw)])
+    assert [(e.op, e.line, e.follow_ups) for e in entries] == [("aten.index.Tensor", 3, 3), ("aten.histc.default", 7, 0)]
+    assert entries[0].graphs == ["graph0_forward", "graph0_backward"]
+    assert "experts_implementation" in entries[1].advice
+
+
+def test_evaluate_is_callable_however_the_package_was_imported() -> None:
+    import neuron_compile.evaluate.cli  # noqa: F401  (binds the subpackage on the parent)
+
+    assert callable(neuron_compile.evaluate)
+    from neuron_compile import EvaluationReport, evaluate
+
+    assert callable(evaluate) and EvaluationReport.__name__ == "EvaluationReport"
