@@ -5,6 +5,7 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)
     collectives,
     convolution,
     creation,
+    histograms,
     indexing,
     linalg,
     nn,

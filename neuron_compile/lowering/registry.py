@@ -139,10 +139,16 @@ def register_refusal(*ops: OpOverload | OpOverloadPacket, reason: str) -> None:
 COLLECTIVE_LOWERINGS: dict[OpOverload, LoweringFn] = {}
 
 
+#: ``"namespace.op.overload"`` -> lowering, for custom ops of other libraries (transformers' MoE ops) that
+#: are defined when that library is imported, possibly after this package: looked up by name when a graph
+#: meets them. Not aten ops: kept out of ``supported_ops()`` and docs/ops.md.
+LIBRARY_LOWERINGS: dict[str, LoweringFn] = {}
+
+
 def lowering_for(op: Any) -> LoweringFn | None:
     if not isinstance(op, OpOverload):
         return None
-    return LOWERINGS.get(op) or COLLECTIVE_LOWERINGS.get(op)
+    return LOWERINGS.get(op) or COLLECTIVE_LOWERINGS.get(op) or LIBRARY_LOWERINGS.get(str(op))
 
 
 def refusal_for(op: Any) -> str | None:
