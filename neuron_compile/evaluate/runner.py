@@ -17,6 +17,7 @@ import warnings
 from typing import Any, Callable, Mapping
 
 import torch
+import torch._functorch.config
 import torch.utils._pytree as pytree
 
 from ..errors import NeuronCompileError, NeuronFloat64Warning, NeuronUnsupportedOpError, UnsupportedNode
@@ -175,6 +176,20 @@ def _reference_step(
         return step(ref, ref, a32, k32), f"float64 reference failed ({why}); float32 reference used"
 
 
+def _graph_name(label: str) -> str:
+    """'graph3_backward' out of the collector's 'dynamo graph 4 (graph3_backward)'."""
+    return label.rsplit("(", 1)[1].rstrip(")") if "(" in label else ""
+
+
+def _find_unsupported(error: BaseException) -> NeuronUnsupportedOpError | None:
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, NeuronUnsupportedOpError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def _input_shapes(args: tuple, kwargs: dict) -> list[str]:
     leaves = pytree.tree_leaves((args, kwargs))
     return [_describe(x) for x in leaves if isinstance(x, torch.Tensor)]
@@ -217,7 +232,10 @@ def evaluate(
     )
     say = lambda msg: _progress(progress, msg)  # noqa: E731
     try:
-        _run(model, args, kwargs, step, steps, user_options, report, say)
+        # AOTAutograd compiles a backward graph lazily, at the first backward call, outside the backend
+        # call that could record its refusal and run the graph in eager: compile it with the forward here.
+        with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+            _run(model, args, kwargs, step, steps, user_options, report, say)
     finally:
         torch._dynamo.reset()
         if tmp_cache is not None:
@@ -275,11 +293,17 @@ def _run(
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     except Exception as e:
-        report.errors.append(f"compiled step: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+        refused = _find_unsupported(e)
+        if refused is not None:
+            collector.refused.append((refused.graph_name, list(refused.nodes)))
+        else:
+            report.errors.append(f"compiled step: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
         report.unsupported = root_causes(collector.refused)
         report.errors += collector.errors
         return
-    records = STATS.graphs[first:]
+    # a Dynamo graph refused in its backward had its forward compiled already; it runs in eager all the same
+    refused = {name.split("_")[0] + "_" for _, nodes in collector.refused for name in [_graph_name(_)] if name}
+    records = [r for r in STATS.graphs[first:] if not any(r.name.startswith(p) for p in refused)]
     report.graphs = [
         GraphEntry(r.name, r.kind, r.num_ops, int(getattr(r, "nki_kernels", 0)), r.cache, r.lower_seconds, r.compile_seconds)
         for r in records
