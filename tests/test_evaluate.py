@@ -222,3 +222,30 @@ def test_evaluate_is_callable_however_the_package_was_imported() -> None:
     from neuron_compile import EvaluationReport, evaluate
 
     assert callable(evaluate) and EvaluationReport.__name__ == "EvaluationReport"
+
+
+def test_float64_models_report_the_downcast() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()).double().eval()
+    report = neuron_compile.evaluate(model, (torch.randn(3, 4, dtype=torch.float64),), steps=1, progress=False)
+    assert report.float64_downcasts and report.float64_downcasts[0].startswith("graph"), report.float64_downcasts
+    assert "float64 computed as float32" in str(report)
+
+
+@pytest.mark.parametrize(
+    "source, spec, match",
+    [
+        ("def make():\n    return 1\n", "f.py:make", "must return \\(model, example_inputs\\)"),
+        ("x = 1\n", "f.py:make", "no function 'make'"),
+        ("", "f.py", "expected FILE.py:FACTORY"),
+        ("", "missing.py:make", "no such file"),
+    ],
+)
+def test_factory_errors_name_the_problem(tmp_path: Path, monkeypatch, source: str, spec: str, match: str) -> None:
+    from neuron_compile.evaluate.cli import FactoryError, load_factory
+
+    (tmp_path / "f.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    with pytest.raises(FactoryError, match=match):
+        load_factory(spec)
