@@ -68,6 +68,8 @@ class TensorVerdict:
     cosine_eager: float | None = None
     cosine_compiled: float | None = None
     why: str = ""
+    #: Which step of the rule passed it: "exact", "allclose" or "multiple" ('' when it failed).
+    passed_by: str = ""
 
 
 @dataclass
@@ -147,7 +149,8 @@ def judge_tensor(
         return verdict(False, f"compiled is {compiled.dtype}{list(compiled.shape)}, eager {eager.dtype}{list(eager.shape)}")
     if not compiled.is_floating_point():
         same = torch.equal(compiled, eager)
-        return verdict(same, "" if same else f"{(compiled != eager).sum().item()} elements differ from eager")
+        return verdict(same, "" if same else f"{(compiled != eager).sum().item()} elements differ from eager",
+                       passed_by="exact" if same else "")
     ref = ref.detach().double()
     eager, compiled = eager.detach(), compiled.detach()
     tol = DEFAULT_TOL.get(compiled.dtype, 1e-4) if tol is None else tol
@@ -173,7 +176,7 @@ def judge_tensor(
         )
     if low_p and cos_c < min(COSINE_MIN, cos_e):
         return verdict(False, f"cosine similarity to reference {cos_c:.5f} < min({COSINE_MIN}, eager's {cos_e:.5f})", **nums)
-    return verdict(True, **nums)
+    return verdict(True, passed_by="allclose" if close else "multiple", **nums)
 
 
 def named_leaves(tree: Any, prefix: str) -> list[tuple[str, Any]]:
@@ -256,8 +259,12 @@ def merge(verdicts: Sequence[NumericsVerdict], note: str = "") -> NumericsVerdic
     tensors = [t for v in verdicts for t in v.tensors]
     return NumericsVerdict(
         ok=all(v.ok for v in verdicts),
-        reference_dtype="/".join(sorted({v.reference_dtype for v in verdicts if v.reference_dtype != "-"})) or "-",
-        dtype="/".join(sorted({v.dtype for v in verdicts if v.dtype != "-"})) or "-",
+        reference_dtype=_dtypes(v.reference_dtype for v in verdicts),
+        dtype=_dtypes(v.dtype for v in verdicts),
         tensors=tensors,
         note=note,
     )
+
+
+def _dtypes(names: Any) -> str:
+    return "/".join(sorted({d for n in names for d in n.split("/") if d != "-"})) or "-"

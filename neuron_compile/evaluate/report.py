@@ -210,8 +210,9 @@ class EvaluationReport:
         out.append(self.numerics.describe() if self.numerics else "numerics: not measured")
         worst = self.numerics.worst() if self.numerics else None
         if worst is not None and worst.compiled_error is not None:
+            how = f", passed by {worst.passed_by}" if worst.passed_by else ""
             out.append(f"  closest: {worst.name}: RMSE to reference compiled {worst.compiled_error:.3g} vs eager "
-                       f"{worst.eager_error:.3g} (bound {worst.bound:.3g})")  # fmt: skip
+                       f"{worst.eager_error:.3g} (bound {worst.bound:.3g}{how})")  # fmt: skip
         if self.numerics and self.numerics.note:
             out.append(f"  note: {self.numerics.note}")
         out.append("")
