@@ -237,7 +237,7 @@ def batch_norm_inplace_stats(x, weight, bias, running_mean, running_var, trainin
 
 @register_lowering(aten.native_group_norm)
 def native_group_norm(x, weight, bias, n, c, hxw, group, eps):
-    xf = jnp.reshape(_up(x), (n, group, -1))
+    xf = jnp.reshape(_up(x), (n, group, c // group * hxw))  # not -1: n may be 0
     y, mean, rstd, _ = _normalize(xf, (2,), eps)
     y = _affine(jnp.reshape(y, x.shape), weight, bias)
     return (
