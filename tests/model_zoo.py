@@ -162,6 +162,9 @@ def vit() -> ZooCase:
     model = _build_hf(
         "ViTConfig", "ViTForImageClassification", image_size=16, patch_size=4, num_channels=3, hidden_size=32,
         num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, num_labels=4,
+        # Set, not inferred: the loss writes the inferred value into the config on the first call, a
+        # guard change that recompiles the second step.
+        problem_type="single_label_classification",
     )  # fmt: skip
     g = torch.Generator().manual_seed(6)
     inputs = {"pixel_values": torch.randn(BATCH, 3, 16, 16, generator=g), "labels": torch.tensor([1, 3])}
