@@ -12,17 +12,11 @@ the op before any backend sees it (addcdiv with ``value=``).
 from __future__ import annotations
 
 import copy
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 from tools import opinfo_harness as H
 

@@ -1,9 +1,9 @@
 """The OpInfo sweep: every OpInfo entry x dtype x sample through backend="neuron"; writes the results file.
 
-    python tools/opinfo_sweep.py                      # default: up to 4 samples per entry per dtype
-    python tools/opinfo_sweep.py --samples 0          # every sample (the full sweep; hours on 2 cores)
-    python tools/opinfo_sweep.py --ops add,cat --out /tmp/r.json --print
-    python tools/opinfo_sweep.py --samples 0 --ops linspace,gather --merge   # rerun entries in the file
+    python -m tools.opinfo_sweep                      # default: up to 4 samples per entry per dtype
+    python -m tools.opinfo_sweep --samples 0          # every sample (the full sweep; hours on 2 cores)
+    python -m tools.opinfo_sweep --ops add,cat --out /tmp/r.json --print
+    python -m tools.opinfo_sweep --samples 0 --ops linspace,gather --merge   # rerun entries in the file
 
 ``--merge`` keeps the other entries of the existing results file and replaces (or adds) the ones run, so
 that a fix is re-checked at the file's depth without rerunning everything; the file's configuration
@@ -11,10 +11,10 @@ must match (same samples and dtypes). While it runs, the sweep rewrites ``--out`
 (finished entries plus, with ``--merge``, the old ones), so a stopped sweep leaves a usable file and
 ``--resume`` continues it, skipping entries already in the file.
 
-The results file (default docs/opinfo_results.json) feeds tools/gen_ops_doc.py, which writes docs/ops.md.
+The results file (default docs/opinfo_results.json) feeds tools/gen_ops_doc.py (``python -m tools.gen_ops_doc``), which writes docs/ops.md.
 Besides the outcomes it records, per aten op, the trn2/trn3 legality verdict (``legality.verdicts_by_op``
 on every graph the cases lowered, worst verdict wins) under "legality". A subset run (``--ops``) is checked
-with ``python tools/gen_ops_doc.py --results /tmp/r.json --doc /tmp/ops.md``.
+with ``python -m tools.gen_ops_doc --results /tmp/r.json --doc /tmp/ops.md``.
 Cases run in worker processes (``--jobs``), each entry in one worker, results merged in op_db order.
 """
 
@@ -30,10 +30,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
-from tools import opinfo_harness as H  # noqa: E402
+from tools import opinfo_harness as H
 
 DEFAULT_OUT = ROOT / "docs" / "opinfo_results.json"
 
