@@ -31,6 +31,7 @@ __all__ = [
     "__version__",
     "cache_stats",
     "evaluate",
+    "nki_op",
     "pad_to_bucket",
     "supported_ops",
 ]
@@ -49,6 +50,7 @@ _LAZY = {
     "evaluate": ("neuron_compile.evaluate", "evaluate"),
     "EvaluationReport": ("neuron_compile.evaluate", "EvaluationReport"),
     "pad_to_bucket": ("neuron_compile.bucketing", "pad_to_bucket"),
+    "nki_op": ("neuron_compile.kernels.user_ops", "nki_op"),
 }
 
 

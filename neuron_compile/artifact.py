@@ -49,6 +49,8 @@ class Artifact:
     downcast_float64: bool
     needs_rng_seed: bool
     num_ops: int
+    #: NKI kernel sites in the module (``lowering/kernel_routing.py``).
+    nki_kernels: int
     lower_seconds: float
     compile_seconds: float
     target_version: str

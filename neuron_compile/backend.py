@@ -49,7 +49,7 @@ def neuron_backend(
     from .decompositions import decomposition_table
     from .lowering.attention import rewrite_sdpa
 
-    rewrite_sdpa(gm)
+    rewrite_sdpa(gm, opts.kernels)
     graph_id = next(_graph_ids)
 
     def compiler(kind: str) -> Callable[..., Any]:

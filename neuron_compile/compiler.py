@@ -21,6 +21,7 @@ from .errors import WARNING_CLASSES, NeuronFloat64Warning, NeuronUnsupportedOpEr
 from .lowering import LoweredGraph, lower_graph
 from .options import Options
 from .runtime.executor import CompiledGraph
+from .kernels.user_ops import has_user_kernels
 from .runtime.targets import target_for
 from .stats import STATS, GraphRecord
 
@@ -56,7 +57,7 @@ def build_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Op
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as raised:
         warnings.simplefilter("always", NeuronWarning)
-        lowered = lower_graph(gm, list(example_inputs), name, target=opts.target)
+        lowered = lower_graph(gm, list(example_inputs), name, target=opts.target, kernels=opts.kernels)
         for hook in HOOKS.on_lowered:
             hook(lowered)
         try:
@@ -73,7 +74,7 @@ def build_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Op
         ours.append((NeuronFloat64Warning.__name__, _FLOAT64_MESSAGE.format(name=name)))
     stablehlo = lowered.stablehlo()
     t1 = time.perf_counter()
-    executable = target.compile(stablehlo)
+    executable = target.compile(stablehlo, lowered.host_callbacks)
     t2 = time.perf_counter()
     debug.dump_graph(opts, name, gm, lowered, report, {"lower_s": t1 - t0, "compile_s": t2 - t1})
     return Artifact(
@@ -85,6 +86,7 @@ def build_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Op
         downcast_float64=lowered.downcast_float64,
         needs_rng_seed=lowered.needs_rng_seed,
         num_ops=lowered.num_ops,
+        nki_kernels=sum(lowered.kernel_sites.values()),
         lower_seconds=t1 - t0,
         compile_seconds=t2 - t1,
         target_version=target.version(),
@@ -111,8 +113,10 @@ def compile_graph(
     if distributed.has_collectives(gm):
         distributed.annotate_replica_groups(gm)  # the ranks, not a process-local group name, in graph and key
     t0 = time.perf_counter()
-    # A debug dump must show this run's lowering, so debugging bypasses the cache.
-    cache_opts = dataclasses.replace(opts, cache=False) if opts.debug_dir else opts
+    # A debug dump must show this run's lowering, and an executable that calls back into Python (kernels
+    # in the emulator, user kernels) holds live Python objects: both bypass the cache.
+    uncacheable = opts.debug_dir or opts.kernels == "emulate" or has_user_kernels(gm)
+    cache_opts = dataclasses.replace(opts, cache=False) if uncacheable else opts
     artifact, cache_state = cache_for(cache_opts).get_or_build(
         gm, example_inputs, cache_opts, lambda: build_artifact(gm, example_inputs, opts, name)
     )
@@ -123,7 +127,10 @@ def compile_graph(
         executable = target.deserialize(artifact.executable)
     elapsed = time.perf_counter() - t0
     STATS.record(
-        GraphRecord(name, kind, artifact.num_ops, artifact.lower_seconds, artifact.compile_seconds, cache_state)
+        GraphRecord(
+            name, kind, artifact.num_ops, artifact.lower_seconds, artifact.compile_seconds, cache_state,
+            artifact.nki_kernels,
+        )
     )
     if cache_state == "hit":  # a miss was summarized by build_artifact, with its legality verdict
         debug.log_summary(f"neuron_compile: {name}: {artifact.num_ops} aten nodes, cache hit, loaded in {elapsed:.3f}s")

@@ -1,60 +1,11 @@
-"""The NKI API for this package: ``from neuron_compile import nki``.
-
-This is the ONE place that decides between the real ``nki`` package (AWS Neuron SDK) and the NumPy
-emulator in :mod:`neuron_compile.kernels.emulator`. The real package is used when it is importable and
-is the genuine article (it has ``nki.isa`` and ``nki.language``; the public index's placeholder does
-not), unless ``NEURON_COMPILE_NKI=emulator`` forces the emulator. Kernels written against it use
-``nki.jit``, ``nki.language`` (``nl``), ``nki.isa`` (``nisa``) and ``nki.simulate`` either way.
-
-``EMULATED`` says which one is in use. The emulator adds ``infer_shapes`` (shape-only mode),
-``last_run_stats`` and ``simulate(..., stats=True)``; with the real package those are absent.
+"""The NKI API: ``from neuron_compile import nki`` gives ``nki.jit``, ``nki.language``, ``nki.isa`` and
+``nki.simulate`` — the real ``nki`` package where the AWS Neuron SDK is installed, else the NumPy emulator.
+The choice is made in one place, ``kernels/nki_api.py``; this module only re-exports it.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from .kernels.nki_api import *  # noqa: F401,F403 - the public face of the NKI API
+from .kernels.nki_api import __all__ as _api_all
 
-
-def _real_nki() -> Any | None:
-    if os.environ.get("NEURON_COMPILE_NKI", "").lower() == "emulator":
-        return None
-    try:
-        import nki as real  # the AWS package, not this module (absolute import)
-        import nki.isa
-        import nki.language
-    except Exception:  # noqa: BLE001 - absent, the placeholder, or broken: all mean "emulate"
-        return None
-    return real if hasattr(real, "jit") and hasattr(real, "simulate") else None
-
-
-_real = _real_nki()
-
-if _real is not None:
-    EMULATED = False
-    jit = _real.jit
-    simulate = _real.simulate
-    language = _real.language
-    isa = _real.isa
-    NkiError = getattr(_real.isa, "NkiValidationError", Exception)
-    NkiValidationError = NkiError
-else:
-    EMULATED = True
-    from .kernels.emulator import (  # noqa: F401 - re-exported
-        Kernel,
-        NkiCapacityError,
-        NkiError,
-        NkiOutOfBoundsError,
-        NkiTensor,
-        NkiValidationError,
-        RunStats,
-        TensorSpec,
-        infer_shapes,
-        isa,
-        jit,
-        language,
-        last_run_stats,
-        simulate,
-    )
-
-__all__ = ["EMULATED", "NkiError", "NkiValidationError", "isa", "jit", "language", "simulate"]
+__all__ = list(_api_all)

@@ -22,6 +22,8 @@ TARGETS = ("cpu", "neuron")
 GENERATIONS = ("trn2", "trn3")
 #: neuronx-cc's -O levels (its CLI reference: "Possible numeric values are {1, 2, 3}").
 OPT_LEVELS = (1, 2, 3)
+#: NKI kernel modes (see the ``kernels`` field); kernel_routing.py acts on them.
+KERNEL_MODES = ("reference", "emulate", "off")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -128,6 +130,7 @@ _FIELDS: dict[str, _Field] = {
         _flags, "a str of flags (split as a shell would) or a list/tuple of str", "NEURON_CC_FLAGS"
     ),
     "opt_level": _Field(_opt_level, f"an int in {OPT_LEVELS} (or its digit string)", "NEURON_COMPILER_OPT_LEVEL"),
+    "kernels": _Field(_choice(KERNEL_MODES), f"one of {KERNEL_MODES}", "NEURON_COMPILE_KERNELS"),
 }
 
 
@@ -175,6 +178,10 @@ class Options:
     neuron_cc_flags: tuple[str, ...] = field(default_factory=tuple)
     #: neuronx-cc optimization level, -O1..-O3 (neuron target only). Env: NEURON_COMPILER_OPT_LEVEL.
     opt_level: int = 2
+    #: NKI kernel sites (lowering/kernel_routing.py): "reference" runs each site's StableHLO reference on
+    #: the CPU target, "emulate" runs the NKI kernels themselves in the emulator (slow), "off" routes
+    #: nothing to kernels. On the neuron target sites are NKI custom calls. Env: NEURON_COMPILE_KERNELS.
+    kernels: str = "reference"
 
     @classmethod
     def from_user(cls, options: Mapping[str, Any] | None) -> "Options":
@@ -206,4 +213,5 @@ class Options:
             "strict": self.strict,
             "neuron_cc_flags": list(self.neuron_cc_flags),
             "opt_level": self.opt_level,
+            "kernels": self.kernels,
         }

@@ -14,6 +14,8 @@ class GraphRecord:
     lower_seconds: float
     compile_seconds: float
     cache: str  # "miss" | "hit" | "off"
+    #: NKI kernel sites in the graph (routed aten nodes, attention, user kernels).
+    nki_kernels: int = 0
 
 
 @dataclass

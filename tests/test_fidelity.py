@@ -51,8 +51,8 @@ def captured(monkeypatch):
     graphs: list = []
     real = compiler.lower_graph
 
-    def spy(gm, example_inputs, name, target="cpu"):
-        lowered = real(gm, example_inputs, name, target=target)
+    def spy(gm, example_inputs, name, **kwargs):
+        lowered = real(gm, example_inputs, name, **kwargs)
         graphs.append((gm, list(example_inputs), lowered))
         return lowered
 

@@ -24,7 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "kernels": {"runtime"},
     "nki": {"kernels"},
     "distributed": set(),
-    "lowering": {"graph_checks", "kernels", "distributed"},
+    "lowering": {"graph_checks", "kernels", "runtime", "distributed"},
     "legality": {"lowering", "runtime"},
     "cache": {"runtime"},
     "compiler": {"cache", "debug", "distributed", "graph_checks", "kernels", "legality", "lowering", "runtime"},

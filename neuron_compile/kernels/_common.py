@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ..nki import language as nl
+from .nki_api import language as nl
 
 P = 128  # nl.tile_size.pmax
 

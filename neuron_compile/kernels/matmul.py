@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..nki import isa as nisa
-from ..nki import jit
-from ..nki import language as nl
+from .nki_api import isa as nisa
+from .nki_api import jit
+from .nki_api import language as nl
 from ._common import P, cdiv, dtype_of, itemsize, psum, sbuf, tiles
 
 KC = 1024  # columns of a row tile of ``a`` loaded per DMA (2 KiB per partition in bf16)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..nki import isa as nisa
-from ..nki import jit
-from ..nki import language as nl
+from .nki_api import isa as nisa
+from .nki_api import jit
+from .nki_api import language as nl
 from ._common import P, broadcast_row, dtype_of, psum, sbuf, tiles
 
 MAX_H = 8192

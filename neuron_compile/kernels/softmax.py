@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..nki import isa as nisa
-from ..nki import jit
-from ..nki import language as nl
+from .nki_api import isa as nisa
+from .nki_api import jit
+from .nki_api import language as nl
 from ._common import P, dtype_of, sbuf, tiles
 
 MAX_COLS = 8192  # fp32 row tiles: x, exp and the output stay well inside SBUF

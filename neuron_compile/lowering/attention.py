@@ -48,15 +48,42 @@ def sdpa_math(
     return torch.matmul(weights, value)
 
 
-def rewrite_sdpa(gm: torch.fx.GraphModule) -> None:
-    """Point every SDPA call of a Dynamo graph (and its nested subgraphs) at ``sdpa_math``, in place."""
-    changed = False
+def sdpa_flash(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """SDPA as the NKI flash-attention kernel (one node forward, one backward): used where
+    ``kernel_routing.sdpa_routes_to_flash`` accepts the call."""
+    from ..kernels.torch_ops import attention_scale, flash_attention
+
+    return flash_attention(query, key, value, bool(is_causal), attention_scale(query.size(-1), scale))[0]
+
+
+def _example(arg: object) -> object:
+    return arg.meta.get("example_value") if isinstance(arg, torch.fx.Node) else arg
+
+
+def rewrite_sdpa(gm: torch.fx.GraphModule, kernels: str = "reference") -> None:
+    """Point every SDPA call of a Dynamo graph (and its nested subgraphs) at ``sdpa_flash`` where the
+    routing table sends it to the NKI kernel (``kernels`` not "off"), else at ``sdpa_math``; in place."""
+    from .kernel_routing import sdpa_routes_to_flash
+
     for module in gm.modules():
         if not isinstance(module, torch.fx.GraphModule):
             continue
+        changed = False
         for node in module.graph.nodes:
             if node.op == "call_function" and node.target in _SDPA_TARGETS:
-                node.target = sdpa_math
+                args = [_example(a) for a in node.args]
+                kwargs = {k: _example(v) for k, v in node.kwargs.items()}
+                flash = kernels != "off" and sdpa_routes_to_flash(*args, **kwargs)
+                node.target = sdpa_flash if flash else sdpa_math
                 changed = True
         if changed:
             module.recompile()

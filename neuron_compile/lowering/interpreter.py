@@ -7,6 +7,7 @@ going) and, after the walk, all of them are raised in ONE ``NeuronUnsupportedOpE
 
 from __future__ import annotations
 
+import functools
 import operator
 import warnings
 from dataclasses import dataclass, field
@@ -21,7 +22,9 @@ from torch._ops import OpOverload
 from .. import provenance
 from ..artifact import OutputSpec, TensorSpec
 from ..errors import NeuronUnsupportedOpError, UnsupportedNode
+from ..runtime.jax_adapter import host_callbacks_of
 from ..graph_checks import check_fx_graph, non_aten_reason, unsupported_inputs, unsupported_tensor_kind
+from .kernel_routing import lower_auto_functionalized, route_for, user_kernel_lowering
 from .registry import _CURRENT, NodeContext, Unsupported, lowering_for, refusal_for
 from .semantics import jax_dtype, torch_dtype
 
@@ -41,6 +44,11 @@ class LoweredGraph:
     #: Named scope of each lowered node ('aten.op#node@file.py:LINE', as in the MLIR locations) ->
     #: {"op", "node", "inputs", "source": the user's full file:line}: maps any HLO op back to user code.
     node_table: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: NKI kernel sites in the module, by kernel name (routed aten nodes, neuron:: ops, user kernels).
+    kernel_sites: dict[str, int] = field(default_factory=dict)
+    #: Host callbacks the executable calls (kernels="emulate", user kernels on the CPU target): live
+    #: Python objects, so such a graph is compiled with them and never served from the disk cache.
+    host_callbacks: list[Any] = field(default_factory=list)
 
     def stablehlo(self, debug_info: bool = False) -> str:
         return self.lowered.as_text(debug_info=debug_info)
@@ -97,10 +105,19 @@ def _constant(value: Any) -> Any:
     return jnp.asarray(array, dtype=dtype)
 
 
+_AUTO_FUNCTIONALIZED = (torch.ops.higher_order.auto_functionalized, torch.ops.higher_order.auto_functionalized_v2)
+
+
+def _lower_auto_functionalized(target: Any, op: Any, **kwargs: Any) -> Any:
+    return lower_auto_functionalized(target, op, dict(kwargs))
+
+
 class _GraphTracer:
-    def __init__(self, name: str, target: str) -> None:
+    def __init__(self, name: str, target: str, kernels: str = "reference") -> None:
         self.name = name
         self.target = target
+        self.kernels = kernels
+        self.kernel_sites: dict[str, int] = {}
         self.failures: list[UnsupportedNode] = []
         self.op_counts: dict[str, int] = {}
         self.node_table: dict[str, dict[str, str]] = {}
@@ -116,6 +133,9 @@ class _GraphTracer:
         # vector, not an indexed update, which would emit a scatter).
         mix = jnp.asarray([0, (index * 0x9E3779B9) & 0xFFFFFFFF], jnp.uint32)
         return lax.bitwise_xor(seed, mix)
+
+    def _count_kernel_site(self, kernel: str) -> None:
+        self.kernel_sites[kernel] = self.kernel_sites.get(kernel, 0) + 1
 
     def fail(self, node: torch.fx.Node, reason: str) -> None:
         self.failures.append(UnsupportedNode.from_node(node, reason))
@@ -157,12 +177,17 @@ class _GraphTracer:
             self.fail(node, f"unsupported tensor kind: {bad_kind}")
             return _meta_structs(node.meta.get("val"))
         lowering = lowering_for(node.target)
+        routed = route_for(node.target, self.kernels)
+        if lowering is None and isinstance(node.target, OpOverload):
+            lowering = user_kernel_lowering(node.target)
+        if node.target in _AUTO_FUNCTIONALIZED:  # an nki_op kernel that writes an argument in place
+            lowering = functools.partial(_lower_auto_functionalized, node.target)
         if lowering is None:
             is_aten = isinstance(node.target, OpOverload)
             reason = (refusal_for(node.target) or "no lowering for this op") if is_aten else non_aten_reason(node.target)
             self.fail(node, reason)
             return _meta_structs(node.meta.get("val"))
-        token = _CURRENT.set(NodeContext(node, self.target, self.seed_for))
+        token = _CURRENT.set(NodeContext(node, self.target, self.seed_for, self.kernels, self._count_kernel_site))
         try:
             scope = provenance.scope_name(node)
             self.node_table[scope] = {
@@ -172,7 +197,9 @@ class _GraphTracer:
                 "source": provenance.user_source(node),
             }
             with jax.named_scope(scope):
-                result = lowering(*args, **kwargs)
+                result = routed(*args, **kwargs) if routed is not None else None
+                if result is None:  # not routed to an NKI kernel, or the kernel does not fit this node
+                    result = lowering(*args, **kwargs)
         except Unsupported as e:
             self.fail(node, str(e))
             return _meta_structs(node.meta.get("val"))
@@ -296,7 +323,7 @@ def _output_buffers(
 
 
 def lower_graph(
-    gm: torch.fx.GraphModule, example_inputs: list[Any], name: str, target: str = "cpu"
+    gm: torch.fx.GraphModule, example_inputs: list[Any], name: str, target: str = "cpu", kernels: str = "reference"
 ) -> LoweredGraph:
     """Lower ``gm`` (an aten graph from AOTAutograd) to one StableHLO module.
 
@@ -305,7 +332,7 @@ def lower_graph(
     check_fx_graph(gm, name)  # data-dependent shapes: nothing below could trace them
     input_specs = [_spec_of(x) for x in example_inputs]
     tensor_positions = [i for i, s in enumerate(input_specs) if isinstance(s, TensorSpec)]
-    tracer = _GraphTracer(name, target)
+    tracer = _GraphTracer(name, target, kernels)
     bad_inputs = unsupported_inputs(gm, example_inputs)
     if bad_inputs:
         raise NeuronUnsupportedOpError(name, bad_inputs)
@@ -383,5 +410,7 @@ def lower_graph(
         num_ops=sum(tracer.op_counts.values()),
         op_counts=tracer.op_counts,
         node_table=tracer.node_table,
+        kernel_sites=tracer.kernel_sites,
+        host_callbacks=host_callbacks_of(lowered),
     )
 

@@ -48,6 +48,14 @@ class NodeContext:
 
     #: Called by random ops: returns this node's uint32[2] seed, fresh on every call of the graph.
     seed_source: Any = None
+    #: NKI kernel sites: "reference" | "emulate" | "off" (see ``kernel_routing.py``).
+    kernels: str = "reference"
+    #: Called with a kernel's name at each kernel site, so the graph can count them.
+    kernel_site_sink: Any = None
+
+    def note_kernel_site(self, name: str) -> None:
+        if self.kernel_site_sink is not None:
+            self.kernel_site_sink(name)
 
     def rng_seed(self) -> Any:
         """A uint32[2] jax value, different per node and per call, derived from torch's default

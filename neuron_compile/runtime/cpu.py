@@ -10,8 +10,8 @@ from . import jax_adapter
 class CpuTarget:
     name = "cpu"
 
-    def compile(self, stablehlo: str) -> Any:
-        return jax_adapter.compile_stablehlo(stablehlo)
+    def compile(self, stablehlo: str, host_callbacks: list[Any] | tuple[Any, ...] = ()) -> Any:
+        return jax_adapter.compile_stablehlo(stablehlo, host_callbacks)
 
     def serialize(self, executable: Any) -> bytes:
         return jax_adapter.serialize_executable(executable)

@@ -34,9 +34,32 @@ def _cpu_devices() -> Any:
     return xla_client.DeviceList(tuple(cpu_backend().local_devices()))
 
 
-def compile_stablehlo(module_text: str) -> Any:
-    """XLA CPU executable of a StableHLO module (text or bytecode)."""
-    return cpu_backend().compile_and_load(module_text, _cpu_devices(), xla_client.CompileOptions())
+def compile_stablehlo(module_text: str, host_callbacks: list[Any] | tuple[Any, ...] = ()) -> Any:
+    """XLA CPU executable of a StableHLO module (text or bytecode).
+
+    A module with host callbacks (``jax.pure_callback``) names them by index into ``host_callbacks``;
+    they must be handed over with an MLIR module (running such a module compiled from text alone
+    crashes the process).
+    """
+    if not host_callbacks:
+        return cpu_backend().compile_and_load(module_text, _cpu_devices(), xla_client.CompileOptions())
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+
+    module = ir.Module.parse(module_text, context=mlir.make_ir_context())
+    return cpu_backend().compile_and_load(
+        module,
+        executable_devices=_cpu_devices(),
+        compile_options=xla_client.CompileOptions(),
+        host_callbacks=list(host_callbacks),
+    )
+
+
+def host_callbacks_of(lowered: Any) -> list[Any]:
+    """The host callbacks a ``jax.stages.Lowered`` module calls (empty for most graphs)."""
+    lowering = getattr(lowered, "_lowering", None)
+    args = getattr(lowering, "compile_args", None) or {}
+    return list(args.get("host_callbacks", ()))
 
 
 def serialize_executable(executable: Any) -> bytes:

@@ -39,11 +39,16 @@ class NeuronTarget:
             "--output", neff_path,
         ]  # fmt: skip
 
-    def compile(self, stablehlo: str) -> bytes:
+    def compile(self, stablehlo: str, host_callbacks: list[Any] | tuple[Any, ...] = ()) -> bytes:
         if shutil.which("neuronx-cc") is None:
             raise NeuronCompileError(
                 "neuron target: neuronx-cc is not on PATH. Install the Neuron SDK (aws-neuronx-cc) on a "
                 "Trn2/Trn3 instance, or use options={'target': 'cpu'}."
+            )
+        if host_callbacks:
+            raise NeuronCompileError(
+                "neuron target: this graph calls back into Python (the NKI emulator), which a NEFF cannot do; "
+                "use options={'kernels': 'reference'} (built-in kernels become NKI custom calls)."
             )
         with tempfile.TemporaryDirectory(prefix="neuron_compile_") as tmp:
             module_path = os.path.join(tmp, "module.mlir")

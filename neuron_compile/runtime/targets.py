@@ -19,8 +19,8 @@ class Target(Protocol):
 
     name: str
 
-    def compile(self, stablehlo: str) -> Any:
-        """A loaded executable of the module (StableHLO text)."""
+    def compile(self, stablehlo: str, host_callbacks: list[Any] | tuple[Any, ...] = ()) -> Any:
+        """A loaded executable of the module (StableHLO text), with the Python host callbacks it calls."""
 
     def serialize(self, executable: Any) -> bytes:
         """Bytes that ``deserialize`` turns back into an equivalent loaded executable."""

@@ -1,0 +1,324 @@
+"""The routing table: which aten nodes, with which shapes and dtypes, become NKI kernel calls.
+
+Everything not routed here keeps its StableHLO lowering from its family file. A route is tried before
+the family lowering when ``options["kernels"]`` is not ``"off"``; it returns ``None`` when the node does
+not fit the kernel (rank, dims, dtypes, the kernel's own ``supports`` predicate), and the family lowering
+runs instead.
+
+A kernel site (``kernel_site``) is one call in the StableHLO module:
+- neuron target: ``custom_call @AwsNeuronCustomNativeKernel``, the call neuronx-cc takes for NKI kernels,
+  with a JSON ``backend_config`` naming the kernel and its constants. NOT VERIFIED ON HARDWARE: the real
+  backend_config carries the compiled kernel (TorchNeuron serializes it); ours names it.
+- CPU target, ``kernels="reference"`` (default): a call to a private function holding the kernel's
+  jax.lax reference (``kernels/<family>.py``), which the legality pass checks as the custom call.
+- CPU target, ``kernels="emulate"``: the same call, whose body is a host callback that runs the NKI
+  kernel itself in the emulator, so a model trains through kernel code (slow; such graphs are not kept
+  in the disk cache, since a host callback is a live Python object).
+
+Attention is routed before AOTAutograd (``sdpa_routes_to_flash``): ``lowering/attention.py`` rewrites a
+fitting ``scaled_dot_product_attention`` into ``neuron::flash_attention``, whose forward and backward
+nodes are lowered here as kernel sites.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from torch._ops import OpOverload
+
+from ..kernels import KERNELS
+from ..kernels import torch_ops  # noqa: F401  (defines torch.ops.neuron.*)
+from . import device_calls
+from .registry import current, register_lowering
+
+aten = torch.ops.aten
+KERNEL_CALL_TARGET = "AwsNeuronCustomNativeKernel"
+
+#: aten overload -> route. A route takes the node's (jax) arguments and returns its result, or None
+#: when the kernel does not fit this node.
+ROUTES: dict[OpOverload, Callable[..., Any]] = {}
+#: aten overload -> the kernel(s) its route may call (for docs/ops.md's "NKI kernel" column).
+ROUTED_KERNELS: dict[OpOverload, tuple[str, ...]] = {}
+
+
+def route(op: OpOverload, *kernels: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if op in ROUTES:
+            raise RuntimeError(f"{op} is routed twice ({ROUTES[op].__qualname__}, {fn.__qualname__})")
+        ROUTES[op] = fn
+        ROUTED_KERNELS[op] = kernels
+        return fn
+
+    return decorate
+
+
+def route_for(op: Any, mode: str) -> Callable[..., Any] | None:
+    return ROUTES.get(op) if mode != "off" and isinstance(op, OpOverload) else None
+
+
+# ---- kernel sites -----------------------------------------------------------------------------------
+def _to_host(x: Any) -> np.ndarray:
+    return np.asarray(x)
+
+
+def kernel_site(name: str, *arrays: Any, consts: tuple[Any, ...] = ()) -> Any:
+    """One NKI kernel call: ``KERNELS[name]`` on ``arrays`` (jax values) and ``consts`` (Python values).
+
+    Returns what the kernel's reference returns (one array or a tuple).
+    """
+    spec = KERNELS[name]
+    ctx = current()
+    reference = spec.reference
+    results = jax.eval_shape(lambda *a: reference(*a, *consts), *arrays)
+    single = not isinstance(results, (tuple, list))
+    structs = results if single else tuple(results)
+    ctx.note_kernel_site(name)
+    if ctx.target == "neuron":
+        config = json.dumps({"kernel": f"neuron_compile.kernels.{spec.module}.{spec.kernel_name}", "consts": consts})
+        return device_calls.device_call(
+            KERNEL_CALL_TARGET, reference, *arrays, results=structs, backend_config=config, target="neuron"
+        )
+    if ctx.kernels == "emulate":
+        from ..kernels import nki_api as nki
+
+        kernel = spec.kernel
+
+        def host(*host_arrays: Any) -> Any:
+            out = nki.simulate(kernel)(*[_to_host(a) for a in host_arrays], *consts)
+            return out if single else tuple(out)
+
+        def body(*a: Any) -> Any:
+            return jax.pure_callback(host, structs, *a)
+    else:
+
+        def body(*a: Any) -> Any:
+            return reference(*a, *consts)
+
+    return device_calls.device_call(KERNEL_CALL_TARGET, body, *arrays, results=structs, target="cpu")
+
+
+def _fits(name: str, *args: Any) -> bool:
+    try:
+        return bool(KERNELS[name].supports(*args))
+    except Exception:  # noqa: BLE001 - a predicate that cannot judge a node means "not routed"
+        return False
+
+
+def _rows(x: Any) -> Any:
+    """``x`` as ``[rows, last dim]``."""
+    return jnp.reshape(x, (math.prod(x.shape[:-1]), x.shape[-1]))  # -1 cannot be inferred when empty
+
+
+def _out_dtype(index: int | None = None) -> Any:
+    out = current().out
+    return (out[index] if index is not None else out).dtype
+
+
+def _same_dtype(x: Any, torch_dtype: torch.dtype) -> bool:
+    return str(x.dtype) == str(torch_dtype).removeprefix("torch.")
+
+
+# ---- the table --------------------------------------------------------------------------------------
+@route(aten.mm.default, "matmul")
+def mm(a: Any, b: Any) -> Any:
+    if not (_same_dtype(a, _out_dtype()) and _fits("matmul", a, b)):
+        return None
+    return kernel_site("matmul", a, b)
+
+
+@route(aten.addmm.default, "matmul")
+def addmm(bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
+    # float32 only: eager adds the bias to the fp32 accumulator and rounds once, while the kernel rounds
+    # its product to bf16/fp16 before the add could happen: routed, a bf16 addmm would round twice.
+    if beta != 1 or alpha != 1 or bias.dtype != a.dtype or a.dtype != jnp.float32:
+        return None
+    if not (_same_dtype(a, _out_dtype()) and _fits("matmul", a, b)):
+        return None
+    return kernel_site("matmul", a, b) + bias
+
+
+@route(aten._softmax.default, "softmax")
+def softmax(x: Any, dim: int, half_to_float: bool) -> Any:
+    if half_to_float or x.ndim == 0 or dim % x.ndim != x.ndim - 1 or not _fits("softmax", _rows(x)):
+        return None
+    return jnp.reshape(kernel_site("softmax", _rows(x)), x.shape)
+
+
+@route(aten._softmax_backward_data.default, "softmax_bwd")
+def softmax_backward(grad: Any, output: Any, dim: int, input_dtype: torch.dtype) -> Any:
+    if grad.ndim == 0 or dim % grad.ndim != grad.ndim - 1 or grad.dtype != output.dtype:
+        return None
+    if not (_same_dtype(grad, input_dtype) and _fits("softmax_bwd", _rows(output), _rows(grad))):
+        return None
+    return jnp.reshape(kernel_site("softmax_bwd", _rows(output), _rows(grad)), grad.shape)
+
+
+@route(aten.native_layer_norm.default, "layer_norm")
+def native_layer_norm(x: Any, normalized_shape: list[int], weight: Any, bias: Any, eps: float) -> Any:
+    if len(normalized_shape) != 1 or weight is None or bias is None or x.ndim < 2:
+        return None
+    if not (weight.dtype == bias.dtype == x.dtype and _fits("layer_norm", _rows(x), weight, bias, eps)):
+        return None
+    out = jnp.reshape(kernel_site("layer_norm", _rows(x), weight, bias, consts=(eps,)), x.shape)
+    # The backward graph needs mean and rstd: cheap row statistics in fp32, beside the kernel.
+    xf = x.astype(jnp.float32)
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
+    rstd = jax.lax.rsqrt(jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True) + eps)
+    from .semantics import jax_dtype
+
+    return out, mean.astype(jax_dtype(_out_dtype(1))), rstd.astype(jax_dtype(_out_dtype(2)))
+
+
+# ---- attention: the neuron:: custom ops are always kernel sites ------------------------------------
+@register_lowering(torch.ops.neuron.flash_attention.default)
+def flash_attention(q: Any, k: Any, v: Any, causal: bool, scale: float) -> Any:
+    return kernel_site("flash_attention_fwd", q, k, v, consts=(causal, scale))
+
+
+@register_lowering(torch.ops.neuron.flash_attention_backward.default)
+def flash_attention_backward(q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, causal: bool, scale: float) -> Any:
+    return kernel_site("flash_attention_bwd", q, k, v, o, do, lse, consts=(causal, scale))
+
+
+def sdpa_routes_to_flash(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: Any = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> bool:
+    """Whether a ``scaled_dot_product_attention`` call (example tensors) becomes the flash kernel: no mask,
+    no dropout, no GQA, ``[B, H, S, D]`` with D <= 128 in one float dtype (the kernel's ``supports``)."""
+    if attn_mask is not None or dropout_p != 0.0 or enable_gqa:
+        return False
+    if not all(isinstance(t, torch.Tensor) for t in (query, key, value)):
+        return False
+    return _fits("flash_attention_fwd", query, key, value, is_causal, scale) and _fits(
+        "flash_attention_bwd", query, key, value, query, query, query[..., 0], is_causal, scale
+    )
+
+
+# ---- user kernels (nki_op) --------------------------------------------------------------------------
+def _host_to_torch(a: Any) -> torch.Tensor:
+    """A writable torch copy of a host-callback operand (bfloat16 through its bits)."""
+    arr = np.array(a)  # a copy: the kernel may write into it (mutates_args)
+    if arr.dtype.name == "bfloat16":
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
+def _torch_to_host(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _struct_of(meta: torch.Tensor) -> jax.ShapeDtypeStruct:
+    from .semantics import jax_dtype
+
+    return jax.ShapeDtypeStruct(tuple(int(s) for s in meta.shape), jax_dtype(meta.dtype))
+
+
+def _user_kernel_site(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict, bases: dict[str, int]) -> Any:
+    """One call of a user kernel. ``bases``: mutated argument name -> index of its value in the node's
+    results after the op's own outputs (auto_functionalized's convention)."""
+    from torch.utils import _pytree as pytree
+
+    from .semantics import is_array
+
+    ctx = current()
+    meta = ctx.out
+    metas = list(meta) if isinstance(meta, (tuple, list)) else [meta]
+    tensor_slots = [i for i, m in enumerate(metas) if isinstance(m, torch.Tensor)]
+    structs = tuple(_struct_of(metas[i]) for i in tensor_slots)
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    operand_slots = [i for i, leaf in enumerate(leaves) if is_array(leaf)]
+    operands = [leaves[i] for i in operand_slots]
+    n_outputs = len(metas) - len(bases)
+    op_name = op._schema.name  # "namespace::name", as the user registered it
+    ctx.note_kernel_site(op_name)
+
+    def host(*host_arrays: Any) -> tuple[np.ndarray, ...]:
+        values = list(leaves)
+        for slot, a in zip(operand_slots, host_arrays):
+            values[slot] = _host_to_torch(a)
+        call_args, call_kwargs = pytree.tree_unflatten(values, spec)
+        out = fn(*call_args, **call_kwargs)
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        results = outs[:n_outputs] + [call_kwargs[name] for name in bases]
+        return tuple(_torch_to_host(results[i]) for i in tensor_slots)
+
+    if ctx.target == "neuron":
+        config = json.dumps({"nki_op": op_name})
+
+        def unavailable(*_a: Any) -> Any:
+            raise AssertionError("the neuron target emits the custom call, never this body")
+
+        flat = device_calls.device_call(
+            KERNEL_CALL_TARGET, unavailable, *operands, results=structs, backend_config=config, target="neuron"
+        )
+    else:
+
+        def body(*a: Any) -> Any:
+            return jax.pure_callback(host, structs, *a)
+
+        flat = device_calls.device_call(KERNEL_CALL_TARGET, body, *operands, results=structs, target="cpu")
+    flat = list(flat) if isinstance(flat, (tuple, list)) else [flat]
+    if not isinstance(meta, (tuple, list)):
+        return flat[0]
+    result: list[Any] = [None] * len(metas)
+    for slot, value in zip(tensor_slots, flat):
+        result[slot] = value
+    return tuple(result)
+
+
+def user_kernel_lowering(op: Any) -> Callable[..., Any] | None:
+    """The lowering of a node made by ``nki_op`` (None for any other op)."""
+    from ..kernels.user_ops import user_kernel
+
+    fn = user_kernel(op)
+    if fn is None:
+        return None
+
+    def lower_user_kernel(*args: Any, **kwargs: Any) -> Any:
+        return _user_kernel_site(op, fn, args, kwargs, {})
+
+    return lower_user_kernel
+
+
+def lower_auto_functionalized(target: Any, op: Any, kwargs: dict[str, Any]) -> Any:
+    """``auto_functionalized_v2(op, **kwargs)``: a user kernel that writes some arguments in place,
+    made functional by AOTAutograd. Returns (op outputs..., new values of the mutated bases...)."""
+    from ..kernels.user_ops import user_kernel
+    from .registry import Unsupported
+
+    fn = user_kernel(op)
+    if fn is None:
+        raise Unsupported(f"in-place custom op {op} is not an nki_op kernel; only those are lowered")
+    bases = kwargs.pop("_all_bases", None)
+    if target is not torch.ops.higher_order.auto_functionalized_v2 or bases is None:
+        raise Unsupported("auto_functionalized (v1) graphs are not supported; use torch >= 2.6's v2")
+    names: dict[str, int] = {}
+    for key in list(kwargs):
+        if key.startswith("_") and key.endswith("_base_index"):
+            name = key[1 : -len("_base_index")]
+            view_keys = [k for k in kwargs if k.startswith(f"_{name}_") and k != key]
+            if view_keys:
+                raise Unsupported(f"mutated argument '{name}' is a view of another tensor; pass a contiguous tensor")
+            index = kwargs.pop(key)
+            names[name] = index
+            kwargs[name] = bases[index]
+    order = {name: i for i, name in enumerate(sorted(names, key=names.__getitem__))}
+    return _user_kernel_site(op, fn, (), kwargs, order)

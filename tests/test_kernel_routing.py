@@ -1,0 +1,178 @@
+"""NKI kernel sites: the routing table sends aten nodes to built-in kernels, and the result equals eager
+whether the site runs its StableHLO reference (kernels="reference") or the NKI kernel itself in the
+emulator (kernels="emulate"), forward and backward, float32 and bfloat16, ragged tiles included."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any, Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from neuron_compile import Options
+from neuron_compile.lowering import lower_graph
+from neuron_compile.lowering.kernel_routing import KERNEL_CALL_TARGET, ROUTED_KERNELS
+from neuron_compile.stats import STATS
+from tests.models import TinyLM
+
+
+def _layer_norm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), w, b)
+
+
+def _attention(causal: bool) -> Callable[..., torch.Tensor]:
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return f
+
+
+#: name -> (function, input shapes, kernel sites expected in the forward graph). Shapes are ragged against
+#: the kernels' 128-partition / 512-column tiles on purpose. A bf16 addmm (linear with bias) is not routed:
+#: the kernel rounds its product before the bias add, where eager rounds once (kernel_routing.addmm).
+CASES: dict[str, tuple[Callable[..., torch.Tensor], list[tuple[int, ...]], int]] = {
+    "mm": (lambda a, b: a @ b, [(130, 36), (36, 40)], 1),
+    "linear": (lambda x, w, b: F.linear(x, w, b), [(20, 36), (24, 36), (24,)], 1),
+    "linear_bf16": (lambda x, w, b: F.linear(x, w, b), [(20, 36), (24, 36), (24,)], 0),
+    "softmax": (lambda x: torch.softmax(x, dim=-1), [(3, 5, 40)], 1),
+    "layer_norm": (_layer_norm, [(2, 70, 48), (48,), (48,)], 1),
+    "attention": (_attention(False), [(1, 2, 20, 16)] * 3, 1),
+    "causal_attention": (_attention(True), [(2, 1, 130, 8)] * 3, 1),
+}
+
+
+def _run(fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor], backend: str | None, **options: Any):
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    f = torch.compile(fn, backend=backend, options=options) if backend else fn
+    out = f(*leaves)
+    torch.manual_seed(1)
+    weight = torch.randn(out.shape, dtype=torch.float32).to(out.dtype)
+    (out * weight).sum().backward()
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+def _err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return (a.double() - ref.double()).abs().max().item()
+
+
+@pytest.mark.parametrize("mode", ["reference", "emulate"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", list(CASES))
+def test_kernel_site_matches_eager(case: str, dtype: torch.dtype, mode: str) -> None:
+    fn, shapes, sites = CASES[case]
+    if (case == "linear") != (dtype == torch.float32) and case.startswith("linear"):
+        pytest.skip("linear: float32 routes to the kernel; linear_bf16: bf16 stays in StableHLO")
+    torch.manual_seed(0)
+    inputs = [torch.randn(s, dtype=torch.float32) for s in shapes]
+    torch._dynamo.reset()
+    before = len(STATS.graphs)
+    compiled = _run(fn, [t.to(dtype) for t in inputs], "neuron", kernels=mode)
+    forward = [g for g in STATS.graphs[before:] if g.kind == "forward"]
+    assert forward and forward[0].nki_kernels >= sites, f"{case}: {forward} (no kernel site)"
+    eager = _run(fn, [t.to(dtype) for t in inputs], None)
+    if dtype == torch.float32:
+        for name, c, e in zip(["out"] + [f"grad{i}" for i in range(len(inputs))], compiled, eager):
+            torch.testing.assert_close(c, e, rtol=2e-5, atol=2e-5, msg=lambda m: f"{case} {mode} {name}: {m}")
+        return
+    # bfloat16, judged as torch's accuracy checker does: against a float64 run, the compiled result may
+    # be at most 2x further than eager bf16 is (plus one bf16 ulp of the value's scale).
+    reference = _run(fn, [t.double() for t in inputs], None)
+    for name, c, e, r in zip(["out"] + [f"grad{i}" for i in range(len(inputs))], compiled, eager, reference):
+        ulp = 2.0**-8 * r.abs().max().item()
+        assert _err(c, r) <= 2.0 * _err(e, r) + ulp, (
+            f"{case} {mode} bf16 {name}: compiled error {_err(c, r):.3g} vs eager {_err(e, r):.3g} (fp64 reference)"
+        )
+
+
+def test_kernels_off_routes_nothing() -> None:
+    torch._dynamo.reset()
+    before = len(STATS.graphs)
+    _run(CASES["attention"][0], [torch.randn(s) for s in CASES["attention"][1]], "neuron", kernels="off")
+    assert [g.nki_kernels for g in STATS.graphs[before:]] == [0, 0]
+
+
+def test_unfitting_nodes_keep_their_lowering() -> None:
+    """A softmax over dim 0 and an attention with a mask are not the kernels' shapes: they keep their
+    StableHLO lowering (the masked attention runs as math, whose last-dim softmax is the one site)."""
+    x = torch.randn(6, 5)
+    q = torch.randn(1, 1, 4, 8)
+    mask = torch.rand(4, 4) > 0.3
+    mask[:, 0] = True
+
+    def f(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x, dim=0).sum() + F.scaled_dot_product_attention(q, q, q, attn_mask=mask).sum()
+
+    torch._dynamo.reset()
+    before = len(STATS.graphs)
+    out = torch.compile(f, backend="neuron")(x, q)
+    torch.testing.assert_close(out, f(x, q))
+    assert STATS.graphs[before].nki_kernels == 1
+
+
+def test_tiny_transformer_trains_through_emulated_kernels() -> None:
+    """Three SGD steps of the demo's TinyLM with every kernel site running NKI kernel code. (SGD, not Adam:
+    Adam turns the rounding-noise gradient of the attention key bias into full-size steps; see
+    test_training.py.)"""
+    torch.manual_seed(0)
+    eager = TinyLM(vocab=32, d_model=32, n_heads=2, n_layers=1, seq=8)
+    model = copy.deepcopy(eager)
+    compiled = torch.compile(model, backend="neuron", options={"kernels": "emulate"})
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (eager, model)]
+    data = torch.randint(0, 32, (2, 9), generator=torch.Generator().manual_seed(1))
+    torch._dynamo.reset()
+    before = len(STATS.graphs)
+    for _ in range(3):
+        losses = []
+        for m, f, opt in zip((eager, model), (eager, compiled), opts):
+            opt.zero_grad()
+            loss = f(data[:, :-1], data[:, 1:])
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert losses[1] == pytest.approx(losses[0], rel=1e-5, abs=1e-5)
+    kinds = {g.kind: g.nki_kernels for g in STATS.graphs[before:]}
+    assert kinds["forward"] > 0 and kinds["backward"] > 0, kinds
+    for p, q in zip(eager.parameters(), model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+
+
+def _aten_graph(fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor]) -> tuple[torch.fx.GraphModule, list]:
+    from torch._dynamo.backends.common import aot_autograd
+
+    captured: list = []
+
+    def grab(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
+        captured.append((gm, example_inputs))
+        return gm
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=aot_autograd(fw_compiler=grab))(*inputs)
+    return captured[0]
+
+
+def test_neuron_target_emits_the_nki_custom_call() -> None:
+    """On the neuron target a kernel site is the custom call neuronx-cc takes for NKI kernels, naming the
+    kernel and its constants; the legality pass accepts it. (Never run on hardware: see docs/nki.md.)"""
+    from neuron_compile import legality
+
+    gm, example_inputs = _aten_graph(lambda x, w, b: _layer_norm(x, w, b), [torch.randn(s) for s in CASES["layer_norm"][1]])
+    lowered = lower_graph(gm, example_inputs, "ln", target="neuron")
+    text = lowered.stablehlo()
+    calls = re.findall(rf"custom_call @{KERNEL_CALL_TARGET}\(.*backend_config = \"([^\"]*)\"", text.replace('\\"', "'"))
+    assert calls and "layer_norm_kernel" in calls[0], text
+    assert lowered.kernel_sites == {"layer_norm": 1}
+    assert legality.check(lowered, Options(target="neuron")).legal
+
+
+def test_kernel_mode_is_in_the_cache_key() -> None:
+    assert Options(kernels="reference").cache_relevant() != Options(kernels="off").cache_relevant()
+
+
+def test_every_route_names_a_known_kernel() -> None:
+    from neuron_compile.kernels import KERNELS
+
+    for op, kernels in ROUTED_KERNELS.items():
+        assert kernels and all(k in KERNELS for k in kernels), op
