@@ -36,6 +36,7 @@ from ..kernels import KERNELS
 from ..kernels import torch_ops  # noqa: F401  (defines torch.ops.neuron.*)
 from . import device_calls
 from .registry import current, register_lowering
+from .semantics import canonical_dim
 
 aten = torch.ops.aten
 KERNEL_CALL_TARGET = "AwsNeuronCustomNativeKernel"
@@ -145,14 +146,14 @@ def addmm(bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
 
 @route(aten._softmax.default, "softmax")
 def softmax(x: Any, dim: int, half_to_float: bool) -> Any:
-    if half_to_float or x.ndim == 0 or dim % x.ndim != x.ndim - 1 or not _fits("softmax", _rows(x)):
+    if half_to_float or x.ndim == 0 or canonical_dim(dim, x.ndim) != x.ndim - 1 or not _fits("softmax", _rows(x)):
         return None
     return jnp.reshape(kernel_site("softmax", _rows(x)), x.shape)
 
 
 @route(aten._softmax_backward_data.default, "softmax_bwd")
 def softmax_backward(grad: Any, output: Any, dim: int, input_dtype: torch.dtype) -> Any:
-    if grad.ndim == 0 or dim % grad.ndim != grad.ndim - 1 or grad.dtype != output.dtype:
+    if grad.ndim == 0 or canonical_dim(dim, grad.ndim) != grad.ndim - 1 or grad.dtype != output.dtype:
         return None
     if not (_same_dtype(grad, input_dtype) and _fits("softmax_bwd", _rows(output), _rows(grad))):
         return None
