@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "ops.md"
 RESULTS = ROOT / "docs" / "opinfo_results.json"
 
-LOWERED, KERNEL, UNSUPPORTED = "lowered", "NKI kernel", "unsupported"
+LOWERED, UNSUPPORTED = "lowered", "unsupported"
 NOT_EXERCISED = "not exercised"
 
 #: Why the checks (not the op table) take these forms as legal without documentation: see legality/checks.py.
@@ -38,17 +38,11 @@ _ASSUMED_FORMS = {
 }
 
 
-def kernel_ops() -> set[str]:
-    """aten overloads that the NKI routing policy can send to a kernel (empty until kernels exist)."""
-    try:
-        from neuron_compile import kernels
-    except ImportError:
-        return set()
-    for name in ("kernel_ops", "routed_ops"):
-        fn = getattr(kernels, name, None)
-        if callable(fn):
-            return {str(op) for op in fn()}
-    return set()
+def kernel_ops() -> dict[str, str]:
+    """aten overload -> the NKI kernel(s) the routing table (lowering/kernel_routing.py) may send it to."""
+    from neuron_compile.lowering.kernel_routing import ROUTED_KERNELS
+
+    return {str(op): ", ".join(kernels) for op, kernels in ROUTED_KERNELS.items()}
 
 
 def aten_universe(results: dict[str, Any]) -> dict[str, str]:
@@ -181,10 +175,8 @@ def render(results: dict[str, Any]) -> str:
 
     gens = list(rules.GENERATIONS)
     labels = legality_labels(results, sorted(universe))
-    status = {
-        op: KERNEL if op in kernels else LOWERED if op in lowered else UNSUPPORTED for op in universe
-    }
-    n_status = {s: sum(1 for v in status.values() if v == s) for s in (LOWERED, KERNEL, UNSUPPORTED)}
+    status = {op: LOWERED if op in lowered else UNSUPPORTED for op in universe}
+    n_status = {s: sum(1 for v in status.values() if v == s) for s in (LOWERED, UNSUPPORTED)}
     summary = results.get("summary", {})
     core = summary.get("core_float32", {})
     categories = summary.get("categories", {})
@@ -203,8 +195,8 @@ def render(results: dict[str, Any]) -> str:
     w("## Totals")
     w("")
     w(f"- aten ops the backend can meet after decomposition: **{len(status)}** — "
-      f"lowered to StableHLO: **{n_status[LOWERED]}**, NKI kernel: **{n_status[KERNEL]}**, "
-      f"unsupported (clear `NeuronUnsupportedOpError`): **{n_status[UNSUPPORTED]}**.")  # fmt: skip
+      f"lowered: **{n_status[LOWERED]}** (of which **{len(kernels)}** routed to an NKI kernel when the shapes "
+      f"fit, column `NKI kernel`), unsupported (clear `NeuronUnsupportedOpError`): **{n_status[UNSUPPORTED]}**.")  # fmt: skip
     for gen in gens:
         kinds = [_kind(labels[op][gen]) for op in labels]
         w(f"- Legal for {gen} (legality pass, worst verdict over every graph the sweep lowered): "
@@ -272,12 +264,17 @@ def render(results: dict[str, Any]) -> str:
         w("")
         out.extend(assumed_lines)
         w("")
-    w(f"| aten op | status | lowered in | why listed | OpInfo entries using it | {' | '.join(gens)} |")
-    w(f"| --- | --- | --- | --- | ---: |{' --- |' * len(gens)}")
+    w("`NKI kernel`: the built-in NKI kernel(s) the routing table (`neuron_compile/lowering/kernel_routing.py`)")
+    w("sends the op to when its shapes and dtypes fit the kernel (otherwise its StableHLO lowering runs).")
+    w("Attention (`scaled_dot_product_attention`) reaches the flash-attention kernel as `neuron::flash_attention`.")
+    w("")
+    w(f"| aten op | status | lowered in | NKI kernel | why listed | OpInfo entries using it | {' | '.join(gens)} |")
+    w(f"| --- | --- | --- | --- | --- | ---: |{' --- |' * len(gens)}")
     for op in sorted(status):
         cells = " | ".join(_cell(labels[op][g]) for g in gens)
         place = f"`{where[op]}`" if op in where else _cell(f"refused: {refused[op]}") if op in refused else ""
-        w(f"| `{op}` | {status[op]} | {place} | {universe[op]} | {len(use.get(op, []))} | {cells} |")
+        kernel = f"`{kernels[op]}`" if op in kernels else ""
+        w(f"| `{op}` | {status[op]} | {place} | {kernel} | {universe[op]} | {len(use.get(op, []))} | {cells} |")
     w("")
     if results.get("entries"):
         w("## OpInfo entries")
