@@ -274,12 +274,15 @@ SPECIAL_VALUE_ACTIVATIONS = {
 
 
 def test_activation_special_values() -> None:
-    # NaN propagates, infinities and huge/tiny magnitudes saturate as in eager.
+    # NaN propagates, infinities and huge/tiny magnitudes saturate as in eager. The reference is eager in
+    # float64: eager's float32 gelu(+inf) is NaN in its AVX512 vector loop but inf in its scalar tail (and
+    # in float64), so the float32 result depends on where the element falls; the limit, inf, is right.
     x = torch.tensor([math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-30, -1e-30, 30.0, -30.0, 100.0, -100.0])
     fn = _all_of(SPECIAL_VALUE_ACTIVATIONS)
     xs = [x.clone() for _ in SPECIAL_VALUE_ACTIVATIONS]
     outs = torch.compile(fn, backend="neuron", dynamic=False)(*xs)
-    for name, out, ref in zip(SPECIAL_VALUE_ACTIVATIONS, outs, fn(*xs)):
+    refs = [r.float() for r in fn(*[t.double() for t in xs])]
+    for name, out, ref in zip(SPECIAL_VALUE_ACTIVATIONS, outs, refs):
         torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5, equal_nan=True, msg=lambda m: f"{name}: {m}")
 
 
