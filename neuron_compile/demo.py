@@ -99,12 +99,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{step:>4} {loss.item():>14.6f} {ref.item():>13.6f} {diff:>9.2e} {elapsed:>8.3f}")
 
     print("\ncompiled graphs:")
-    print(f"  {'graph':<22} {'kind':<10} {'aten ops':>8} {'lower s':>8} {'compile s':>9} {'cache':>6}")
+    print(f"  {'graph':<22} {'kind':<10} {'aten ops':>8} {'NKI sites':>9} {'lower s':>8} {'compile s':>9} {'cache':>6}")
     for g in STATS.graphs:
-        print(f"  {g.name:<22} {g.kind:<10} {g.num_ops:>8} {g.lower_seconds:>8.3f} {g.compile_seconds:>9.3f} {g.cache:>6}")
+        print(
+            f"  {g.name:<22} {g.kind:<10} {g.num_ops:>8} {g.nki_kernels:>9} {g.lower_seconds:>8.3f} "
+            f"{g.compile_seconds:>9.3f} {g.cache:>6}"
+        )
     total_ops = sum(g.num_ops for g in STATS.graphs)
+    sites = sum(g.nki_kernels for g in STATS.graphs)
     hits = sum(1 for g in STATS.graphs if g.cache == "hit")
-    print(f"  {len(STATS.graphs)} graphs, {total_ops} aten ops lowered to StableHLO, cache hits {hits}/{len(STATS.graphs)}")
+    print(
+        f"  {len(STATS.graphs)} graphs, {total_ops} aten ops lowered to StableHLO, {sites} of them NKI kernel sites "
+        f"(their StableHLO reference on the CPU target; options={{'kernels': 'emulate'}} runs the kernels), "
+        f"cache hits {hits}/{len(STATS.graphs)}"
+    )
     from .cache import cache_stats
 
     stats = cache_stats()

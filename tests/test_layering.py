@@ -26,7 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "distributed": set(),
     "lowering": {"graph_checks", "kernels", "runtime", "distributed"},
     "legality": {"lowering", "runtime"},
-    "cache": {"runtime"},
+    "cache": {"graph_checks", "runtime"},
     "compiler": {"cache", "debug", "distributed", "graph_checks", "kernels", "legality", "lowering", "runtime"},
     "backend": {"compiler", "decompositions", "graph_checks", "lowering", "kernels"},
     "__init__": {"cache", "kernels", "nki", "lowering", "evaluate", "bucketing"},

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ..graph_checks import is_symbolic
 from ..options import Options
 
 #: Bumped when the key or entry format changes incompatibly.
@@ -93,7 +94,7 @@ def _canon_value(value: Any, index: dict[torch.fx.Node, int]) -> Any:
         return ("...",)
     if isinstance(value, (torch._ops.OpOverload, torch._ops.OpOverloadPacket, torch._ops.HigherOrderOperator)):
         return ("op", _target_name(value))
-    if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+    if is_symbolic(value):
         raise NotCacheable("graph holds a symbolic size")
     if isinstance(value, torch.Tensor):
         return _tensor_fingerprint(value)
@@ -148,7 +149,7 @@ def input_signature(example_inputs: list[Any]) -> list[str]:
             sig.append(
                 f"{str(x.dtype).replace('torch.', '')}{list(x.shape)} stride={tuple(x.stride())} {x.device.type}{grad}"
             )
-        elif isinstance(x, torch.SymInt | torch.SymFloat | torch.SymBool):
+        elif is_symbolic(x):
             raise NotCacheable("symbolic input")
         elif x is None or isinstance(x, (bool, int, float, str)):
             sig.append(f"{type(x).__name__}={x.hex() if isinstance(x, float) else x!r}")
