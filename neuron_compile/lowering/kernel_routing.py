@@ -34,6 +34,7 @@ from torch._ops import OpOverload
 
 from ..kernels import KERNELS
 from ..kernels import torch_ops  # noqa: F401  (defines torch.ops.neuron.*)
+from ..kernels.emulator import numpy_to_torch, torch_to_numpy
 from . import device_calls
 from .registry import current, register_lowering
 from .semantics import canonical_dim
@@ -210,20 +211,12 @@ def sdpa_routes_to_flash(
 
 # ---- user kernels (nki_op) --------------------------------------------------------------------------
 def _host_to_torch(a: Any) -> torch.Tensor:
-    """A writable torch copy of a host-callback operand (bfloat16 through its bits)."""
-    arr = np.array(a)  # a copy: the kernel may write into it (mutates_args)
-    if arr.dtype.name == "bfloat16":
-        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(arr)
+    """A writable torch copy of a host-callback operand: the kernel may write into it (mutates_args)."""
+    return numpy_to_torch(np.array(a))
 
 
 def _torch_to_host(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().contiguous()
-    if t.dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
+    return torch_to_numpy(t.contiguous())
 
 
 def _struct_of(meta: torch.Tensor) -> jax.ShapeDtypeStruct:

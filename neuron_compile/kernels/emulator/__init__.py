@@ -129,7 +129,7 @@ def _data_free_outputs(kernel: Kernel, args: tuple, kwargs: dict) -> Any:
     return make(specs)
 
 
-def _torch_to_numpy(t: Any) -> np.ndarray:
+def torch_to_numpy(t: Any) -> np.ndarray:
     import torch
 
     t = t.detach()
@@ -142,7 +142,7 @@ def _torch_to_numpy(t: Any) -> np.ndarray:
     return t.numpy()
 
 
-def _numpy_to_torch(a: np.ndarray) -> Any:
+def numpy_to_torch(a: np.ndarray) -> Any:
     import ml_dtypes
     import torch
 
@@ -159,7 +159,7 @@ def _to_arg(x: Any, name: str, shape_only: bool) -> Any:
     if isinstance(x, NkiTensor):
         return x
     if _is_torch(x):
-        return wrap_hbm(_torch_to_numpy(x), name)
+        return wrap_hbm(torch_to_numpy(x), name)
     if isinstance(x, np.ndarray):
         return wrap_hbm(x, name)
     if hasattr(x, "__array__") and hasattr(x, "shape") and hasattr(x, "dtype"):  # jax.Array and the like
@@ -184,7 +184,7 @@ def _from_out(x: Any, as_torch: bool, shape_only: bool, inputs: dict[int, Any]) 
         if id(x) in inputs:
             return inputs[id(x)]
         arr = np.asarray(x._arr)
-        return _numpy_to_torch(arr) if as_torch else arr
+        return numpy_to_torch(arr) if as_torch else arr
     return x
 
 
