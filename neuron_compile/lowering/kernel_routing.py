@@ -37,7 +37,7 @@ from ..kernels import torch_ops  # noqa: F401  (defines torch.ops.neuron.*)
 from ..kernels.emulator import numpy_to_torch, torch_to_numpy
 from . import device_calls
 from .registry import current, register_lowering
-from .semantics import canonical_dim
+from .semantics import canonical_dim, convert, is_array, jax_dtype, out_dtype
 
 aten = torch.ops.aten
 KERNEL_CALL_TARGET = "AwsNeuronCustomNativeKernel"
@@ -117,7 +117,9 @@ def _rows(x: Any) -> Any:
     return jnp.reshape(x, (math.prod(x.shape[:-1]), x.shape[-1]))  # -1 cannot be inferred when empty
 
 
-def _out_dtype(index: int | None = None) -> Any:
+def _out_torch_dtype(index: int | None = None) -> Any:
+    # The torch dtype, not semantics.out_dtype's jax one: a float64 node (computed as float32) must not
+    # pass for a float32 one, so float64 graphs keep their StableHLO lowering.
     out = current().out
     return (out[index] if index is not None else out).dtype
 
@@ -129,7 +131,7 @@ def _same_dtype(x: Any, torch_dtype: torch.dtype) -> bool:
 # ---- the table --------------------------------------------------------------------------------------
 @route(aten.mm.default, "matmul")
 def mm(a: Any, b: Any) -> Any:
-    if not (_same_dtype(a, _out_dtype()) and _fits("matmul", a, b)):
+    if not (_same_dtype(a, _out_torch_dtype()) and _fits("matmul", a, b)):
         return None
     return kernel_site("matmul", a, b)
 
@@ -140,7 +142,7 @@ def addmm(bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
     # its product to bf16/fp16 before the add could happen: routed, a bf16 addmm would round twice.
     if beta != 1 or alpha != 1 or bias.dtype != a.dtype or a.dtype != jnp.float32:
         return None
-    if not (_same_dtype(a, _out_dtype()) and _fits("matmul", a, b)):
+    if not (_same_dtype(a, _out_torch_dtype()) and _fits("matmul", a, b)):
         return None
     return kernel_site("matmul", a, b) + bias
 
@@ -172,9 +174,7 @@ def native_layer_norm(x: Any, normalized_shape: list[int], weight: Any, bias: An
     xf = x.astype(jnp.float32)
     mean = jnp.mean(xf, axis=-1, keepdims=True)
     rstd = jax.lax.rsqrt(jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True) + eps)
-    from .semantics import jax_dtype
-
-    return out, mean.astype(jax_dtype(_out_dtype(1))), rstd.astype(jax_dtype(_out_dtype(2)))
+    return out, convert(mean, out_dtype(1)), convert(rstd, out_dtype(2))
 
 
 # ---- attention: the neuron:: custom ops are always kernel sites ------------------------------------
@@ -220,8 +220,6 @@ def _torch_to_host(t: torch.Tensor) -> np.ndarray:
 
 
 def _struct_of(meta: torch.Tensor) -> jax.ShapeDtypeStruct:
-    from .semantics import jax_dtype
-
     return jax.ShapeDtypeStruct(tuple(int(s) for s in meta.shape), jax_dtype(meta.dtype))
 
 
@@ -230,7 +228,6 @@ def _user_kernel_site(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict
     results after the op's own outputs (auto_functionalized's convention)."""
     from torch.utils import _pytree as pytree
 
-    from .semantics import is_array
 
     ctx = current()
     meta = ctx.out
