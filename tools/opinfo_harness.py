@@ -587,14 +587,27 @@ def run_case(op: Any, dtype_name: str, index: int, sample: Any, with_grad: bool)
     return prep if isinstance(prep, CaseResult) else _run_prepared(prep)
 
 
-def run_cases(op: Any, case_list: Iterable[tuple[str, int, Any, bool]]) -> list[CaseResult]:
-    """Run many cases of one op, compiling them together as one function when that works.
+# Cases compiled together as one function. XLA's compile time grows faster than linearly with the graph,
+# so one batch of every sample of an entry (1440 for max_pool2d at full depth) takes many minutes where
+# chunks of this size take seconds each.
+BATCH_SIZE = 32
 
-    One compile for all cases saves most of the per-compile cost (Dynamo, AOTAutograd, XLA). Only a
+
+def run_cases(op: Any, case_list: Iterable[tuple[str, int, Any, bool]]) -> list[CaseResult]:
+    """Run many cases of one op, compiling them together in batches of ``BATCH_SIZE`` when that works.
+
+    One compile for many cases saves most of the per-compile cost (Dynamo, AOTAutograd, XLA). Only a
     batch in which every case passes is accepted as is; if compiling the batch raises, or any case
-    does not pass, every case is rerun alone so that each gets its own, unambiguous outcome.
+    does not pass, every case of the batch is rerun alone so that each gets its own, unambiguous outcome.
     """
     case_list = list(case_list)
+    results: list[CaseResult] = []
+    for start in range(0, len(case_list), BATCH_SIZE):
+        results.extend(_run_batch(op, case_list[start : start + BATCH_SIZE]))
+    return results
+
+
+def _run_batch(op: Any, case_list: list[tuple[str, int, Any, bool]]) -> list[CaseResult]:
     results: list[CaseResult | None] = [None] * len(case_list)
     preps: list[tuple[int, _Prepared]] = []
     for k, case in enumerate(case_list):
