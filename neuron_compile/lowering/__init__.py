@@ -16,6 +16,7 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)
     reductions,
     scan,
     sorting,
+    special,
     views,
 )
 from .interpreter import LoweredGraph, OutputSpec, TensorSpec, lower_graph
