@@ -5,6 +5,11 @@
     neuron-compile cache stats                hits, misses, compile seconds saved (all processes)
     neuron-compile cache clear                remove every entry (--stats also resets the counters)
     neuron-compile cache prune --max-size 2G  evict least-recently-used entries down to a size
+    neuron-compile cache prune --older-than 30d   remove entries not used for 30 days
+
+``--url s3://bucket/prefix`` (any fsspec URL) makes ``list`` and ``prune --older-than`` act on that remote
+cache (``cache.remote``) instead of the directory, and ``stats`` add its entry count and size; an entry's age
+there is the time it was published.
 
 ``--dir`` picks the directory; default: NEURON_COMPILE_CACHE_DIR, else the user cache dir
 (``cache.paths.resolve_cache_dir``, the same resolution ``torch.compile`` uses). ``clear`` and ``prune``
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from typing import Sequence
@@ -48,6 +54,41 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 500M, 2G)") from None
 
 
+_AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)")
+_AGE_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_age(text: str) -> float:
+    m = _AGE.fullmatch(text.strip().lower())
+    if not m:
+        raise argparse.ArgumentTypeError(f"not an age: {text!r} (e.g. 3600, 90m, 12h, 30d, 2w)")
+    return float(m.group(1)) * _AGE_UNITS[m.group(2)]
+
+
+def _remote(args: argparse.Namespace):  # -> RemoteStore, or None without --url (import kept lazy)
+    if not args.url:
+        return None
+    if "://" not in args.url:
+        raise SystemExit(f"neuron-compile: --url {args.url!r} is not a URL (e.g. s3://bucket/prefix); --dir takes a directory")
+    from .cache.remote import RemoteStore, hmac_key_from_env
+
+    return RemoteStore(args.url, hmac_key=hmac_key_from_env())
+
+
+def _remote_call(fn):
+    from .cache.remote import RemoteUnavailable
+
+    try:
+        return fn()
+    except RemoteUnavailable as e:
+        raise SystemExit(f"neuron-compile: the remote cache is not usable: {e}") from None
+
+
+def _no_url(args: argparse.Namespace) -> None:
+    if args.url:
+        raise SystemExit(f"neuron-compile: 'cache {args.cmd}' works on the local directory only; drop --url")
+
+
 def _store(args: argparse.Namespace):  # -> DiskStore (import kept lazy: --help stays fast)
     from .cache.paths import resolve_cache_dir
     from .cache.store import DiskStore
@@ -72,6 +113,14 @@ def _resolve(store, prefix: str) -> str:
 def cmd_list(args: argparse.Namespace) -> int:
     from .cache.entry import CorruptEntry
 
+    remote = _remote(args)
+    if remote is not None:
+        entries = sorted(_remote_call(remote.entries), key=lambda e: e.modified, reverse=True)
+        now = time.time()
+        print(f"{remote.url}: {len(entries)} entries, {human_size(sum(e.size for e in entries))}")
+        for r in entries:
+            print(f"{r.key[:16]}  {human_size(r.size):>10}  published {human_age(now - r.modified):>10}  {r.name}")
+        return 0
     store = _store(args)
     infos = sorted(store.entries(), key=lambda e: e.last_used, reverse=True)
     now = time.time()
@@ -98,6 +147,7 @@ def _leftover_note(store) -> str:
 def cmd_info(args: argparse.Namespace) -> int:
     from .cache.entry import CorruptEntry
 
+    _no_url(args)
     store = _store(args)
     key = _resolve(store, args.key)
     try:
@@ -148,12 +198,21 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"corrupt:       {s.get('corrupt', 0):.0f}   evicted: {s.get('evictions', 0):.0f}")
     print(f"compile time:  {s.get('compile_seconds_saved', 0):.1f}s saved by hits, "
           f"{s.get('compile_seconds_spent', 0):.1f}s spent on misses")  # fmt: skip
+    if any(s.get(k, 0) for k in ("remote_hits", "remote_misses", "remote_stores", "remote_rejected", "remote_errors")):
+        print(f"remote:        {s.get('remote_hits', 0):.0f} hits, {s.get('remote_misses', 0):.0f} misses, "
+              f"{s.get('remote_stores', 0):.0f} published, {s.get('remote_rejected', 0):.0f} refused "
+              f"(damaged or unsigned), {s.get('remote_errors', 0):.0f} errors")  # fmt: skip
     if "updated" in s:
         print(f"last update:   {human_age(time.time() - s['updated'])}")
+    remote = _remote(args)
+    if remote is not None:
+        entries = _remote_call(remote.entries)
+        print(f"remote cache:  {remote.url}: {len(entries)} entries, {human_size(sum(e.size for e in entries))}")
     return 0
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
+    _no_url(args)
     store = _store(args)
     n = store.clear()
     if args.stats:
@@ -165,11 +224,28 @@ def cmd_clear(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
+    if args.max_size is None and args.older_than is None:
+        raise SystemExit("neuron-compile: cache prune needs --max-size SIZE and/or --older-than AGE")
+    remote = _remote(args)
+    if remote is not None:
+        if args.max_size is not None or args.older_than is None:
+            raise SystemExit("neuron-compile: with --url, prune by age only (--older-than AGE)")
+        removed, objects = _remote_call(lambda: remote.prune(args.older_than))
+        print(f"removed {len(removed)} entries ({objects} objects, abandoned uploads included) from {remote.url}")
+        return 0
     store = _store(args)
     before = store.total_bytes()
     swept = store.sweep()
-    # exactly down to the asked size, not to the automatic eviction's low-water mark
-    evicted = store.evict(args.max_size, low_water=1.0)
+    evicted = []
+    if args.older_than is not None:
+        cutoff = time.time() - args.older_than
+        for info in list(store.entries()):
+            if info.last_used < cutoff:
+                store.remove(info.key)
+                evicted.append(info.key)
+    if args.max_size is not None:
+        # exactly down to the asked size, not to the automatic eviction's low-water mark
+        evicted += store.evict(args.max_size, low_water=1.0)
     after = store.total_bytes()
     gone = f" and {len(swept)} stale leftovers" if swept else ""
     print(f"evicted {len(evicted)} entries{gone}: {human_size(before)} -> {human_size(after)} in {store.root}")
@@ -204,6 +280,7 @@ def add_cache_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]
     """``neuron-compile cache {list,info,stats,clear,prune}``."""
     cache = sub.add_parser("cache", help="inspect and manage the compile cache")
     cache.add_argument("--dir", help="cache directory (default: NEURON_COMPILE_CACHE_DIR or the user cache dir)")
+    cache.add_argument("--url", help="a remote cache (s3://bucket/prefix or any fsspec URL) for list, stats, prune")
     csub = cache.add_subparsers(dest="cmd", required=True)
     csub.add_parser("list", help="list entries").set_defaults(fn=cmd_list)
     info = csub.add_parser("info", help="show one entry")
@@ -214,8 +291,9 @@ def add_cache_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]
     clear = csub.add_parser("clear", help="remove every entry")
     clear.add_argument("--stats", action="store_true", help="also reset the hit/miss counters")
     clear.set_defaults(fn=cmd_clear)
-    prune = csub.add_parser("prune", help="evict least-recently-used entries down to a size")
-    prune.add_argument("--max-size", type=parse_size, required=True, help="e.g. 500M, 2G")
+    prune = csub.add_parser("prune", help="evict entries down to a size (least recently used first) or by age")
+    prune.add_argument("--max-size", type=parse_size, help="e.g. 500M, 2G")
+    prune.add_argument("--older-than", type=parse_age, help="unused (remote: published) longer than, e.g. 12h, 30d")
     prune.set_defaults(fn=cmd_prune)
 
 

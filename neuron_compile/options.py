@@ -83,6 +83,17 @@ def _path(value: Any) -> str | None:
     raise _Rejected
 
 
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S+")
+
+
+def _url(value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, str) and _URL.fullmatch(value.strip()):
+        return value.strip()
+    raise _Rejected
+
+
 def _flags(value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         try:
@@ -123,6 +134,12 @@ _FIELDS: dict[str, _Field] = {
         _size,
         "an int >= 0 (bytes), a size string such as '500M', '10G', '1.5G' (K/M/G/T are powers of 1024), or None",
         "NEURON_COMPILE_CACHE_MAX_BYTES",
+    ),
+    "cache_url": _Field(
+        _url,
+        "an fsspec URL with a scheme, e.g. 's3://bucket/prefix' or 'file:///shared/dir' (or None); "
+        "a local directory is NEURON_COMPILE_CACHE_DIR's job",
+        "NEURON_COMPILE_CACHE_URL",
     ),
     "debug_dir": _Field(_path, _PATH, "NEURON_COMPILE_DEBUG_DIR"),
     "allow_eager_fallback": _Field(_bool, _BOOL, None),
@@ -170,6 +187,9 @@ class Options:
     #: Size cap of the cache directory in bytes (LRU eviction); None: 10 GiB.
     #: Env: NEURON_COMPILE_CACHE_MAX_BYTES (accepts suffixes K, M, G, T, e.g. "500M").
     cache_max_bytes: int | None = None
+    #: A remote cache shared by many hosts, behind the local one (cache/remote.py): any fsspec URL, e.g.
+    #: "s3://bucket/prefix" (needs s3fs). Not part of the cache key. Env: NEURON_COMPILE_CACHE_URL.
+    cache_url: str | None = None
     #: Write FX graphs, StableHLO, legality report and timings here. Env: NEURON_COMPILE_DEBUG_DIR.
     debug_dir: str | None = None
     #: Let Dynamo fall back to eager when its recompile limit is hit (default: raise instead).

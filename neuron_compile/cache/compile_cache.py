@@ -6,8 +6,9 @@
 2. in-process layer (``memory.MemoryLRU``): a hit returns the already loaded executable (no file read);
 3. disk (``store.DiskStore`` of ``opts``' directory, if ``trust`` allows it): a verified entry whose
    executable fits its own plan (``verify``) is loaded; a damaged one is a warned miss that is rewritten;
-4. miss: take the key's lock, look again (another process may have just built it), else ``build()``,
-   store atomically, evict down to the size cap.
+4. miss: take the key's lock, look again (another process may have just built it), then the remote tier
+   (``remote.RemoteStore`` of option ``cache_url``, if set: a verified entry is loaded and copied to disk),
+   else ``build()``, store atomically, evict down to the size cap, and publish to the remote tier.
 
 Any problem with the directory (unwritable, full, untrusted) degrades to compiling without the disk cache,
 with one warning per directory and process (``report.OnceWarner``).
@@ -30,6 +31,7 @@ from .counters import FLUSH_INTERVAL, Counters
 from .key import CacheKey, NotCacheable, cache_key
 from .memory import MemoryLRU
 from .paths import resolve_cache_dir
+from .remote import RemoteRejected, RemoteStore, RemoteUnavailable, hmac_key_from_env, timeout_from_env
 from .report import OnceWarner, log, warn
 from .store import DEFAULT_MAX_BYTES, DiskStore, StoreUnavailable
 from .verify import check_executable
@@ -58,6 +60,7 @@ class CompileCache:
         self._trusted_roots: set[str] = set()  # roots store_for() accepted: memory hits count there
         self._swept_roots: set[str] = set()
         self.recorded: set[str] = set()  # keys already handed to torch's mega-cache in this process
+        self._remotes: dict[tuple[str, bytes | None, float], RemoteStore] = {}  # each keeps its failure state
 
     # ------------------------------------------------------------- directory
     @staticmethod
@@ -92,6 +95,18 @@ class CompileCache:
         if first:
             self._sweep(store)
         return store
+
+    def remote_for(self, opts: Options) -> RemoteStore | None:
+        """The remote tier ``opts.cache_url`` names (None: not configured). One object per URL, signing
+        key and timeout, so a URL found down stays unused for the rest of the process."""
+        if not opts.cache_url:
+            return None
+        ident = (opts.cache_url, hmac_key_from_env(), timeout_from_env())
+        with self._lock:
+            remote = self._remotes.get(ident)
+            if remote is None:
+                remote = self._remotes[ident] = RemoteStore(ident[0], timeout=ident[2], hmac_key=ident[1])
+        return remote
 
     def _sweep(self, store: DiskStore) -> None:
         try:
@@ -129,7 +144,7 @@ class CompileCache:
 
         store = self.store_for(opts)
         if store is None:
-            return self._build_uncached(key, build)
+            return self._build_uncached(key, build, opts)
         found = self._read(store, key, opts)
         if found is not None:
             log.info("neuron cache: hit %s %s in %.4fs", key.digest[:12], found.name, time.perf_counter() - t0)
@@ -143,31 +158,98 @@ class CompileCache:
                 lock.acquire()
         except (StoreUnavailable, OSError) as e:
             self._warn_unwritable(store, e)
-            return self._build_uncached(key, build)
+            return self._build_uncached(key, build, opts)
+        remote = self.remote_for(opts)
         try:
             found = self._read(store, key, opts)  # built by another process while we waited?
             if found is not None:
                 log.info("neuron cache: hit %s %s (built by another process)", key.digest[:12], found.name)
+                return found, "hit"
+            found, damaged = self._fetch_remote(remote, key, opts, store)  # under the lock: one download per host
+            if found is not None:
                 return found, "hit"
             log.info("neuron cache: miss %s; compiling", key.digest[:12])
             artifact = build()
             self.memory.put(key.digest, artifact)
             spent = artifact.lower_seconds + artifact.compile_seconds
             self.counters.count(store.root, misses=1, compile_seconds_spent=spent)
-            self._store(store, key, artifact, opts)
+            parts = self._store(store, key, artifact, opts)
         finally:
             lock.release()
+        self._publish(remote, key, parts, damaged, store.root)  # after the release: local waiters go on
         self.counters.flush(store.root)
         return artifact, "miss"
 
-    def _build_uncached(self, key: CacheKey, build: Callable[[], Artifact]) -> tuple[Artifact, str]:
+    def _build_uncached(self, key: CacheKey, build: Callable[[], Artifact], opts: Options) -> tuple[Artifact, str]:
+        remote = self.remote_for(opts)
+        found, damaged = self._fetch_remote(remote, key, opts, None)
+        if found is not None:
+            return found, "hit"
         log.info("neuron cache: miss %s; compiling (not stored on disk)", key.digest[:12])
         artifact = build()
         self.memory.put(key.digest, artifact)
         self.counters.count(None, misses=1, compile_seconds_spent=artifact.lower_seconds + artifact.compile_seconds)
+        parts = None
         with contextlib.suppress(E.NotSerializable):
-            self._record_megacache(key.digest, E.encode(artifact, key.digest, key.summary))
+            parts = E.encode(artifact, key.digest, key.summary)
+            self._record_megacache(key.digest, parts)
+        self._publish(remote, key, parts, damaged, None)
         return artifact, "miss"
+
+    # ------------------------------------------------------------ remote tier
+    def _fetch_remote(
+        self, remote: RemoteStore | None, key: CacheKey, opts: Options, store: DiskStore | None
+    ) -> tuple[Artifact | None, bool]:
+        """(the remote entry, loaded and copied into ``store``, or None; whether a damaged entry is there
+        to be replaced). Remote failures are counted and warned once, never raised."""
+        if remote is None or remote.down is not None:
+            return None, False
+        root = store.root if store is not None else None
+        t0 = time.perf_counter()
+        try:
+            found = remote.fetch(key.digest)
+        except RemoteUnavailable:
+            self.counters.count(root, remote_errors=1)
+            return None, False
+        except RemoteRejected as e:
+            self._report_remote_rejected(remote, key, str(e), e.damaged, root)
+            return None, e.damaged
+        if found is None:
+            self.counters.count(root, remote_misses=1)
+            return None, False
+        parts, artifact = found
+        try:
+            _load(artifact, opts)
+        except Exception as e:  # noqa: BLE001 - e.g. the executable does not fit its own plan
+            self._report_remote_rejected(remote, key, f"executable could not be loaded ({type(e).__name__}: {e})", True, root)
+            return None, True
+        if store is not None:
+            try:
+                store.write(key.digest, *parts)
+            except StoreUnavailable as e:
+                self._warn_unwritable(store, e)
+        saved = artifact.lower_seconds + artifact.compile_seconds
+        self.counters.count(root, hits=1, remote_hits=1, compile_seconds_saved=saved)
+        self.memory.put(key.digest, artifact)
+        self._record_megacache(key.digest, parts)
+        log.info("neuron cache: hit (remote) %s %s in %.4fs", key.digest[:12], artifact.name, time.perf_counter() - t0)
+        return artifact, False
+
+    def _report_remote_rejected(self, remote: RemoteStore, key: CacheKey, why: str, damaged: bool, root: str | None) -> None:
+        what = "is damaged" if damaged else "is not trusted"
+        warn(f"neuron cache: remote entry {key.digest[:12]} at {remote.url} {what} ({why}); ignoring it and compiling.", stacklevel=6)
+        self.counters.count(root, remote_rejected=1)
+
+    def _publish(
+        self, remote: RemoteStore | None, key: CacheKey, parts: tuple[bytes, bytes, bytes] | None, replace: bool, root: str | None
+    ) -> None:
+        if remote is None or parts is None:
+            return
+        outcome = remote.publish(key.digest, parts, replace=replace)
+        if outcome == "published":
+            self.counters.count(root, remote_stores=1)
+        elif outcome == "error":
+            self.counters.count(root, remote_errors=1)
 
     def _read(self, store: DiskStore, key: CacheKey, opts: Options) -> Artifact | None:
         """A verified, loaded entry from disk; None when absent or damaged (damaged: warned, removed)."""
@@ -206,24 +288,26 @@ class CompileCache:
             f"neuron cache: cannot write to {store.root} ({e}); compiling without storing results.",
         )  # fmt: skip
 
-    def _store(self, store: DiskStore, key: CacheKey, artifact: Artifact, opts: Options) -> None:
+    def _store(self, store: DiskStore, key: CacheKey, artifact: Artifact, opts: Options) -> tuple[bytes, bytes, bytes] | None:
+        """Write the entry to disk; returns its parts (None: not serializable) for the remote tier."""
         try:
             parts = E.encode(artifact, key.digest, key.summary)
         except E.NotSerializable as e:
             log.debug("neuron cache: not storing %s: %s", key.digest[:12], e)
-            return
+            return None
         self._record_megacache(key.digest, parts)
         try:
             store.write(key.digest, *parts)
         except StoreUnavailable as e:
             self._warn_unwritable(store, e)
-            return
+            return parts
         self.counters.count(store.root, stores=1)
         max_bytes = opts.cache_max_bytes if opts.cache_max_bytes is not None else DEFAULT_MAX_BYTES
         evicted = store.evict(max_bytes, protect=key.digest)
         if evicted:
             self.counters.count(store.root, evictions=len(evicted))
             log.info("neuron cache: evicted %d entries to stay under %d bytes", len(evicted), max_bytes)
+        return parts
 
     def _record_megacache(self, digest: str, parts: tuple[bytes, bytes, bytes]) -> None:
         megacache.record(digest, *parts)

@@ -12,6 +12,8 @@ from .store import DiskStore, StoreUnavailable
 COUNTERS = (
     "hits", "memory_hits", "disk_hits", "misses", "stores", "corrupt", "evictions", "uncached", "swept",
     "compile_seconds_saved", "compile_seconds_spent",
+    # the remote tier (remote.py): lookups after a local miss, publishes, entries refused, failures
+    "remote_hits", "remote_misses", "remote_stores", "remote_rejected", "remote_errors",
 )  # fmt: skip
 #: Disk hits update stats.json at most this often (misses always do; the rest at exit).
 FLUSH_INTERVAL = 2.0
