@@ -233,7 +233,9 @@ def index_copy(x, dim, index, source):
 
 @register_lowering(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
 def index_fill(x, dim, index, value):
-    value = jnp.reshape(convert(value, x.dtype), ())
+    # The 0-d fill value spread over the selected slices: _index_write reshapes an array source to them.
+    n = jnp.reshape(index, (-1,)).shape[0]
+    value = jnp.broadcast_to(jnp.reshape(convert(value, x.dtype), ()), _index_write_shape(_as_nd(x).shape, dim, n))
     return _index_write(x, dim, index, value, "set")
 
 
