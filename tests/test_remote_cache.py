@@ -330,6 +330,23 @@ def test_failing_remote_costs_a_bounded_delay_and_one_warning(s3, tmp_path, monk
     assert elapsed < 30, f"{failure}: three compiles took {elapsed:.1f}s"
 
 
+def test_read_only_credentials_stop_publishing_not_reading(url, s3, tmp_path, monkeypatch):
+    compile_here(tmp_path / "writer", url, shape=(3, 8))
+    remote = nc.CACHE.remote_for(Options.from_user({"cache_url": url}))
+    fs, _ = remote._filesystem()
+
+    def denied(path, *args, **kwargs):
+        raise PermissionError(f"Access Denied: PutObject {path}")
+
+    monkeypatch.setattr(fs, "pipe_file", denied)
+    runs = [compile_here(tmp_path / "reader", url, shape=(rows, 8)) for rows in (3, 5, 6)]
+    assert runs[0]["stats"]["remote_hits"] == 1 and not runs[0]["warnings"], runs[0]
+    assert all(r["stats"]["misses"] == 1 and r["stats"]["remote_misses"] == 1 for r in runs[1:]), runs
+    warned = [w for r in runs for w in r["warnings"]]
+    assert len(warned) == 1 and "not allowed to write" in warned[0], warned
+    assert remote.down is None  # still read: the next host's entry would be found
+
+
 def test_cli_lists_counts_and_prunes_the_remote(url, s3, tmp_path, capsys):
     local = tmp_path / "a"
     compile_here(local, url)

@@ -15,7 +15,8 @@ Modules, each with one job:
 - ``counters``  hit/miss counters, this process's and each directory's ``stats.json``
 - ``report``    ``NeuronCacheWarning``, one warning per problem
 - ``megacache`` our entries in PyTorch's ``save_cache_artifacts``/``load_cache_artifacts``
-- ``compile_cache`` the lookup itself (memory -> disk -> lock -> build -> store)
+- ``remote``    the shared tier behind the disk (option ``cache_url``: S3 or any fsspec URL; fsspec loads lazily)
+- ``compile_cache`` the lookup itself (memory -> disk -> lock -> remote -> build -> store -> publish)
 
 Hits and misses are logged on the ``neuron_compile.cache`` logger (``TORCH_LOGS="+neuron_compile.cache"``
 or ``torch._logging.set_logs(modules={"neuron_cache": logging.DEBUG})``) and counted by ``cache_stats()``
