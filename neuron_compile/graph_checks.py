@@ -30,7 +30,8 @@ def is_symbolic(value: Any) -> bool:
 
 
 def check_tensor_kinds(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> None:
-    """Refuse sparse, nested, complex and quantized inputs up front, naming each and its first use."""
+    """Refuse sparse, nested and quantized inputs (and dtypes the device lacks) up front, naming each and
+    its first use."""
     bad = unsupported_inputs(gm, example_inputs)
     if bad:
         raise NeuronUnsupportedOpError(gm.__class__.__name__, bad)
@@ -123,16 +124,17 @@ def _node_being_traced(gm: torch.fx.GraphModule, error: BaseException) -> torch.
 
 # -- tensor kinds the device cannot take ------------------------------------------------------------
 def unsupported_tensor_kind(t: torch.Tensor) -> str | None:
-    """Why ``t`` cannot be compiled (sparse, nested, complex, quantized, odd dtype), or None."""
+    """Why ``t`` cannot be compiled (sparse, nested, quantized, odd dtype), or None.
+
+    complex64 and complex128 are compiled: the lowering carries them as (real, imag) float32 pairs
+    (complex128 computed as complex64, as float64 as float32); complex32 is refused with the other dtypes."""
     if getattr(t, "is_nested", False):
         return "nested tensor"
     if t.is_sparse or t.layout not in (torch.strided,):
         return f"{t.layout} layout"
-    if t.is_complex():
-        return "complex dtype"
     if t.is_quantized:
         return "quantized tensor"
-    if t.dtype not in DEVICE_DTYPES:
+    if t.dtype not in DEVICE_DTYPES and t.dtype not in (torch.complex64, torch.complex128):
         return f"dtype {t.dtype} is not supported by the Neuron compiler"
     return None
 

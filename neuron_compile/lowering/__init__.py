@@ -19,6 +19,7 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)
     special,
     views,
 )
+from . import complex, fft  # noqa: F401,E402  (pair lowerings of complex operands: COMPLEX_LOWERINGS)
 from .interpreter import LoweredGraph, OutputSpec, TensorSpec, lower_graph
 from .registry import LOWERINGS, Unsupported, register_lowering, supported_ops
 

@@ -24,6 +24,8 @@ from ..artifact import OutputSpec, TensorSpec
 from ..errors import NeuronUnsupportedOpError, UnsupportedNode
 from ..runtime.jax_adapter import host_callbacks_of
 from ..graph_checks import check_fx_graph, non_aten_reason, unsupported_inputs, unsupported_tensor_kind
+from .complex import complex_lowering, device_struct, is_complex_node
+from .complex import REFUSAL as COMPLEX_REFUSAL
 from .kernel_routing import lower_auto_functionalized, route_for, user_kernel_lowering
 from .registry import _CURRENT, NodeContext, Unsupported, lowering_for, refusal_for
 from .semantics import jax_dtype, torch_dtype
@@ -63,11 +65,12 @@ def _spec_of(value: Any) -> TensorSpec | Any:
 def _meta_structs(val: Any) -> Any:
     """Placeholder jax values (zeros) shaped like a node's output, to keep tracing after a failure."""
     if isinstance(val, torch.Tensor):
+        shape = tuple(int(s) for s in val.shape)
         try:
-            dtype = jax_dtype(val.dtype)
+            shape, dtype = device_struct(shape, val.dtype)
         except Unsupported:
             dtype = jnp.float32
-        return jnp.zeros(tuple(int(s) for s in val.shape), dtype)
+        return jnp.zeros(shape, dtype)
     if isinstance(val, (tuple, list)):
         return type(val)(_meta_structs(v) for v in val)
     return val
@@ -84,8 +87,8 @@ def _check_against_meta(node: torch.fx.Node, result: Any) -> str | None:
     for v, r in pairs:
         if r is None or not hasattr(r, "shape"):
             return f"lowering produced {r!r} where torch produces a tensor"
-        want_shape = tuple(int(s) for s in v.shape)
-        want_dtype = jnp.dtype(jax_dtype(v.dtype))
+        want_shape, want_dtype = device_struct(tuple(int(s) for s in v.shape), v.dtype)  # complex: as a pair
+        want_dtype = jnp.dtype(want_dtype)
         if tuple(r.shape) != want_shape or jnp.dtype(r.dtype) != want_dtype:
             return (
                 f"internal lowering error: produced {jnp.dtype(r.dtype)}{list(r.shape)}, "
@@ -100,6 +103,8 @@ def _constant(value: Any) -> Any:
         return value  # e.g. the GraphModule of an invoke_subgraph
     with torch._subclasses.fake_tensor.unset_fake_temporarily():
         t = value.detach().cpu()
+        if t.is_complex():  # carried as a (real, imag) pair (lowering/complex.py)
+            t = torch.view_as_real(t.resolve_conj().to(torch.complex64))
         dtype = jax_dtype(t.dtype)
         array = t.float().numpy() if t.dtype in (torch.bfloat16, torch.float64) else t.numpy()
     return jnp.asarray(array, dtype=dtype)
@@ -178,6 +183,11 @@ class _GraphTracer:
             return _meta_structs(node.meta.get("val"))
         lowering = lowering_for(node.target)
         routed = route_for(node.target, self.kernels)
+        if is_complex_node(node):  # complex operands: lowered on (real, imag) pairs, or refused
+            lowering, routed = complex_lowering(node), None
+            if lowering is None:
+                self.fail(node, COMPLEX_REFUSAL)
+                return _meta_structs(node.meta.get("val"))
         if lowering is None and isinstance(node.target, OpOverload):
             lowering = user_kernel_lowering(node.target)
         if node.target in _AUTO_FUNCTIONALIZED:  # an nki_op kernel that writes an argument in place
@@ -294,6 +304,7 @@ def _output_buffers(
             and root is not arg
             and perm is not None
             and rval.dtype == val.dtype  # a dtype-reinterpreting view cannot be an as_strided
+            and (val.is_conj(), val.is_neg()) == (rval.is_conj(), rval.is_neg())  # nor a lazy conj/neg view
             and rval.storage_offset() == 0
             and (val.numel() == 0 or extent < rval.numel())
         )
@@ -354,7 +365,8 @@ def lower_graph(
         seen: dict[int, int] = {}
         for k, (buf, value) in enumerate(zip(buffers, roots)):
             if buf.perm != tuple(range(len(buf.perm))):
-                value = jnp.transpose(value, buf.perm)  # memory order of torch's strides
+                # memory order of torch's strides (a complex value's trailing pair dim stays last)
+                value = jnp.transpose(value, buf.perm + tuple(range(len(buf.perm), value.ndim)))
             if id(value) in seen:  # one jax value for two storages (e.g. a clone lowered to itself)
                 index.append((seen[id(value)], k))
                 continue
@@ -378,9 +390,7 @@ def lower_graph(
             )
         return tuple(tensors)
 
-    structs = [
-        jax.ShapeDtypeStruct(input_specs[i].shape, jax_dtype(input_specs[i].dtype)) for i in tensor_positions
-    ]
+    structs = [jax.ShapeDtypeStruct(*device_struct(input_specs[i].shape, input_specs[i].dtype)) for i in tensor_positions]
     structs.append(jax.ShapeDtypeStruct((2,), jnp.int32))  # the per-call RNG seed
     with jax.enable_x64(True), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # jax's own dtype-truncation chatter
@@ -395,8 +405,9 @@ def lower_graph(
     for spec, meta in zip(output_plan, metas):
         if spec.kind == "tensor" and isinstance(meta, torch.Tensor):
             spec.spec = TensorSpec(spec.spec.shape, meta.dtype)
-    downcast = any(isinstance(s, TensorSpec) and s.dtype == torch.float64 for s in input_specs) or any(
-        isinstance(t, torch.Tensor) and t.dtype == torch.float64
+    wide = (torch.float64, torch.complex128)  # computed as float32 / complex64 pairs
+    downcast = any(isinstance(s, TensorSpec) and s.dtype in wide for s in input_specs) or any(
+        isinstance(t, torch.Tensor) and t.dtype in wide
         for n in gm.graph.nodes
         for t in (n.meta.get("val") if isinstance(n.meta.get("val"), (tuple, list)) else [n.meta.get("val")])
     )
