@@ -278,3 +278,10 @@ def test_stablehlo_of_complex_graph_has_no_complex_type(lowered_graphs) -> None:
         text = lowered.stablehlo()
         assert "complex<" not in text and "stablehlo.fft" not in text, lowered.name
         assert "stablehlo.dot_general" in text, lowered.name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_angle_of_real_input_matches_eager(dtype) -> None:
+    x = torch.tensor([-1.5, 0.0, -0.0, 2.0, float("nan"), float("-inf"), float("inf")])
+    x = x[:4].to(dtype) if dtype == torch.int64 else x
+    torch.testing.assert_close(_compile(torch.angle)(x), torch.angle(x), equal_nan=True)

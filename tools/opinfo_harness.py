@@ -39,6 +39,10 @@ DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool,
 }
 
+#: Tested only when named (``opinfo_sweep --dtypes float32,complex64``): not in CI's rotation nor in the
+#: default sweep. complex64 runs as (real, imag) float32 pairs (neuron_compile/lowering/complex.py).
+OPT_IN_DTYPES: dict[str, torch.dtype] = {"complex64": torch.complex64}
+
 #: The explained skip categories. Each case's ``detail`` names one of these keys.
 SKIP_REASONS: dict[str, str] = {
     "random": "random op: compiled and eager draw from different generators, so outputs are compared by "
@@ -85,10 +89,12 @@ def load_op_db() -> list[Any]:
     return list(op_db)
 
 
-def tested_dtypes(op: Any) -> list[str]:
-    """Names of the dtypes of ``DTYPES`` that the op supports on CPU."""
+def tested_dtypes(op: Any, opt_in: Iterable[str] = ()) -> list[str]:
+    """Names of the dtypes of ``DTYPES`` (and of the ``opt_in`` ones of ``OPT_IN_DTYPES``) that the op
+    supports on CPU."""
     supported = op.supported_dtypes("cpu")
-    return [name for name, dt in DTYPES.items() if dt in supported]
+    table = {**DTYPES, **{name: OPT_IN_DTYPES[name] for name in opt_in}}
+    return [name for name, dt in table.items() if dt in supported]
 
 
 def _seed_for(*parts: str) -> int:
@@ -100,7 +106,7 @@ def samples(op: Any, dtype_name: str, limit: int | None, with_grad: bool) -> lis
     torch.manual_seed(_seed_for(entry_name(op), dtype_name))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        gen = op.sample_inputs("cpu", DTYPES[dtype_name], requires_grad=with_grad)
+        gen = op.sample_inputs("cpu", {**DTYPES, **OPT_IN_DTYPES}[dtype_name], requires_grad=with_grad)
         return list(itertools.islice(gen, limit))
 
 
@@ -139,9 +145,7 @@ class _Recorder:
             vals = node.meta.get("val")
             for v in vals if isinstance(vals, (list, tuple)) else [vals]:
                 if isinstance(v, torch.Tensor):
-                    if v.is_complex():
-                        self.bad_tensors.add("complex")
-                    elif v.layout != torch.strided:
+                    if v.layout != torch.strided:  # complex is not bad: it runs as (real, imag) pairs
                         self.bad_tensors.add("sparse")
 
     def record_legality(self, lowered: Any) -> None:
@@ -294,6 +298,7 @@ _DEFAULT_TOL = {
     torch.float32: Tolerance(1.3e-6, 1e-5, torch.float32),
     torch.float64: Tolerance(1.3e-6, 1e-5, torch.float32),
     torch.bfloat16: Tolerance(1.6e-2, 1e-5, torch.bfloat16),
+    torch.complex64: Tolerance(1.3e-6, 1e-5, torch.float32),  # assert_close's complex64 = float32 defaults
     torch.float16: Tolerance(1e-3, 1e-5, torch.float16),
 }
 
@@ -716,7 +721,7 @@ def cases(op: Any, per_dtype: dict[str, int | None]) -> Iterable[tuple[str, int,
     float32 samples are made with requires_grad when the op supports autograd, so forward and gradients
     are checked by one compile.
     """
-    for dtype_name in tested_dtypes(op):
+    for dtype_name in tested_dtypes(op, [d for d in per_dtype if d in OPT_IN_DTYPES]):
         limit = per_dtype.get(dtype_name, 0)
         if limit == 0:
             continue

@@ -31,7 +31,7 @@ from jax import lax
 from torch._ops import OpOverload, OpOverloadPacket
 
 from .registry import _CURRENT, LOWERINGS, NodeContext, Unsupported, current, _overloads
-from .semantics import is_array, jax_dtype
+from .semantics import Promotion, is_array, jax_dtype, register_pointwise
 
 aten = torch.ops.aten
 
@@ -443,6 +443,14 @@ def abs_(a: Pair) -> Any:
 @register_complex_lowering(aten.angle)
 def angle_(a: Pair) -> Any:
     return angle(a)
+
+
+@register_pointwise(aten.angle, promotion=Promotion.INT_TO_FLOAT)
+def angle_of_real(x: Any) -> Any:
+    """The angle of a real number (no complex operand, so a lowering of the real table): pi for negative
+    values, 0 otherwise (-0.0 too), NaN kept, as eager."""
+    pi = jnp.asarray(np.pi, x.dtype)
+    return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, pi, jnp.zeros_like(x)))
 
 
 @register_complex_lowering(aten.sgn)
