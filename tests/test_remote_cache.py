@@ -395,6 +395,25 @@ def test_cache_url_option(monkeypatch):
         Options.from_user({"cache_url": "bucket/prefix"})
 
 
+def test_any_fsspec_url_works_as_the_remote(tmp_path, capsys):
+    url = (tmp_path / "shared").as_uri()  # file:///...: e.g. a filesystem mounted on every host
+    first = compile_here(tmp_path / "a", url)
+    second = compile_here(tmp_path / "b", url)
+    assert first["stats"]["remote_stores"] == 1 and not first["warnings"], first
+    assert second["stats"]["remote_hits"] == 1 and second["stats"]["misses"] == 0 and second["err"] <= ATOL, second
+    assert cli.main(["cache", "--url", url, "list"]) == 0
+    assert "1 entries" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-3"])
+def test_bad_remote_timeout_names_the_variable(monkeypatch, value):
+    from neuron_compile.cache.remote import timeout_from_env
+
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_URL_TIMEOUT", value)
+    with pytest.raises(NeuronOptionsError, match=f"NEURON_COMPILE_CACHE_URL_TIMEOUT={value!r}.*seconds > 0"):
+        timeout_from_env()
+
+
 def test_cache_url_is_not_part_of_the_key():
     gm = torch.fx.symbolic_trace(f)
     x = [torch.randn(4, 8)]

@@ -46,6 +46,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
+from ..artifact import Artifact
 from ..errors import NeuronOptionsError
 from . import entry as E
 from .paths import check_key, is_key
@@ -203,7 +204,7 @@ class RemoteStore:
             )
 
     # ------------------------------------------------------------------ read
-    def fetch(self, key: str) -> tuple[tuple[bytes, bytes, bytes], Any] | None:
+    def fetch(self, key: str) -> tuple[tuple[bytes, bytes, bytes], Artifact] | None:
         """The verified entry ``((meta, module, executable), Artifact)`` for ``key``, or None on a miss.
 
         Raises ``RemoteRejected`` (present but damaged or not signed with our key) and
@@ -291,7 +292,11 @@ class RemoteStore:
         if self.down is not None or not self.publishing:
             return "off"
         meta, module, executable = parts
-        summary = E.verify_meta(meta, key)  # our own bytes: a failure here is a bug, not a remote problem
+        try:
+            summary = E.verify_meta(meta, key)
+        except E.CorruptEntry as e:  # our own bytes: never expected, and never a reason to fail the job
+            log.warning("neuron cache: not publishing %s: %s", key[:12], e)
+            return "off"
         blob = E.pack(meta, module, executable)
         name = f"{uuid.uuid4().hex}.entry"
         manifest: dict[str, Any] = {
@@ -311,10 +316,10 @@ class RemoteStore:
             old = self._manifest(key) if replace else None
             if not replace and self._call(f"checking {key[:12]}", lambda: fs.exists(self._path(key, MANIFEST))):
                 return "exists"  # published meanwhile by another host
-            self._call(f"writing {key[:12]}/{name}", lambda: fs.pipe_file(self._path(key, name), blob), nbytes=len(blob))
+            self._call(f"writing {key[:12]}/{name}", lambda: _pipe(fs, self._path(key, name), blob), nbytes=len(blob))
             try:
                 mode = "overwrite" if replace else "create"
-                self._call(f"writing {key[:12]}/{MANIFEST}", lambda: fs.pipe_file(self._path(key, MANIFEST), body, mode=mode))
+                self._call(f"writing {key[:12]}/{MANIFEST}", lambda: _pipe(fs, self._path(key, MANIFEST), body, mode=mode))
             except FileExistsError:
                 log.info("neuron cache: %s was published to %s by another writer first", key[:12], self.url)
                 with contextlib.suppress(RemoteUnavailable, OSError):
@@ -404,6 +409,15 @@ class RemoteStore:
                 self._call(f"removing {key[:12]}/{name}", lambda n=name: fs.rm_file(self._path(key, n)))
                 count += 1
         return removed, count
+
+
+def _pipe(fs: Any, path: str, data: bytes, mode: str = "overwrite") -> None:
+    """``fs.pipe_file``, creating the key's "directory" on filesystems that have real ones (file://, sftp)."""
+    try:
+        fs.pipe_file(path, data, mode=mode)
+    except FileNotFoundError:
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        fs.pipe_file(path, data, mode=mode)
 
 
 def _modified(info: dict[str, Any]) -> float:
