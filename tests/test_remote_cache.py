@@ -230,19 +230,30 @@ def _damage(fs, url: str, key: str, how: str) -> None:
     elif how == "bit-flipped manifest checksum":
         manifest["sha256"] = ("0" if manifest["sha256"][0] != "0" else "1") + manifest["sha256"][1:]
         fs.pipe_file(f"{base}/{MANIFEST}", json.dumps(manifest).encode())
+    elif how == "size beyond any entry":
+        manifest["size"] = 2**50
+        fs.pipe_file(f"{base}/{MANIFEST}", json.dumps(manifest).encode())
     elif how == "truncated manifest":
         fs.pipe_file(f"{base}/{MANIFEST}", fs.cat_file(f"{base}/{MANIFEST}")[:20])
-    elif how == "payload named by a path":  # must never be read: it could name anything in the bucket
+    elif how == "payload named by a path":
         manifest["payload"] = "../" + manifest["payload"]
         fs.pipe_file(f"{base}/{MANIFEST}", json.dumps(manifest).encode())
     else:
         raise AssertionError(how)
 
 
-@pytest.mark.parametrize(
-    "how",
-    ["truncated payload", "bit-flipped payload", "bit-flipped manifest checksum", "truncated manifest", "payload named by a path"],
-)
+#: how an entry is damaged -> what the warning must give as the reason (so each check is the one that caught it)
+DAMAGES = {
+    "truncated payload": "truncated",
+    "bit-flipped payload": "payload checksum mismatch",
+    "bit-flipped manifest checksum": "payload checksum mismatch",
+    "size beyond any entry": "beyond any entry",  # refused before a download with a deadline of days
+    "truncated manifest": "unreadable manifest",
+    "payload named by a path": "is not one of ours",  # never read: it could name anything in the bucket
+}
+
+
+@pytest.mark.parametrize("how", list(DAMAGES))
 def test_damaged_remote_entry_is_ignored_recompiled_and_replaced(url, s3, tmp_path, how):
     compile_here(tmp_path / "a", url)
     ((key, _),) = _objects(s3, url).items()
@@ -252,6 +263,7 @@ def test_damaged_remote_entry_is_ignored_recompiled_and_replaced(url, s3, tmp_pa
     assert second["err"] <= ATOL
     assert second["stats"]["misses"] == 1 and second["stats"]["remote_rejected"] == 1, (how, second["stats"])
     assert len(second["warnings"]) == 1 and "is damaged" in second["warnings"][0], (how, second["warnings"])
+    assert DAMAGES[how] in second["warnings"][0], (how, second["warnings"])
     assert second["stats"]["remote_stores"] == 1, (how, second["stats"])  # the recompiled entry replaced it
 
     third = compile_here(tmp_path / "c", url)

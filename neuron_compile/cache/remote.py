@@ -25,7 +25,7 @@ HMAC-SHA256 over its fields (which include the payload's sha256): an unsigned or
 ignored with a warning, and not overwritten (a host with a wrong key must not evict the fleet's entries).
 
 **Failures never fail the job.** Every remote call runs with a deadline (``NEURON_COMPILE_CACHE_URL_TIMEOUT``
-seconds, default 10, plus transfer time at 1 MiB/s) and one retry; after that the URL is unused for the rest
+seconds, default 10, plus transfer time at 4 MiB/s) and one retry; after that the URL is unused for the rest
 of the process, with one warning. Access denied on publishing only stops publishing (read-only
 credentials are a normal setup for consumers).
 
@@ -59,7 +59,9 @@ DEFAULT_TIMEOUT = 10.0
 #: One retry: a dead endpoint costs at most two deadlines before the URL is dropped for the process.
 ATTEMPTS = 2
 #: Deadlines grow with the bytes moved at this rate, so a large NEFF on a slow link is not cut off.
-MIN_RATE = 1024**2
+MIN_RATE = 4 * 1024**2
+#: A manifest claiming more is refused: its size sets the download's deadline, and it is untrusted.
+MAX_ENTRY_BYTES = 16 * 1024**3
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
 #: A manifest is a few hundred bytes; anything bigger is not one of ours (and is not read whole).
@@ -260,19 +262,20 @@ class RemoteStore:
             raise RemoteRejected(f"manifest is larger than {MAX_MANIFEST_BYTES} bytes", damaged=True)
         try:
             manifest = json.loads(raw.decode())
-            ok = (
-                isinstance(manifest, dict)
-                and manifest.get("format") == MANIFEST_FORMAT
-                and isinstance(manifest.get("payload"), str)
-                and _PAYLOAD.fullmatch(manifest["payload"]) is not None
-                and isinstance(manifest.get("size"), int)
-                and manifest["size"] >= 0
-                and isinstance(manifest.get("sha256"), str)
-            )
         except (ValueError, UnicodeDecodeError):
-            ok = False
-        if not ok:
+            manifest = None
+        if not (
+            isinstance(manifest, dict)
+            and manifest.get("format") == MANIFEST_FORMAT
+            and isinstance(manifest.get("payload"), str)
+            and isinstance(manifest.get("size"), int)
+            and isinstance(manifest.get("sha256"), str)
+        ):
             raise RemoteRejected("unreadable manifest", damaged=True)
+        if _PAYLOAD.fullmatch(manifest["payload"]) is None:
+            raise RemoteRejected(f"the manifest's payload name {manifest['payload'][:80]!r} is not one of ours", damaged=True)
+        if not 0 <= manifest["size"] <= MAX_ENTRY_BYTES:
+            raise RemoteRejected(f"the manifest claims {manifest['size']} bytes, beyond any entry", damaged=True)
         if manifest.get("key") != key:
             raise RemoteRejected("manifest names another key", damaged=True)
         if self.hmac_key is not None:
