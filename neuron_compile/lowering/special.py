@@ -12,7 +12,7 @@ Orthogonal polynomials P_n(x) take a tensor degree ``n`` whose values are unknow
 traced, and neuronx-cc runs only loops with a static trip count. So the three-term recurrence runs a
 fixed number of steps and each element keeps the step of its own degree:
 
-- Chebyshev T/U/V/W (and shifted): the recurrence up to degree 128; above that, eager's closed forms
+- Chebyshev T/U/V/W (and shifted): the recurrence up to degree 1024; above that, eager's closed forms
   (cos/sin of n*acos(x) inside [-1, 1], their cosh/sinh counterparts outside), exact in real arithmetic.
 - Hermite H/He: up to degree 128, eager's own float32 limit (it returns NaN above it).
 - Legendre P and Laguerre L: up to degree 1024 (no closed form); a larger degree gives NaN, and a
@@ -196,19 +196,13 @@ _AIRY_AGD = (
 )
 
 
-def _scaled_up(x: Any, scaled: Any) -> Any:
-    """``exp(|x|) * scaled``, without overflowing exp where the product is still finite."""
-    ax = jnp.abs(x)
-    half = jnp.exp(ax * 0.5)
-    return _select(ax < 80.0, jnp.exp(ax) * scaled, half * (scaled * half))
-
-
 def _i0(x: Any) -> Any:
-    return _scaled_up(x, lax.bessel_i0e(x))
+    # exp(|x|) overflows from |x| ~ 88.7 on, a little before i0 itself does: so does eager's (same form).
+    return jnp.exp(jnp.abs(x)) * lax.bessel_i0e(x)
 
 
 def _i1(x: Any) -> Any:
-    return _scaled_up(x, lax.bessel_i1e(x))
+    return jnp.exp(jnp.abs(x)) * lax.bessel_i1e(x)
 
 
 # ---- modified Bessel functions of the first kind (XLA's Cephes forms, as eager's) ----------------------
@@ -434,6 +428,8 @@ def special_ndtri(p):
 #: Terms of the Hurwitz sum added explicitly for q < 0 (eager sums from q itself): lax.zeta takes q > 0,
 #: so q > -_ZETA_SHIFT is covered; a lower non-integral q gives NaN.
 _ZETA_SHIFT = 32
+#: x from which eager's zeta(x, q > 1) is NaN: (x)(x+1)...(x+22) exceeds the largest double.
+_ZETA_EAGER_NAN_FROM = math.exp(math.log(1.7976931348623157e308) / 23)
 
 
 def _zeta(x: Any, q: Any) -> Any:
@@ -450,6 +446,9 @@ def _zeta(x: Any, q: Any) -> Any:
     return _where(
         x == 1.0, jnp.inf,
         x < 1.0, jnp.nan,
+        # eager sums in double; its Euler-Maclaurin tail multiplies 0 by a product of 23 factors ~x that
+        # overflows to inf from x ~ 2.5e13 (q > 1, where every term underflows): NaN, reproduced here
+        (x > _ZETA_EAGER_NAN_FROM) & (q > 1.0), jnp.nan,
         (q <= 0.0) & (q == jnp.floor(q)), jnp.inf,
         (q <= 0.0) & (x != jnp.floor(x)), jnp.nan,
         value,
@@ -463,7 +462,9 @@ def special_zeta(x, q):
 
 # ---- orthogonal polynomials -------------------------------------------------------------------------
 #: Degrees the Chebyshev recurrence runs to; above, closed forms (exact in real arithmetic) take over.
-_CHEBYSHEV_LOOP_DEGREE = 128
+#: Outside [-1, 1] the hyperbolic form's error is n * acosh(|x|) ulp (up to ~89 before it overflows),
+#: larger than the recurrence's at moderate degrees, so the loop goes as far as Legendre's.
+_CHEBYSHEV_LOOP_DEGREE = 1024
 #: Eager's own float32 limit for Hermite polynomials: it returns NaN above it.
 _HERMITE_MAX_DEGREE = 128
 #: Legendre and Laguerre have no closed form: the recurrence runs this far, and a larger degree is NaN.
@@ -554,8 +555,14 @@ def _chebyshev(kind: str, x: Any, n: Any, stop: int, shifted: bool) -> Any:
     }
     mirror = {"t": "t", "u": "u", "v": "w", "w": "v"}[kind]
 
+    limits = {"t": lambda k: jnp.ones_like(k), "u": lambda k: k + 1.0, "v": lambda k: jnp.ones_like(k), "w": lambda k: k + k + 1.0}
+
+    def at_z(which: str, k: Any) -> Any:
+        # |y| == 1 away from eager's special x (shifted forms: x + x - 1 rounds to -1 for tiny x): the limit
+        return _select(t == 0.0, limits[which](k), forms[which](k))
+
     def hyperbolic(k: Any) -> Any:
-        return _select(y < 0.0, sign * forms[mirror](k), forms[kind](k))
+        return _select(y < 0.0, sign * at_z(mirror, k), at_z(kind, k))
 
     beyond = _select(jnp.isinf(hyperbolic(d - 2.0)), jnp.nan, hyperbolic(d))
 
@@ -710,9 +717,35 @@ def hypot(a, b):
     return _select(jnp.isinf(a) | jnp.isinf(b), jnp.inf, big * jnp.sqrt(1.0 + ratio * ratio))
 
 
+def _ordered_bits(bits: Any) -> Any:
+    """float32 bit patterns as int32 keys in the floats' order (-0.0 just below +0.0)."""
+    return lax.bitwise_xor(bits, lax.bitwise_and(lax.shift_right_arithmetic(bits, jnp.int32(31)), jnp.int32(0x7FFFFFFF)))
+
+
+def _nextafter_f32(a: Any, b: Any) -> Any:
+    # On the bits alone: XLA CPU reads subnormals as zero in float compares (and the device may flush
+    # them), which would make nextafter(0, 1e-40) return 1e-40 instead of the smallest subnormal.
+    a_bits = lax.bitcast_convert_type(a, jnp.int32)
+    b_bits = lax.bitcast_convert_type(b, jnp.int32)
+    a_mag = lax.bitwise_and(a_bits, jnp.int32(0x7FFFFFFF))
+    b_mag = lax.bitwise_and(b_bits, jnp.int32(0x7FFFFFFF))
+    nan = (a_mag > 0x7F800000) | (b_mag > 0x7F800000)
+    a_key, b_key = _ordered_bits(a_bits), _ordered_bits(b_bits)
+    equal = (a_key == b_key) | ((a_mag == 0) & (b_mag == 0))
+    smallest_toward_b = lax.bitwise_or(lax.bitwise_and(b_bits, jnp.int32(-0x80000000)), jnp.int32(1))
+    away_from_zero = (a_key < b_key) == (a_bits >= 0)
+    stepped = a_bits + _select(away_from_zero, jnp.int32(1), jnp.int32(-1))
+    bits = _where(equal, b_bits, a_mag == 0, smallest_toward_b, stepped)
+    return _select(nan, a + b, lax.bitcast_convert_type(bits, jnp.float32))
+
+
 @register_pointwise(aten.nextafter, compute_in_result=True)
 def nextafter(a, b):
-    # In the result dtype itself (no opmath): the next representable value is the dtype's.
+    # In the result dtype itself (no opmath): the next representable value is the dtype's. 16-bit floats
+    # use XLA's nextafter, which reads subnormal operands as zero (there is no 16-bit integer type on the
+    # device to take their bits apart).
+    if a.dtype == jnp.float32:
+        return _nextafter_f32(a, b)
     return lax.nextafter(a, b)
 
 
