@@ -111,7 +111,8 @@ def test_results_file_covers_op_db() -> None:
 
 
 def test_ops_doc_is_current() -> None:
-    """docs/ops.md matches the op registry and docs/opinfo_results.json (regenerate: python -m tools.gen_ops_doc)."""
+    """docs/ops.md matches the op registry, docs/opinfo_results.json and docs/overload_verdicts.json
+    (regenerate: python -m tools.gen_ops_doc)."""
     expected = gen_ops_doc.render(gen_ops_doc.load_results())
     actual = gen_ops_doc.DOC.read_text() if gen_ops_doc.DOC.exists() else ""
     assert actual == expected, "docs/ops.md is stale: run `python -m tools.gen_ops_doc`"

@@ -8,8 +8,10 @@ Two sources, both cheap and deterministic:
   routing table): which aten ops are lowered to StableHLO (and where), run as NKI kernels, or unsupported
   (and why, for the ops the registry always refuses);
 - docs/opinfo_results.json, written by tools/opinfo_sweep.py: OpInfo pass counts per entry, and per aten
-  op its trn2/trn3 legality verdict (the legality pass over every graph the sweep lowered, worst wins).
-Regenerate after changing lowerings or rerunning the sweep; tests/test_opinfo.py fails when it is stale.
+  op its trn2/trn3 legality verdict (the legality pass over every graph the sweep lowered, worst wins);
+- docs/overload_verdicts.json, written by tools/exercise_overloads.py: the verdict of every lowered
+  overload exercised alone, for the ops no OpInfo sample reaches (the OpInfo verdict comes first).
+Regenerate after changing lowerings or rerunning either tool; tests/test_opinfo.py fails when it is stale.
 """
 
 from __future__ import annotations
@@ -23,9 +25,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "ops.md"
 RESULTS = ROOT / "docs" / "opinfo_results.json"
+OVERLOADS = ROOT / "docs" / "overload_verdicts.json"
 
 LOWERED, UNSUPPORTED = "lowered", "unsupported"
 NOT_EXERCISED = "not exercised"
+#: Where a row's legality verdict comes from (column "verdict from").
+FROM_OPINFO, FROM_ALONE = "OpInfo", "exercised alone"
+#: OpInfo entry categories whose float32 samples reach the backend: the denominator of the all-entries rate.
+REACHING = ("core", "non-core", "complex-or-sparse")
 
 #: Why the checks (not the op table) take these forms as legal without documentation: see legality/checks.py.
 _ASSUMED_FORMS = {
@@ -109,14 +116,21 @@ def _count(entry: dict[str, Any], dtype: str) -> str:
     return f"{per.get('PASS', 0)}/{total}"
 
 
-def legality_labels(results: dict[str, Any], ops: list[str]) -> dict[str, dict[str, str]]:
-    """op -> generation -> "yes" / "yes (assumed: ...)" / "no: ..." / "not exercised"."""
+def legality_labels(
+    results: dict[str, Any], ops: list[str], overloads: dict[str, Any] | None = None
+) -> dict[str, dict[str, str]]:
+    """op -> generation -> "yes" / "yes (assumed: ...)" / "no: ..." / "not exercised".
+
+    The OpInfo sweep's verdict where it has one; else the verdict of the op exercised alone
+    (docs/overload_verdicts.json).
+    """
     from neuron_compile.legality import OpVerdict, rules
 
     recorded = results.get("legality", {})
+    alone = (overloads or {}).get("overloads", {})
     labels: dict[str, dict[str, str]] = {}
     for op in ops:
-        by_gen = recorded.get(op, {})
+        by_gen = recorded.get(op) or alone.get(op, {})
         labels[op] = {}
         for gen in rules.GENERATIONS:
             rec = by_gen.get(gen)
@@ -124,6 +138,23 @@ def legality_labels(results: dict[str, Any], ops: list[str]) -> dict[str, dict[s
                 OpVerdict(rec["legal"], tuple(rec["assumed"]), tuple(rec["reasons"])).label() if rec else NOT_EXERCISED
             )
     return labels
+
+
+def verdict_sources(results: dict[str, Any], ops: list[str], overloads: dict[str, Any] | None = None) -> dict[str, str]:
+    """op -> where its verdict comes from: OpInfo, exercised alone, or why it has none."""
+    recorded = results.get("legality", {})
+    alone = (overloads or {}).get("overloads", {})
+    out = {}
+    for op in ops:
+        if op in recorded:
+            out[op] = FROM_OPINFO
+        elif "trn2" in alone.get(op, {}):
+            out[op] = FROM_ALONE
+        elif op in alone:
+            out[op] = f"{NOT_EXERCISED}: {alone[op].get('reason', '')}"
+        else:
+            out[op] = NOT_EXERCISED
+    return out
 
 
 def _kind(label: str) -> str:
@@ -136,32 +167,77 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _assumed_meaning(results: dict[str, Any]) -> list[str]:
-    """Lines explaining every assumed HLO op / form that occurs in a recorded verdict."""
+def assumed_forms(results: dict[str, Any], overloads: dict[str, Any] | None = None) -> list[tuple[str, str, int]]:
+    """Every HLO op or form the legality pass takes as legal by assumption, in ONE list: the ``assumed``
+    rules of legality/rules.py, the forms of ``_ASSUMED_FORMS`` (checks.py), and any other name a verdict
+    cites. Each as (name, why it is taken as legal, number of aten ops whose verdict cites it)."""
     from neuron_compile.legality import rules
 
-    met = {
-        name
-        for by_gen in results.get("legality", {}).values()
-        for rec in by_gen.values()
-        if isinstance(rec, dict)
-        for name in rec.get("assumed", ())
-    }
-    lines = []
-    for name in sorted(met):
+    recorded = results.get("legality", {})
+    alone = (overloads or {}).get("overloads", {})
+    cited: dict[str, set[str]] = {}
+    for op in recorded.keys() | alone.keys():
+        by_gen = recorded.get(op) or alone.get(op, {})  # the verdict the table shows (legality_labels)
+        for gen in rules.GENERATIONS:
+            for name in (by_gen.get(gen) or {}).get("assumed", ()):
+                cited.setdefault(name, set()).add(op)
+    names = {n for n, rule in rules.OPS.items() if rule.source == "assumed"} | set(_ASSUMED_FORMS) | set(cited)
+    out = []
+    for name in sorted(names):
         rule = rules.OPS.get(name)
         why = _ASSUMED_FORMS.get(name) or (rule.note if rule else "") or "absent from the public operator list"
-        lines.append(f"- `{name}`: {why}.")
-    return lines
+        out.append((name, why, len(cited.get(name, ()))))
+    return out
+
+
+def reach_rates(results: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Pass counts over every OpInfo entry whose float32 samples reach the backend (categories
+    ``REACHING``), plus complex-only entries whose complex64 samples reach it, per dtype.
+
+    "float32": the entry's float32 status (complex64 for complex-only entries); "bfloat16": the status
+    of its bfloat16 cases, over those of the same entries whose bfloat16 cases reached the backend.
+    """
+    rates: dict[str, dict[str, int]] = {
+        d: {"entries": 0, "pass": 0, "unsupported": 0, "fail": 0, "not_reached": 0} for d in ("float32", "bfloat16")
+    }
+    for e in results.get("entries", {}).values():
+        if e["category"] in REACHING:
+            f32 = e["float32"]
+        elif e["category"] == "no-float32" and _dtype_status(e["counts"].get("complex64", {})) != "skip":
+            f32 = _dtype_status(e["counts"]["complex64"])
+        else:
+            continue
+        rates["float32"]["entries"] += 1
+        rates["float32"][f32 if f32 in ("pass", "unsupported", "fail") else "not_reached"] += 1
+        bf16 = _dtype_status(e["counts"].get("bfloat16", {}))
+        rates["bfloat16"]["entries"] += 1
+        rates["bfloat16"][bf16 if bf16 != "skip" else "not_reached"] += 1
+    return rates
+
+
+def _dtype_status(counts: dict[str, int]) -> str:
+    """One dtype's status from its case counts, by the harness's rule (``opinfo_harness._status``):
+    fail > unsupported > pass (a PASS or a shape-only case); "skip" when no case was checked."""
+    if counts.get("FAIL"):
+        return "fail"
+    if counts.get("UNSUPPORTED"):
+        return "unsupported"
+    if counts.get("PASS") or counts.get("SKIP:random") or counts.get("SKIP:undefined-values"):
+        return "pass"
+    return "skip"
 
 
 def _pct(n: int, d: int) -> str:
     return f"{100.0 * n / d:.1f}%" if d else "n/a"
 
 
-def render(results: dict[str, Any]) -> str:
-    """The text of docs/ops.md for the current registry and the given sweep results."""
+def render(results: dict[str, Any], overloads: dict[str, Any] | None = None) -> str:
+    """The text of docs/ops.md for the current registry, the given sweep results and the verdicts of the
+    overloads exercised alone (docs/overload_verdicts.json when not given)."""
     from neuron_compile.lowering import supported_ops
+
+    if overloads is None:
+        overloads = load_overloads()
 
     lowered = set(supported_ops())
     where = lowered_in()
@@ -174,7 +250,8 @@ def render(results: dict[str, Any]) -> str:
     from neuron_compile.legality import rules
 
     gens = list(rules.GENERATIONS)
-    labels = legality_labels(results, sorted(universe))
+    labels = legality_labels(results, sorted(universe), overloads)
+    sources = verdict_sources(results, sorted(universe), overloads)
     status = {op: LOWERED if op in lowered else UNSUPPORTED for op in universe}
     n_status = {s: sum(1 for v in status.values() if v == s) for s in (LOWERED, UNSUPPORTED)}
     summary = results.get("summary", {})
@@ -199,14 +276,36 @@ def render(results: dict[str, Any]) -> str:
       f"fit, column `NKI kernel`), unsupported (clear `NeuronUnsupportedOpError`): **{n_status[UNSUPPORTED]}**.")  # fmt: skip
     for gen in gens:
         kinds = [_kind(labels[op][gen]) for op in labels]
-        w(f"- Legal for {gen} (legality pass, worst verdict over every graph the sweep lowered): "
+        w(f"- Legal for {gen} (legality pass, worst verdict over every graph that lowered the op): "
           f"**{kinds.count('legal')}** legal, **{kinds.count('assumed')}** legal by assumption, "
-          f"**{kinds.count('illegal')}** illegal, {kinds.count(NOT_EXERCISED)} not exercised.")  # fmt: skip
+          f"**{kinds.count('illegal')}** illegal, {kinds.count(NOT_EXERCISED)} without a verdict.")  # fmt: skip
+    from_opinfo = sum(1 for op in lowered if sources.get(op) == FROM_OPINFO)
+    from_alone = sum(1 for op in lowered if sources.get(op) == FROM_ALONE)
+    missing = sorted(op for op in lowered if sources.get(op) not in (FROM_OPINFO, FROM_ALONE))
+    unexplained = [op for op in missing if sources.get(op) == NOT_EXERCISED]
+    w(f"- Verdicts of the {len(lowered)} lowered ops: **{from_opinfo}** from the OpInfo sweep, **{from_alone}** from "
+      f"exercising the overload alone (`python -m tools.exercise_overloads`, docs/overload_verdicts.json); "
+      f"**{len(missing)} lowered ops without a verdict**"
+      + (", each with the reason it cannot be exercised alone in its `verdict from` cell" if missing and not unexplained else "")
+      + (f"; not yet exercised (rerun the tool): {', '.join(f'`{o}`' for o in unexplained)}" if unexplained else "")
+      + ".")  # fmt: skip
     if summary:
         d = core.get("denominator", 0)
         w(f"- OpInfo entries (torch {results.get('torch')} `op_db`): **{summary.get('entries')}**.")
-        w(f"- **float32 pass rate over entries that decompose to core ATen: {core.get('pass', 0)}/{d} = "
-          f"{_pct(core.get('pass', 0), d)}**; the other {core.get('unsupported', 0)} raise the clear unsupported "
+        rates = reach_rates(results)
+        f32, bf16 = rates["float32"], rates["bfloat16"]
+        n32 = f32["pass"] + f32["unsupported"] + f32["fail"]
+        n16 = bf16["pass"] + bf16["unsupported"] + bf16["fail"]
+        w(f"- **float32 pass rate over ALL entries whose float32 (or complex64) samples reach the backend "
+          f"(categories {', '.join(REACHING)}): {f32['pass']}/{n32} = {_pct(f32['pass'], n32)}**; "
+          f"{f32['unsupported']} raise the clear unsupported error, {f32['fail']} fail"
+          + (f", {f32['not_reached']} had no checked float32 case" if f32["not_reached"] else "") + ".")  # fmt: skip
+        w(f"- **bfloat16 pass rate over the same entries: {bf16['pass']}/{n16} = {_pct(bf16['pass'], n16)}** "
+          f"(the {n16} whose bfloat16 cases reached the backend; {bf16['not_reached']} have no bfloat16 variant "
+          f"on CPU or none of its bfloat16 cases reached the backend); {bf16['unsupported']} unsupported, "
+          f"{bf16['fail']} fail.")  # fmt: skip
+        w(f"- float32 pass rate over the core entries only (decompose to core ATen): {core.get('pass', 0)}/{d} = "
+          f"{_pct(core.get('pass', 0), d)}; the other {core.get('unsupported', 0)} raise the clear unsupported "
           f"error; {core.get('fail', 0)} fail.")  # fmt: skip
         w(f"- Sweep configuration: up to {config.get('samples_per_dtype') or 'all'} samples per entry and "
           f"dtype, dtypes {', '.join(config.get('dtypes', []))}; case outcomes: "
@@ -222,7 +321,10 @@ def render(results: dict[str, Any]) -> str:
     w("our decomposition table hold only core-ATen ops (PyTorch's `core` tag) or ops we keep whole on")
     w("purpose (`neuron_compile/decompositions.py` KEEP_WHOLE), on real strided tensors. It **passes** when")
     w("every tested float32 sample matches eager (values, dtype, shape, and gradients when the op supports")
-    w("autograd). Entry categories:")
+    w("autograd). The all-entries rate counts every entry whose float32 samples reach the backend (core,")
+    w("non-core and complex-or-sparse; a complex-only entry by its complex64 samples, when the sweep ran")
+    w("them); its bfloat16 rate counts the same entries, over those whose bfloat16 cases reached the backend")
+    w("(an entry with a FAIL case fails, else one with an UNSUPPORTED case is unsupported). Entry categories:")
     w("")
     w("| category | entries | meaning |")
     w("| --- | ---: | --- |")
@@ -246,8 +348,14 @@ def render(results: dict[str, Any]) -> str:
     w(f"{' / '.join(gens)}: whether neuronx-cc would accept what the op lowers to, per generation, from the")
     w("legality pass (`neuron_compile/legality/`, rules from the public Neuron SDK docs, not verified on")
     w("hardware). Each HLO op is attributed to the aten node it came from (MLIR locations); the verdict is")
-    w("the worst over every graph of the OpInfo sweep in which the op was lowered (all samples and dtypes).")
-    w("int64 counts as legal (the neuron target passes `--native-int64`).")
+    w("the worst over every graph in which the op was lowered (all samples and dtypes). int64 counts as")
+    w("legal (the neuron target passes `--native-int64`).")
+    w("")
+    w(f"`verdict from`: `{FROM_OPINFO}` = the graphs of the OpInfo sweep; `{FROM_ALONE}` = no OpInfo sample reaches")
+    w("the op, so the verdict comes from `python -m tools.exercise_overloads`, which calls the overload alone on")
+    w("representative inputs (float32, and bfloat16/int64/bool where eager takes them), lowers it with the")
+    w("backend's lowering, runs it on the CPU target and compares with eager (docs/overload_verdicts.json")
+    w("has the inputs and results per dtype); otherwise why the op has no verdict.")
     w("")
     w("- `yes`: every HLO op it lowered to is in the compiler's documented operator list (or named by later")
     w("  compiler docs) and meets its documented restrictions.")
@@ -256,25 +364,33 @@ def render(results: dict[str, Any]) -> str:
     w("  end emits, taken as legal so that ordinary programs are not refused. To be confirmed on hardware.")
     w("- `no: <hlo op>: <reason>`: neuronx-cc would refuse it (on the CPU target the backend raises the clear")
     w("  unsupported error unless `strict=False`).")
-    w(f"- `{NOT_EXERCISED}`: no graph of the sweep lowered this op, so there is no verdict.")
+    w(f"- `{NOT_EXERCISED}`: no graph lowered this op (unsupported ops: nothing to judge), so there is no verdict.")
     w("")
-    assumed_lines = _assumed_meaning(results)
-    if assumed_lines:
-        w("Assumed HLO ops and forms met in the verdicts below, and why each is taken as legal:")
-        w("")
-        out.extend(assumed_lines)
-        w("")
+    w("### Assumed legal")
+    w("")
+    w("Every HLO op or form the legality pass takes as legal without documentation, in one list: the")
+    w("`assumed` rules of `neuron_compile/legality/rules.py` and the forms its checks (`legality/checks.py`)")
+    w("assume, with why each is taken as legal and how many aten ops' verdicts above cite it.")
+    w("")
+    w("| assumed HLO op or form | why taken as legal | aten ops citing it |")
+    w("| --- | --- | ---: |")
+    for name, why, n in assumed_forms(results, overloads):
+        w(f"| `{name}` | {_cell(why)} | {n} |")
+    w("")
     w("`NKI kernel`: the built-in NKI kernel(s) the routing table (`neuron_compile/lowering/kernel_routing.py`)")
     w("sends the op to when its shapes and dtypes fit the kernel (otherwise its StableHLO lowering runs).")
     w("Attention (`scaled_dot_product_attention`) reaches the flash-attention kernel as `neuron::flash_attention`.")
     w("")
-    w(f"| aten op | status | lowered in | NKI kernel | why listed | OpInfo entries using it | {' | '.join(gens)} |")
-    w(f"| --- | --- | --- | --- | --- | ---: |{' --- |' * len(gens)}")
+    w(f"| aten op | status | lowered in | NKI kernel | why listed | OpInfo entries using it | {' | '.join(gens)} "
+      f"| verdict from |")
+    w(f"| --- | --- | --- | --- | --- | ---: |{' --- |' * len(gens)} --- |")
     for op in sorted(status):
         cells = " | ".join(_cell(labels[op][g]) for g in gens)
         place = f"`{where[op]}`" if op in where else _cell(f"refused: {refused[op]}") if op in refused else ""
         kernel = f"`{kernels[op]}`" if op in kernels else ""
-        w(f"| `{op}` | {status[op]} | {place} | {kernel} | {universe[op]} | {len(use.get(op, []))} | {cells} |")
+        source = _cell(sources[op]) if status[op] == LOWERED or sources[op] != NOT_EXERCISED else ""
+        w(f"| `{op}` | {status[op]} | {place} | {kernel} | {universe[op]} | {len(use.get(op, []))} | {cells} "
+          f"| {source} |")
     w("")
     if results.get("entries"):
         w("## OpInfo entries")
@@ -299,13 +415,19 @@ def load_results(path: Path = RESULTS) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def load_overloads(path: Path = OVERLOADS) -> dict[str, Any]:
+    """docs/overload_verdicts.json (tools/exercise_overloads.py), or {} when absent."""
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="exit 1 if docs/ops.md is stale")
     parser.add_argument("--results", default=str(RESULTS))
+    parser.add_argument("--overloads", default=str(OVERLOADS), help="verdicts of the overloads exercised alone")
     parser.add_argument("--doc", default=str(DOC), help="where to write (e.g. /tmp for a subset sweep)")
     args = parser.parse_args(argv)
-    text = render(load_results(Path(args.results)))
+    text = render(load_results(Path(args.results)), load_overloads(Path(args.overloads)))
     doc = Path(args.doc)
     if args.check:
         if not doc.exists() or doc.read_text() != text:
