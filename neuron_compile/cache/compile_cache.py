@@ -236,8 +236,11 @@ class CompileCache:
         return artifact, False
 
     def _report_remote_rejected(self, remote: RemoteStore, key: CacheKey, why: str, damaged: bool, root: str | None) -> None:
-        what = "is damaged" if damaged else "is not trusted"
-        warn(f"neuron cache: remote entry {key.digest[:12]} at {remote.url} {what} ({why}); ignoring it and compiling.", stacklevel=6)
+        if damaged:
+            what, then = "is damaged", "recompiling it (the new entry replaces it)."
+        else:
+            what, then = "is not trusted", "compiling instead. Every host that publishes must sign with the same key."
+        warn(f"neuron cache: remote entry {key.digest[:12]} at {remote.url} {what} ({why}); {then}", stacklevel=6)
         self.counters.count(root, remote_rejected=1)
 
     def _publish(
