@@ -17,21 +17,20 @@ import uuid
 import warnings
 from pathlib import Path
 
+import moto.server as moto_server  # the test extra installs moto[server] and s3fs: a missing one is an error
 import pytest
+import s3fs  # noqa: F401
 import torch
 
-pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
-
-import neuron_compile.cache as nc  # noqa: E402
-import neuron_compile.cache.key as key_mod  # noqa: E402
-from neuron_compile import cli  # noqa: E402
-from neuron_compile.cache.key import cache_key  # noqa: E402
-from neuron_compile.cache.remote import MANIFEST, RemoteRejected, RemoteStore  # noqa: E402
-from neuron_compile.cache.store import DiskStore  # noqa: E402
-from neuron_compile.errors import NeuronOptionsError  # noqa: E402
-from neuron_compile.options import Options  # noqa: E402
-from neuron_compile.stats import STATS  # noqa: E402
+import neuron_compile.cache as nc
+import neuron_compile.cache.key as key_mod
+from neuron_compile import cli
+from neuron_compile.cache.key import cache_key
+from neuron_compile.cache.remote import MANIFEST, RemoteRejected, RemoteStore
+from neuron_compile.cache.store import DiskStore
+from neuron_compile.errors import NeuronOptionsError
+from neuron_compile.options import Options
+from neuron_compile.stats import STATS
 
 REPO = Path(nc.__file__).resolve().parents[2]
 ATOL = 1e-6  # elementwise float32: compiled and eager agree to rounding
@@ -279,7 +278,7 @@ def test_signing_key_refuses_unsigned_or_wrongly_signed_entries(url, s3, tmp_pat
     if writer_key:
         monkeypatch.setenv("NEURON_COMPILE_CACHE_HMAC_KEY", writer_key)
     compile_here(tmp_path / "a", url)
-    ((key, names),) = _objects(s3, url).items()
+    ((key, _),) = _objects(s3, url).items()
     before = s3.cat_file(f"{url.removeprefix('s3://')}/{key}/{MANIFEST}")
 
     monkeypatch.setenv("NEURON_COMPILE_CACHE_HMAC_KEY", "the-fleet-key")
@@ -434,8 +433,8 @@ def test_cache_url_is_not_part_of_the_key():
 
 
 def test_import_does_not_load_fsspec():
-    out = subprocess.run(
-        [sys.executable, "-c", "import sys, neuron_compile; print(sorted(m for m in sys.modules if m.split('.')[0] in ('fsspec', 's3fs', 'botocore')))"],
-        capture_output=True, text=True, check=True, timeout=120, cwd=REPO,
-    )  # fmt: skip
+    code = "import sys, neuron_compile; print(sorted(m for m in sys.modules if m.split('.')[0] in {}))".format(
+        ("fsspec", "s3fs", "botocore")
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120, cwd=REPO)
     assert out.stdout.strip() == "[]", out.stdout

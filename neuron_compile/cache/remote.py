@@ -137,7 +137,8 @@ class RemoteStore:
                     import fsspec
                 except ImportError:
                     raise RemoteUnavailable(
-                        "fsspec is not installed: pip install fsspec (and s3fs for s3://: pip install 'neuron_compile[remote]')"
+                        "fsspec is not installed: pip install fsspec "
+                        "(and s3fs for s3://: pip install 'neuron_compile[remote]')"
                     ) from None
                 protocol = fsspec.utils.get_protocol(self.url)
                 options: dict[str, Any] = {"skip_instance_cache": True}
@@ -170,16 +171,16 @@ class RemoteStore:
         deadline = self.timeout + nbytes / MIN_RATE
         last: BaseException | None = None
         for attempt in range(ATTEMPTS):
-            box: dict[str, Any] = {}
+            box: dict[str, Any] = {}  # this attempt's own: a late earlier attempt must not answer for it
 
-            def run() -> None:
+            def run(box: dict[str, Any]) -> None:
                 try:
                     box["value"] = fn()
                 except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
                     box["error"] = e
 
             # a daemon thread: a remote that never answers must not keep the process from exiting
-            worker = threading.Thread(target=run, name="neuron-cache-remote", daemon=True)
+            worker = threading.Thread(target=run, args=(box,), name="neuron-cache-remote", daemon=True)
             worker.start()
             worker.join(deadline)
             if worker.is_alive():
@@ -273,7 +274,9 @@ class RemoteStore:
         ):
             raise RemoteRejected("unreadable manifest", damaged=True)
         if _PAYLOAD.fullmatch(manifest["payload"]) is None:
-            raise RemoteRejected(f"the manifest's payload name {manifest['payload'][:80]!r} is not one of ours", damaged=True)
+            raise RemoteRejected(
+                f"the manifest's payload name {manifest['payload'][:80]!r} is not one of ours", damaged=True
+            )
         if not 0 <= manifest["size"] <= MAX_ENTRY_BYTES:
             raise RemoteRejected(f"the manifest claims {manifest['size']} bytes, beyond any entry", damaged=True)
         if manifest.get("key") != key:
@@ -322,7 +325,9 @@ class RemoteStore:
             self._call(f"writing {key[:12]}/{name}", lambda: _pipe(fs, self._path(key, name), blob), nbytes=len(blob))
             try:
                 mode = "overwrite" if replace else "create"
-                self._call(f"writing {key[:12]}/{MANIFEST}", lambda: _pipe(fs, self._path(key, MANIFEST), body, mode=mode))
+                self._call(
+                    f"writing {key[:12]}/{MANIFEST}", lambda: _pipe(fs, self._path(key, MANIFEST), body, mode=mode)
+                )
             except FileExistsError:
                 log.info("neuron cache: %s was published to %s by another writer first", key[:12], self.url)
                 with contextlib.suppress(RemoteUnavailable, OSError):
@@ -409,7 +414,7 @@ class RemoteStore:
                         continue  # a young entry whose manifest does not read: a lookup reports it
                 doomed = [n for n in payloads if n != keep and now - objects[n] >= abandoned_after]
             for name in doomed:
-                self._call(f"removing {key[:12]}/{name}", lambda n=name: fs.rm_file(self._path(key, n)))
+                self._call(f"removing {key[:12]}/{name}", lambda k=key, n=name: fs.rm_file(self._path(k, n)))
                 count += 1
         return removed, count
 
