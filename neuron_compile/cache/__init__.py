@@ -58,7 +58,8 @@ def cache_for(opts: Options) -> CompileCache:
 
 
 def cache_stats() -> dict[str, float]:
-    """This process's counters: hits (memory_hits + disk_hits), misses, compile seconds saved/spent..."""
+    """This process's counters: hits (memory_hits + disk_hits + remote_hits), misses, compile seconds
+    saved/spent, and the remote tier's remote_misses, remote_stores, remote_rejected, remote_errors..."""
     return CACHE.counters.snapshot()
 
 
