@@ -31,6 +31,17 @@ _graph_ids = itertools.count()
 torch._dynamo.config.capture_dynamic_output_shape_ops = True
 
 
+def _calls_sdpa(gm: torch.fx.GraphModule) -> bool:
+    """Does the Dynamo graph (or a nested subgraph) call SDPA, which ``rewrite_sdpa`` must replace?"""
+    sdpa = (torch.nn.functional.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
+    return any(
+        node.op == "call_function" and node.target in sdpa
+        for module in gm.modules()
+        if isinstance(module, torch.fx.GraphModule)
+        for node in module.graph.nodes
+    )
+
+
 def neuron_backend(
     gm: torch.fx.GraphModule,
     example_inputs: list[Any],
@@ -47,9 +58,11 @@ def neuron_backend(
     # Imported on first compile: resolving backend="neuron" must not pay for jax and every lowering.
     from .compiler import compile_graph
     from .decompositions import decomposition_table
-    from .lowering.attention import rewrite_sdpa
 
-    rewrite_sdpa(gm, opts.kernels)
+    if _calls_sdpa(gm):  # the lowering package (~0.3-0.5 s to import) is otherwise left to a cache miss
+        from .lowering.attention import rewrite_sdpa
+
+        rewrite_sdpa(gm, opts.kernels)
     graph_id = next(_graph_ids)
 
     def compiler(kind: str) -> Callable[..., Any]:

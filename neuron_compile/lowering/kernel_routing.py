@@ -34,7 +34,6 @@ from torch._ops import OpOverload
 
 from ..kernels import KERNELS
 from ..kernels import torch_ops  # noqa: F401  (defines torch.ops.neuron.*)
-from ..kernels.emulator import numpy_to_torch, torch_to_numpy
 from . import device_calls
 from .registry import current, register_lowering
 from .semantics import canonical_dim, convert, is_array, jax_dtype, out_dtype
@@ -212,10 +211,16 @@ def sdpa_routes_to_flash(
 # ---- user kernels (nki_op) --------------------------------------------------------------------------
 def _host_to_torch(a: Any) -> torch.Tensor:
     """A writable torch copy of a host-callback operand: the kernel may write into it (mutates_args)."""
+    # Imported here, at run time of a callback: the emulator pulls in scipy (~0.5 s), which a graph
+    # without user kernels, and a cache hit, never need.
+    from ..kernels.emulator import numpy_to_torch
+
     return numpy_to_torch(np.array(a))
 
 
 def _torch_to_host(t: torch.Tensor) -> np.ndarray:
+    from ..kernels.emulator import torch_to_numpy
+
     return torch_to_numpy(t.contiguous())
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..artifact import OutputSpec, TensorSpec
@@ -12,7 +13,12 @@ from .targets import Target
 
 
 class CompiledGraph:
-    """A boxed callable (``args`` list in, list out) as AOTAutograd expects of a compiler."""
+    """A boxed callable (``args`` list in, list out) as AOTAutograd expects of a compiler.
+
+    Per call it does only what the inputs require: the input positions, the float64 casts and the output
+    plan are worked out once here, so a graph of one small op costs a few DLPack hand-offs and the
+    execution (``benchmarks/steady.py`` measures it on a one-add graph).
+    """
 
     def __init__(
         self,
@@ -32,23 +38,25 @@ class CompiledGraph:
         self.outputs = outputs
         self.tensor_positions = [i for i, s in enumerate(inputs) if isinstance(s, TensorSpec)]
         self.float64_inputs = {i for i in self.tensor_positions if inputs[i].dtype == torch.float64}
+        self._feed = [(i, i in self.float64_inputs) for i in self.tensor_positions]
         self.needs_rng_seed = needs_rng_seed
-        self._no_seed: torch.Tensor | None = None  # made at first call: compile time runs under FakeTensorMode
+        self._no_seed: Any = None  # made at first call: compile time runs under FakeTensorMode
+        # The common plan, each output one executable result as it comes: hand the results over directly.
+        # Confirmed against the results' dtypes at the first call (_plain_results); any output that needs
+        # more than the result itself (a view, a copy, a cast) takes the general path.
+        direct = [s.index for s in outputs if s.kind == "tensor" and s.stride is None and s.duplicate_of is None]
+        plain = len(direct) == len(outputs) and len(set(direct)) == len(direct)
+        self._direct: list[int] | None = direct if plain else None
+        self._direct_checked = False
         self.calls = 0
 
     def _seed(self) -> Any:
         if not self.needs_rng_seed:
             if self._no_seed is None:
-                self._no_seed = torch.zeros(2, dtype=torch.int32)
-            return jax_adapter.torch_to_device(self._no_seed)
+                self._no_seed = jax_adapter.constant_buffer(np.zeros(2, dtype=np.int32))
+            return self._no_seed
         # Drawn from torch's default generator: torch.manual_seed makes compiled random ops reproducible.
         return jax_adapter.torch_to_device(torch.randint(-(2**31), 2**31 - 1, (2,), dtype=torch.int32))
-
-    def _to_device(self, i: int, t: torch.Tensor) -> Any:
-        if i in self.float64_inputs:
-            t = t.to(torch.float32)
-        # requires_grad tensors refuse __dlpack__; non-contiguous ones cannot be wrapped.
-        return jax_adapter.torch_to_device(t.detach().contiguous())
 
     def _meta_outputs(self) -> list[Any]:
         """What eager gives for meta inputs: outputs with the shapes, dtypes and strides torch computed."""
@@ -64,16 +72,37 @@ class CompiledGraph:
 
     def __call__(self, args: list[Any]) -> list[Any]:
         self.calls += 1
-        if any(isinstance(a, torch.Tensor) and a.is_meta for a in args):
-            # Dynamo traced these inputs with fake tensors, so devices are consistent: nothing to run.
-            args.clear()
-            return self._meta_outputs()
-        buffers = [self._to_device(i, args[i]) for i in self.tensor_positions]
+        to_device = jax_adapter.torch_to_device
+        buffers = []
+        for i, f64 in self._feed:
+            t = args[i]
+            if t.is_meta:
+                # Dynamo traced these inputs with fake tensors, so devices are consistent: nothing to run.
+                args.clear()
+                return self._meta_outputs()
+            if t.requires_grad:  # requires_grad tensors refuse DLPack export
+                t = t.detach()
+            if f64:
+                t = t.to(torch.float32)
+            elif t.is_complex():  # carried as (real, imag) float32 pairs (lowering/complex.py)
+                t = torch.view_as_real(t.resolve_conj().to(torch.complex64))
+            # contiguous() is the tensor itself when it already is: DLPack wraps only dense row-major here.
+            buffers.append(to_device(t.contiguous()))
         buffers.append(self._seed())
         args.clear()  # boxed convention: let the caller's inputs be freed as early as possible
         results = self.target.run(self.executable, buffers)
         del buffers
-        tensors = [jax_adapter.device_to_torch(r) for r in results]
+        to_torch = jax_adapter.device_to_torch
+        if self._direct is not None:
+            if self._direct_checked:
+                return [to_torch(results[k]) for k in self._direct]
+            self._direct_checked = True
+            tensors = [to_torch(r) for r in results]
+            if all(tensors[s.index].dtype == s.spec.dtype for s in self.outputs if s.spec is not None):
+                return [tensors[k] for k in self._direct]
+            self._direct = None
+        else:
+            tensors = [to_torch(r) for r in results]
         storages: dict[tuple[int, int | None], torch.Tensor] = {}
         out: list[Any] = []
         for spec in self.outputs:
@@ -86,6 +115,8 @@ class CompiledGraph:
                 t = tensors[spec.index]
                 if spec.duplicate_of is not None:
                     t = t.clone()  # two storages in eager computed as one value: never hand out one buffer twice
+                if spec.spec is not None and spec.spec.dtype.is_complex:
+                    t = torch.view_as_complex(t)  # the executable's (real, imag) pair, as torch's complex
                 if spec.spec is not None and t.dtype != spec.spec.dtype:
                     t = t.to(spec.spec.dtype)  # float64 computed as float32, returned as float64
                 storages[key] = t

@@ -1,0 +1,107 @@
+"""The CPU target's fast paths (issue 14) keep eager's results: the executor's per-call path, and a warm
+start that loads the cached executables without importing the lowerings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return x + y
+
+
+def _view_and_cast(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    z = x * y
+    return z, z.t(), z.sum(dim=0)
+
+
+# Each case sends the executor down one input or output path: plain contiguous tensors (the direct path),
+# a non-contiguous input (copied to row-major), a requires_grad input (detached for DLPack), float64
+# (computed as float32, cast back), and outputs that are views of one buffer (as_strided).
+CASES = {
+    "add-contiguous": (_add, lambda: (torch.randn(4, 4), torch.randn(4, 4))),
+    "add-noncontiguous": (_add, lambda: (torch.randn(4, 6).t(), torch.randn(6, 4))),
+    "add-requires-grad": (_add, lambda: (torch.randn(4, 4, requires_grad=True), torch.randn(4, 4))),
+    "add-float64": (_add, lambda: (torch.randn(4, 4, dtype=torch.float64), torch.randn(4, 4, dtype=torch.float64))),
+    "views-of-one-buffer": (_view_and_cast, lambda: (torch.randn(3, 5), torch.randn(3, 5))),
+    "add-bfloat16": (_add, lambda: (torch.randn(4, 4).bfloat16(), torch.randn(4, 4).bfloat16())),
+}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("case", list(CASES))
+def test_executor_paths_match_eager_on_repeated_calls(case: str) -> None:
+    fn, make = CASES[case]
+    torch.manual_seed(0)
+    compiled = torch.compile(fn, backend="neuron", dynamic=False)
+    for call in range(3):  # the first call checks the plan; later calls take the fast path
+        args = make()
+        want = fn(*args)
+        got = compiled(*args)
+        want = want if isinstance(want, tuple) else (want,)
+        got = got if isinstance(got, tuple) else (got,)
+        for i, (w, g) in enumerate(zip(want, got)):
+            where = f"{case} call {call} output {i}"
+            assert g.dtype == w.dtype and g.shape == w.shape and g.stride() == w.stride(), where
+            torch.testing.assert_close(g, w.detach(), msg=lambda m: f"{where}: {m}")
+
+
+def test_outputs_of_successive_calls_do_not_share_memory() -> None:
+    compiled = torch.compile(_add, backend="neuron", dynamic=False)
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    first = compiled(x, y)
+    kept = first.clone()
+    second = compiled(x * 2, y)
+    assert first.data_ptr() != second.data_ptr()
+    torch.testing.assert_close(first, kept)  # the second call wrote elsewhere
+
+
+_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    x = torch.randn(5, 8)
+    torch.compile(model, backend="neuron", dynamic=False)(x).sum().backward()
+    import neuron_compile
+
+    print(json.dumps({
+        "states": [g.cache for g in neuron_compile.STATS.graphs],
+        "loaded": sorted(m for m in ("neuron_compile.lowering", "neuron_compile.legality", "scipy")
+                         if m in sys.modules),
+    }))
+    """
+)
+
+
+def _child(cache_dir: Path) -> dict:
+    env = dict(os.environ, NEURON_COMPILE_CACHE_DIR=str(cache_dir), PYTHONPATH=str(REPO))
+    out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_warm_start_does_not_import_the_lowerings(tmp_path: Path) -> None:
+    cold = _child(tmp_path)
+    assert cold["states"] == ["miss", "miss"], cold
+    warm = _child(tmp_path)
+    for _ in range(3):  # the key hashes the package source: an edit between two runs is a miss, then a hit
+        if warm["states"] == ["hit", "hit"]:
+            break
+        warm = _child(tmp_path)
+    assert warm["states"] == ["hit", "hit"], warm
+    # The lowerings, the legality pass and the NKI emulator (scipy) are for cache misses only.
+    assert warm["loaded"] == [], warm
