@@ -285,3 +285,45 @@ def test_angle_of_real_input_matches_eager(dtype) -> None:
     x = torch.tensor([-1.5, 0.0, -0.0, 2.0, float("nan"), float("-inf"), float("inf")])
     x = x[:4].to(dtype) if dtype == torch.int64 else x
     torch.testing.assert_close(_compile(torch.angle)(x), torch.angle(x), equal_nan=True)
+
+
+UNFOLDS = [(0, 3, 1), (1, 4, 3), (-1, 2, 2), (1, 10, 1)]
+
+
+@pytest.mark.parametrize("dim, size, step", UNFOLDS, ids=[f"dim{d}-size{s}-step{t}" for d, s, t in UNFOLDS])
+def test_unfold_forward_and_backward_match_eager(dim, size, step) -> None:
+    _check_matches_eager(lambda t: t.unfold(dim, size, step), [_r(5, 10, 4)], f"unfold({dim}, {size}, {step})")
+
+
+def test_stft_and_istft_match_eager() -> None:
+    window = torch.hann_window(16)
+    stft = lambda t: torch.stft(t, n_fft=16, hop_length=4, window=window, return_complex=True)  # noqa: E731
+    istft = lambda s: torch.istft(s, n_fft=16, hop_length=4, window=window, length=60)  # noqa: E731
+    x = _r(2, 60)
+    _check_matches_eager(stft, [x], "stft")
+    _check_matches_eager(istft, [stft(x.detach()).requires_grad_()], "istft")
+
+
+LONG = [("fft", lambda t: torch.fft.fft(t, norm="ortho"), True), ("rfft", torch.fft.rfft, False),
+        ("irfft", lambda t: torch.fft.irfft(t, n=301), True)]  # fmt: skip
+
+
+@pytest.mark.parametrize("n", [256, 300])  # split as 16 * 16 and 15 * 20
+@pytest.mark.parametrize("label, fn, complex_input", LONG, ids=[f[0] for f in LONG])
+def test_long_fft_split_cooley_tukey_matches_eager(label, fn, complex_input, n) -> None:
+    x = (_c if complex_input else _r)(2, n)
+    want, got = fn(x.detach()), _compile(fn)(x.detach())
+    # each output is an n-term float32 sum: its rounding error is up to ~n * eps * max|x| (float64 eager
+    # agrees with float32 eager to that order too)
+    atol = n * torch.finfo(torch.float32).eps * float(x.detach().abs().max())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=atol)
+    if label == "rfft":  # and the backward through the split transform
+        _check_matches_eager(fn, [x], f"torch.fft.{label} n={n}")
+
+
+def test_long_fft_constants_stay_linear_in_n(lowered_graphs) -> None:
+    n = 4096  # one 4096 x 4096 DFT matrix would be a 256 MB constant
+    x = torch.randn(n, dtype=torch.complex64)
+    got = torch.compile(torch.fft.fft, backend="neuron", dynamic=False, options={"cache": False})(x)
+    torch.testing.assert_close(got, torch.fft.fft(x), rtol=1e-5, atol=n * torch.finfo(torch.float32).eps * 4)
+    assert len(lowered_graphs[-1].stablehlo()) < 2_000_000
