@@ -46,7 +46,7 @@ def _fwd_bwd(fn, inputs: list[torch.Tensor], compiled: bool) -> tuple[list[torch
         r = torch.view_as_real(o.resolve_conj()) if o.is_complex() else o
         loss = loss + (r * torch.linspace(-1, 2, r.numel()).reshape(r.shape)).sum() + r.pow(2).sum() * 0.1
     grads = []
-    if any(x.requires_grad for x in xs):
+    if any(x.requires_grad for x in xs) and loss.requires_grad:  # boolean results have no gradient
         loss.backward()
         grads = [x.grad for x in xs if x.requires_grad]
     return [o.detach() for o in outs], grads
@@ -155,6 +155,18 @@ COMPLEX_OPS = [
     ("to/from real", lambda x: (x.to(torch.complex64) * (1 + 1j)).real, [_r(3, 4)]),
     ("zeros/full", lambda z: z + torch.full((3, 4), 2 - 1j) + torch.zeros_like(z), [_c(3, 4)]),
     ("pad", lambda z: F.pad(z, (1, 2)), [_c(3, 4)]),
+    ("reflect_pad", lambda z: F.pad(z, (2, 1), mode="reflect"), [_c(2, 3, 4)]),
+    ("sqrt/rsqrt", lambda z: torch.sqrt(z) + torch.rsqrt(z), [_c(3, 4)]),
+    ("sqrt_axes", lambda z: torch.sqrt(z), [torch.tensor([4, -4, 4j, -4j, 0, 1e-3 - 1j, -9 + 1e-3j])]),
+    ("sin/cos", lambda z: torch.sin(z) * torch.cos(z), [_c(3, 4)]),
+    ("sinh/cosh", lambda z: torch.sinh(z) - torch.cosh(z), [_c(3, 4)]),
+    ("tanh", lambda z: torch.tanh(z * 3), [_c(3, 4)]),
+    ("sigmoid", lambda z: torch.sigmoid(z), [_c(3, 4)]),
+    ("logical", lambda z, w: torch.logical_and(z, w) | torch.logical_not(z * 0) | torch.any(z, dim=0), [_c(3, 4), _c(3, 4)]),
+    ("isinf/isfinite", lambda z: torch.isinf(z / 0) & ~torch.isfinite(z / 0), [_c(3, 4)]),
+    ("vector_norm", lambda z: torch.linalg.vector_norm(z, dim=1) + torch.linalg.vector_norm(z, ord=1), [_c(3, 4)]),
+    ("var/var_mean", lambda z: (torch.var(z, dim=0), *torch.var_mean(z, dim=1, correction=0)), [_c(3, 4)]),
+    ("scatter_add/take", lambda z, w: z.scatter_add(1, torch.tensor([[0, 1], [2, 2], [3, 0]]), w) + z.take(torch.tensor([5])), [_c(3, 4), _c(3, 2)]),
 ]
 
 

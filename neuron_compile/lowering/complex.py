@@ -321,6 +321,13 @@ _BY_PARTS = [
     aten.index_put, aten.diagonal_scatter, aten.where.self,
     # linear reductions
     aten.sum.dim_IntList, aten.sum.default, aten.mean.dim, aten.mean.default, aten.cumsum,
+    # more data movement (a real scalar argument would be applied to both parts: only ops without one)
+    aten.scatter.src, aten.scatter_add, aten.take, aten.put, aten.masked_scatter, aten.narrow_copy,
+    aten.unbind_copy.int, aten.as_strided_copy, aten.as_strided_scatter, aten.index_add, aten.index_copy,
+    aten.reflection_pad1d, aten.reflection_pad2d, aten.reflection_pad3d, aten.replication_pad1d,
+    aten.replication_pad2d, aten.replication_pad3d, aten.reflection_pad1d_backward,
+    aten.reflection_pad2d_backward, aten.reflection_pad3d_backward, aten.replication_pad1d_backward,
+    aten.replication_pad2d_backward, aten.replication_pad3d_backward,
 ]  # fmt: skip
 register_complex_lowering(*_BY_PARTS)(by_parts)
 
@@ -512,6 +519,11 @@ def zeros(*_: Any, **__: Any) -> Pair:
     return _filled(tuple(current().out.shape), 0.0)
 
 
+@register_complex_lowering(aten.new_empty_strided, aten.empty_permuted)
+def empty_strided(*_: Any, **__: Any) -> Pair:
+    return _filled(tuple(current().out.shape), 0.0)  # undefined values in eager: zeros here
+
+
 @register_complex_lowering(aten.ones.default, aten.ones_like, aten.new_ones)
 def ones(*_: Any, **__: Any) -> Pair:
     return _filled(tuple(current().out.shape), 1.0)
@@ -545,3 +557,128 @@ def constant_pad_nd(x: Pair, pad: list[int], value: Any = 0) -> Pair:
     im = lax.pad(x.im, v.im.astype(PAIR_ELEMENT), config)
     return pack(re, im)
 
+
+
+# -- elementary functions ----------------------------------------------------------------------------
+def csqrt(a: Pair) -> Pair:
+    """The principal square root, without the cancellation of sqrt((|z| - re) / 2) for re >> |im|."""
+    r = cabs(a)
+    t = jnp.sqrt((r + jnp.abs(a.re)) * 0.5)
+    safe_t = jnp.where(t == 0, _f(1.0), t)
+    other = jnp.where(t == 0, _f(0.0), jnp.abs(a.im) / (2 * safe_t))  # the smaller part, from im / 2t
+    re = jnp.where(a.re >= 0, t, other)
+    im = jnp.where(a.re >= 0, jnp.where(t == 0, _f(0.0), a.im / (2 * safe_t)), jnp.where(a.im < 0, -t, t))
+    return pack(re, im)
+
+
+@register_complex_lowering(aten.sqrt)
+def sqrt(a: Pair) -> Pair:
+    return csqrt(a)
+
+
+@register_complex_lowering(aten.rsqrt)
+def rsqrt(a: Pair) -> Pair:
+    return cdiv(1.0, csqrt(a))
+
+
+@register_complex_lowering(aten.sin)
+def sin(a: Pair) -> Pair:
+    return pack(jnp.sin(a.re) * jnp.cosh(a.im), jnp.cos(a.re) * jnp.sinh(a.im))
+
+
+@register_complex_lowering(aten.cos)
+def cos(a: Pair) -> Pair:
+    return pack(jnp.cos(a.re) * jnp.cosh(a.im), -jnp.sin(a.re) * jnp.sinh(a.im))
+
+
+@register_complex_lowering(aten.sinh)
+def sinh(a: Pair) -> Pair:
+    return pack(jnp.sinh(a.re) * jnp.cos(a.im), jnp.cosh(a.re) * jnp.sin(a.im))
+
+
+@register_complex_lowering(aten.cosh)
+def cosh(a: Pair) -> Pair:
+    return pack(jnp.cosh(a.re) * jnp.cos(a.im), jnp.sinh(a.re) * jnp.sin(a.im))
+
+
+@register_complex_lowering(aten.tanh)
+def tanh(a: Pair) -> Pair:
+    # tanh(x + iy) = (sinh 2x + i sin 2y) / (cosh 2x + cos 2y), written with t = tanh x so that large |x|
+    # gives +-1 instead of inf / inf: re = t (1 + tan^2 y) / (1 + t^2 tan^2 y), im = tan y (1 - t^2) / (...)
+    t, u = jnp.tanh(a.re), jnp.tan(a.im)
+    d = 1 + t * t * u * u
+    return pack(t * (1 + u * u) / d, u * (1 - t * t) / d)
+
+
+@register_complex_lowering(aten.sigmoid)
+def sigmoid(a: Pair) -> Pair:
+    return cdiv(1.0, cadd(1.0, cexp(Pair(-a.v))))
+
+
+def _nonzero(x: Any) -> Any:
+    if isinstance(x, Pair):
+        return (x.re != 0) | (x.im != 0)
+    if isinstance(x, complex):
+        return x != 0
+    return x
+
+
+@register_complex_lowering(
+    aten.logical_not, aten.logical_and, aten.logical_or, aten.logical_xor, aten.any.default, aten.any.dim,
+    aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims,
+)
+def truthiness(*args: Any, **kwargs: Any) -> Any:
+    """Logical ops see a complex value as true where it is nonzero: the real lowering on that mask."""
+    return LOWERINGS[current().node.target](*(_nonzero(a) for a in args), **kwargs)
+
+
+@register_complex_lowering(aten.isinf)
+def isinf(a: Pair) -> Any:
+    return jnp.isinf(a.re) | jnp.isinf(a.im)
+
+
+@register_complex_lowering(aten.isfinite)
+def isfinite(a: Pair) -> Any:
+    return jnp.isfinite(a.re) & jnp.isfinite(a.im)
+
+
+@register_complex_lowering(aten.linalg_vector_norm)
+def linalg_vector_norm(x: Pair, ord: Any = 2, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Any:
+    """A norm of complex values is the norm of their magnitudes (a real result)."""
+    a = cabs(x)
+    axes = tuple(range(a.ndim)) if dim is None or dim == [] else tuple(
+        d % a.ndim for d in ([dim] if isinstance(dim, int) else dim)
+    )
+    if ord == float("inf"):
+        out = jnp.max(a, axis=axes, keepdims=keepdim)
+    elif ord == float("-inf"):
+        out = jnp.min(a, axis=axes, keepdims=keepdim)
+    elif ord == 0:
+        out = jnp.sum((a != 0).astype(a.dtype), axis=axes, keepdims=keepdim)
+    elif ord == 1:
+        out = jnp.sum(a, axis=axes, keepdims=keepdim)
+    elif ord == 2:
+        out = jnp.sqrt(jnp.sum(a * a, axis=axes, keepdims=keepdim))
+    else:
+        out = jnp.sum(a ** float(ord), axis=axes, keepdims=keepdim) ** (1.0 / float(ord))
+    return out.astype(jax_dtype(current().out.dtype))
+
+
+@register_complex_lowering(aten.var.correction)
+def var(x: Pair, *args: Any, **kwargs: Any) -> Any:
+    """var(z) = E|z - E z|^2 = var(re) + var(im), each with the same correction (a real result)."""
+    real = LOWERINGS[aten.var.correction]
+    return real(x.re, *args, **kwargs) + real(x.im, *args, **kwargs)
+
+
+@register_complex_lowering(aten.var_mean.correction)
+def var_mean(x: Pair, *args: Any, **kwargs: Any) -> tuple[Any, Pair]:
+    real = LOWERINGS[aten.var_mean.correction]
+    ctx = current()
+    fields = {f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx)}
+    token = _CURRENT.set(_RealPartContext(**fields))
+    try:
+        (v_re, m_re), (v_im, m_im) = real(x.re, *args, **kwargs), real(x.im, *args, **kwargs)
+    finally:
+        _CURRENT.reset(token)
+    return v_re + v_im, pack(m_re, m_im)
