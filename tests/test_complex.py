@@ -339,3 +339,28 @@ def test_long_fft_constants_stay_linear_in_n(lowered_graphs) -> None:
     got = torch.compile(torch.fft.fft, backend="neuron", dynamic=False, options={"cache": False})(x)
     torch.testing.assert_close(got, torch.fft.fft(x), rtol=1e-5, atol=n * torch.finfo(torch.float32).eps * 4)
     assert len(lowered_graphs[-1].stablehlo()) < 2_000_000
+
+
+_CACHE_SCRIPT = """
+import torch, neuron_compile
+z = torch.linspace(-1, 1, 12).reshape(3, 4) * (1 + 2j)
+out = torch.compile(lambda t: torch.fft.fft(t * t.conj(), dim=0), backend="neuron", dynamic=False)(z)
+torch.testing.assert_close(out, torch.fft.fft(z * z.conj(), dim=0), rtol=1e-4, atol=1e-5)
+print([g.cache for g in neuron_compile.STATS.graphs])
+"""
+
+
+def test_complex_graph_is_served_from_the_disk_cache_in_a_new_process(tmp_path) -> None:
+    # The entry's specs say complex64[3, 4] where the executable takes f32[3, 4, 2]: the load-time check of
+    # the executable against the entry must accept the pair (a rejection would be a silent miss).
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NEURON_COMPILE_CACHE_DIR": str(tmp_path)}
+    runs = [
+        subprocess.run([sys.executable, "-c", _CACHE_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+        for _ in range(2)
+    ]
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-2000:]
+    assert runs[0].stdout.split()[-1] == "['miss']" and runs[1].stdout.split()[-1] == "['hit']", [r.stdout for r in runs]

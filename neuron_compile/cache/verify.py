@@ -93,7 +93,8 @@ def check_executable(artifact: Artifact) -> None:
         if stride is None:
             ok = _fits(spec, got)
         else:  # a view into the result buffer (aliasing outputs): the buffer must hold the whole view
-            ok = _fits(TensorSpec(got[1], spec.dtype), got) and _numel(got[1]) >= _extent(spec.shape, stride, out)
+            dims = got[1][:-1] if spec.dtype.is_complex else got[1]  # a complex buffer: pairs, (real, imag) last
+            ok = _fits(TensorSpec(dims, spec.dtype), got) and _numel(dims) >= _extent(spec.shape, stride, out)
         if not ok:
             raise CorruptEntry(f"executable result {out.index} is {got[0]}{list(got[1])}, the entry expects {_describe(spec)}")
 
