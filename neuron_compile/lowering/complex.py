@@ -368,6 +368,8 @@ def to_copy(x: Any, *, dtype: Any = None, **_: Any) -> Any:
     out = current().out
     if out.is_complex():
         return as_pair(x)  # real -> complex: zero imaginary part; complex64 <-> complex128: the same pair
+    if out.dtype == torch.bool:  # true where nonzero, the imaginary part included
+        return _nonzero(x)
     # complex -> real: torch keeps the real part (and warns that the imaginary part is discarded).
     return x.re.astype(jax_dtype(out.dtype))
 
