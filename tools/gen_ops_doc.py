@@ -3,7 +3,7 @@
     python -m tools.gen_ops_doc           # rewrite docs/ops.md (from the repository root)
     python -m tools.gen_ops_doc --check   # exit 1 if docs/ops.md is stale
 
-Two sources, both cheap and deterministic:
+Three sources, all cheap and deterministic to read:
 - the op registry (``neuron_compile.supported_ops()``, its refusals, the decomposition table, the NKI
   routing table): which aten ops are lowered to StableHLO (and where), run as NKI kernels, or unsupported
   (and why, for the ops the registry always refuses);
