@@ -70,6 +70,30 @@ KEEP_WHOLE = [
 ]
 
 
+def _exact_integral_linspace(reference: Callable[..., Any]) -> Callable[..., Any]:
+    """linspace for an integral result dtype, in integers.
+
+    Eager's kernel converts the endpoints to the result dtype (4.3 -> 4), steps from them in double and
+    truncates. torch's reference steps from the unconverted endpoints in float, which the backend computes
+    in float32 (Trainium has no float64): ``linspace(0, 7, 50, dtype=int64)[28]`` comes out 3, not 4. The
+    exact value ``start + (end - start) * i / (steps - 1)`` truncated is one integer division with
+    truncation, ``(start * (steps - 1) + (end - start) * i) // (steps - 1)``, which eager's halfway-split
+    double arithmetic reproduces."""
+
+    @functools.wraps(reference)
+    def decomposition(start: Any, end: Any, steps: Any, *args: Any, dtype: Any = None, **kwargs: Any) -> Any:
+        if dtype is None or dtype.is_floating_point or dtype.is_complex or steps < 2 or args or "out" in kwargs:
+            return reference(start, end, steps, *args, dtype=dtype, **kwargs)
+        first, last = (v.to(torch.int64) if isinstance(v, torch.Tensor) else int(v) for v in (start, end))
+        factory = {k: v for k, v in kwargs.items() if k in ("device", "pin_memory", "layout")}
+        i = torch.arange(0, steps, dtype=torch.int64, **factory)
+        q = steps - 1
+        numerator = i * (last - first) + first * q
+        return torch.div(numerator, q, rounding_mode="trunc").to(dtype)
+
+    return decomposition
+
+
 @functools.lru_cache(maxsize=None)
 def _table() -> dict[Any, Callable[..., Any]]:
     table = dict(core_aten_decompositions())
@@ -77,6 +101,10 @@ def _table() -> dict[Any, Callable[..., Any]]:
     for packet in KEEP_WHOLE:
         for name in packet.overloads():
             keep.add(getattr(packet, name))
+    for name in aten.linspace.overloads():
+        op = getattr(aten.linspace, name)
+        if op in table:
+            table[op] = _exact_integral_linspace(table[op])
     return {op: fn for op, fn in table.items() if op not in keep}
 
 
