@@ -16,15 +16,8 @@ try:  # private: the low-overhead DLPack import (~5 us vs ~23 us for jax.dlpack.
     from jax._src.lib import _jax as _jaxlib_ext
 
     _DLPACK_TO_BUFFER = getattr(_jaxlib_ext, "dlpack_managed_tensor_to_buffer", None)
-    # and export: jax.Array.__dlpack__ spends ~40 us in Python (device sets, shardings) around this one call.
-    _BUFFER_TO_DLPACK = getattr(_jaxlib_ext, "buffer_to_dlpack_managed_tensor", None)
 except ImportError:  # pragma: no cover - depends on the jaxlib version
-    _DLPACK_TO_BUFFER = _BUFFER_TO_DLPACK = None
-
-# torch.Tensor.__dlpack__ is a Python wrapper (stream and version negotiation a CPU tensor does not need)
-# around these two.
-_TORCH_TO_DLPACK = getattr(torch._C, "_to_dlpack", None)
-_TORCH_FROM_DLPACK = getattr(torch._C, "_from_dlpack", None)
+    _DLPACK_TO_BUFFER = None
 
 from jax._src.lib import xla_client
 
@@ -85,8 +78,7 @@ def cpu_device() -> Any:
 def torch_to_device(t: torch.Tensor) -> Any:
     """A jax buffer that shares ``t``'s memory (``t`` must be contiguous and detached)."""
     if _DLPACK_TO_BUFFER is not None:
-        capsule = _TORCH_TO_DLPACK(t) if _TORCH_TO_DLPACK is not None else t.__dlpack__()
-        return _DLPACK_TO_BUFFER(capsule, cpu_device(), None, None, 1)
+        return _DLPACK_TO_BUFFER(t.__dlpack__(), cpu_device(), None, None, 1)
     return jax.dlpack.from_dlpack(t)
 
 
@@ -100,11 +92,8 @@ def constant_buffer(value: Any) -> Any:
 
 def device_to_torch(array: Any) -> torch.Tensor:
     """A torch tensor that shares the jax buffer's memory (bfloat16 included)."""
-    if _BUFFER_TO_DLPACK is not None and _TORCH_FROM_DLPACK is not None:
-        return _TORCH_FROM_DLPACK(_BUFFER_TO_DLPACK(array, stream=None))
     return torch.from_dlpack(array)
 
 
 def execute(executable: Any, buffers: list[Any]) -> list[Any]:
-    """One device array per result. ``LoadedExecutable.execute`` is this, behind one more Python frame."""
-    return [r[0] for r in executable.execute_sharded(buffers).disassemble_into_single_device_arrays()]
+    return executable.execute(buffers)
