@@ -99,7 +99,16 @@ def _overloads(op: OpOverload | OpOverloadPacket) -> list[OpOverload]:
             raise TypeError(f"{op} is an out= or in-place overload: register its functional overload instead")
         return [op]
     overloads = [getattr(op, name) for name in op.overloads()]
-    return [o for o in overloads if not _is_out(o) and not _is_inplace(o)]
+    return [o for o in overloads if not _is_out(o) and not _is_inplace(o) and _touches_tensors(o)]
+
+
+def _touches_tensors(op: OpOverload) -> bool:
+    """Whether ``op`` takes or returns a tensor. A packet also holds overloads of Python numbers, lists and
+    dicts (``aten.log.int``, ``aten.copy.Dict_str``), which no aten graph of tensors holds: they are not
+    claimed as lowered."""
+    schema = op._schema
+    return any(isinstance(a.type, (torch.TensorType, torch.OptionalType, torch.ListType)) and "Tensor" in str(a.type)
+               for a in list(schema.arguments) + list(schema.returns))  # fmt: skip
 
 
 def _claim(overload: OpOverload, what: str) -> None:
