@@ -86,6 +86,13 @@ def aten_universe(results: dict[str, Any]) -> dict[str, str]:
     return why
 
 
+def complex_ops() -> list[str]:
+    """aten overloads with a (real, imag) pair lowering."""
+    from neuron_compile.lowering.complex import supported_complex_ops
+
+    return sorted(supported_complex_ops())
+
+
 def refused_ops() -> dict[str, str]:
     """aten overloads the registry always refuses -> the reason the user's error gives."""
     from neuron_compile.lowering.registry import REFUSALS
@@ -391,6 +398,16 @@ def render(results: dict[str, Any], overloads: dict[str, Any] | None = None) -> 
         source = _cell(sources[op]) if status[op] == LOWERED or sources[op] != NOT_EXERCISED else ""
         w(f"| `{op}` | {status[op]} | {place} | {kernel} | {universe[op]} | {len(use.get(op, []))} | {cells} "
           f"| {source} |")
+    w("")
+    w("## Complex values")
+    w("")
+    w("Trainium has no complex dtype: inside a graph a complex value is a pair of real arrays (a trailing dim")
+    w("of 2, `torch.view_as_real`'s layout) and these aten ops have a pair lowering")
+    w("(`neuron_compile/lowering/complex.py`, FFT in `lowering/fft.py`); any other op on a complex value is")
+    w("refused with the clear unsupported error. The StableHLO holds only real ops and goes through the same")
+    w("legality pass as every graph.")
+    w("")
+    w(", ".join(f"`{op.removeprefix('aten.')}`" for op in complex_ops()))
     w("")
     if results.get("entries"):
         w("## OpInfo entries")
