@@ -13,6 +13,7 @@ bfloat16 rtol 1.6e-2), or else no further from the float64 result than 2x eager'
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable
@@ -64,6 +65,9 @@ UNARY: list[tuple[str, Callable[..., Any], tuple[torch.dtype, ...], Callable[[],
     ("special.erfcx", S.erfcx, (F32,), _unary_inputs),
     ("special.log_ndtr", S.log_ndtr, (F32,), _unary_inputs),
     ("special.ndtri", S.ndtri, (F32,), _probabilities),
+    # orders >= 2: eager's (-1)^(n+1) n! zeta(n + 1, x), poles at the non-positive integers
+    ("polygamma-2", functools.partial(torch.polygamma, 2), (F32, BF16), _unary_inputs),
+    ("polygamma-3", functools.partial(torch.polygamma, 3), (F32,), _unary_inputs),
 ]
 
 

@@ -31,6 +31,7 @@ from jax import lax
 from torch._ops import OpOverload, OpOverloadPacket
 
 from .registry import _CURRENT, LOWERINGS, NodeContext, Unsupported, current, _overloads
+from .reductions import norm_of_magnitudes
 from .semantics import Promotion, is_array, jax_dtype, register_pointwise
 
 aten = torch.ops.aten
@@ -651,18 +652,7 @@ def linalg_vector_norm(x: Pair, ord: Any = 2, dim: Any = None, keepdim: bool = F
     axes = tuple(range(a.ndim)) if dim is None or dim == [] else tuple(
         d % a.ndim for d in ([dim] if isinstance(dim, int) else dim)
     )
-    if ord == float("inf"):
-        out = jnp.max(a, axis=axes, keepdims=keepdim)
-    elif ord == float("-inf"):
-        out = jnp.min(a, axis=axes, keepdims=keepdim)
-    elif ord == 0:
-        out = jnp.sum((a != 0).astype(a.dtype), axis=axes, keepdims=keepdim)
-    elif ord == 1:
-        out = jnp.sum(a, axis=axes, keepdims=keepdim)
-    elif ord == 2:
-        out = jnp.sqrt(jnp.sum(a * a, axis=axes, keepdims=keepdim))
-    else:
-        out = jnp.sum(a ** float(ord), axis=axes, keepdims=keepdim) ** (1.0 / float(ord))
+    out = norm_of_magnitudes(a, ord, axes, keepdim)
     return out.astype(jax_dtype(current().out.dtype))
 
 

@@ -14,6 +14,7 @@ from jax import lax
 
 from . import device_calls
 from .registry import Unsupported, register_lowering
+from .special import hurwitz_zeta
 from .semantics import (
     Promotion,
     broadcast,
@@ -474,11 +475,18 @@ def digamma(a):
 
 @register_lowering(aten.polygamma)
 def polygamma(n, x):
-    if n not in (0, 1):
-        # lax.polygamma is only right for x > 0 (finite garbage below); orders > 1 need a reflection
-        # formula we do not have.
-        raise Unsupported(f"polygamma of order {n} (orders 0 and 1 are lowered)")
-    return pointwise(_digamma if n == 0 else _trigamma, INT_TO_FLOAT)(x)
+    if n < 0:
+        raise Unsupported(f"polygamma of negative order {n} (eager raises too)")
+    if n in (0, 1):
+        return pointwise(_digamma if n == 0 else _trigamma, INT_TO_FLOAT)(x)
+    return pointwise(lambda v: _polygamma_by_zeta(n, v), INT_TO_FLOAT)(x)
+
+
+def _polygamma_by_zeta(n, x):
+    # Eager's formula for n >= 2 (lax.polygamma is only right for x > 0): (-1)^(n+1) n! zeta(n + 1, x),
+    # with n! as exp(lgamma(n + 1)) and the Hurwitz zeta of lowering/special.py (eager's domain rules).
+    scale = (1.0 if n % 2 else -1.0) * math.exp(math.lgamma(n + 1.0))
+    return lax.mul(jnp.full_like(x, scale), hurwitz_zeta(jnp.full_like(x, float(n + 1)), x))
 
 
 def _trigamma(x):

@@ -50,6 +50,28 @@ def prod(x, dim=None, keepdim=False, *, dtype=None):
     return convert(jnp.prod(convert(x, _acc_dtype(result)), axis=_axes(x, dim), keepdims=keepdim), result)
 
 
+def norm_of_magnitudes(a, ord, axes, keepdim):
+    """The vector ``ord``-norm over ``axes`` of ``a >= 0`` (magnitudes), with torch's special orders."""
+    if ord == math.inf:
+        return jnp.max(a, axis=axes, keepdims=keepdim)
+    if ord == -math.inf:
+        return jnp.min(a, axis=axes, keepdims=keepdim)
+    if ord == 0:
+        return jnp.sum(convert(a != 0, a.dtype), axis=axes, keepdims=keepdim)
+    if ord == 1:
+        return jnp.sum(a, axis=axes, keepdims=keepdim)
+    if ord == 2:
+        return jnp.sqrt(jnp.sum(a * a, axis=axes, keepdims=keepdim))
+    return jnp.sum(a ** float(ord), axis=axes, keepdims=keepdim) ** (1.0 / float(ord))
+
+
+@register_lowering(aten.linalg_vector_norm)
+def linalg_vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    result = out_dtype()
+    a = jnp.abs(convert(x, opmath_dtype(result)))
+    return convert(norm_of_magnitudes(a, ord, _axes(x, dim), keepdim), result)
+
+
 @register_lowering(aten.amax)
 def amax(x, dim=(), keepdim=False):
     return jnp.max(x, axis=_axes(x, dim), keepdims=keepdim)

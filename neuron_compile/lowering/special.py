@@ -616,7 +616,7 @@ _ZETA_SHIFT = 32
 _ZETA_EAGER_NAN_FROM = math.exp(math.log(1.7976931348623157e308) / 23)
 
 
-def _zeta(x: Any, q: Any) -> Any:
+def hurwitz_zeta(x: Any, q: Any) -> Any:
     # zeta(x, q) = sum_{k<m} (q + k)^-x + zeta(x, q + m), with Cephes' (eager's) domain rules around it.
     negative = q < 0.0
     head = jnp.zeros_like(q)
@@ -641,7 +641,7 @@ def _zeta(x: Any, q: Any) -> Any:
 
 @register_pointwise(aten.special_zeta, promotion=INT_TO_FLOAT)
 def special_zeta(x, q):
-    return _zeta(x, q)
+    return hurwitz_zeta(x, q)
 
 
 # ---- orthogonal polynomials -------------------------------------------------------------------------
