@@ -30,7 +30,7 @@ from jax import lax
 
 from . import device_calls
 from .registry import register_lowering
-from .semantics import canonical_dim, convert, is_float, out_shape
+from .semantics import canonical_dim, convert, is_array, is_float, out_dtype, out_shape
 
 aten = torch.ops.aten
 
@@ -130,3 +130,36 @@ def median(x):
     values, indices = sort_along(flat, 0)
     value, _ = _take(values, indices, 0, _median_position(flat, 0), False, ())
     return value
+
+
+# ---- searching a sorted sequence ----------------------------------------------------------------------
+def _search(seq: Any, values: Any, right: bool) -> Any:
+    """searchsorted as a count: the position eager's binary search finds is the number of elements for
+    which its step predicate holds (``!(s >= v)`` left, ``!(s > v)`` right), so NaN values land at the end
+    as in eager. A compare of every value with every boundary: fine for the boundary counts models use."""
+    if not is_array(values):
+        # a Python number is a wrapped number in torch: it does not widen a float sequence's dtype
+        exact = is_float(seq.dtype) or isinstance(values, (bool, int))
+        values = jnp.asarray(values, seq.dtype if exact else jnp.float32)
+    common = jnp.promote_types(seq.dtype, values.dtype)
+    seq, values = convert(seq, common), convert(values, common)
+    if seq.ndim == 1:
+        bounds = jnp.reshape(seq, (1,) * values.ndim + seq.shape)
+    else:
+        bounds = seq[..., None, :]
+    v = values[..., None]
+    holds = jnp.logical_not(bounds > v) if right else jnp.logical_not(bounds >= v)
+    # int32 or int64 as ``out_int32`` says, read from the node's result
+    return jnp.sum(holds, axis=-1, dtype=out_dtype())
+
+
+@register_lowering(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
+def searchsorted(seq, values, *, out_int32=False, right=False, side=None, sorter=None):
+    if sorter is not None:
+        seq = jnp.take_along_axis(seq, sorter, axis=-1)
+    return _search(seq, values, bool(right) or side == "right")
+
+
+@register_lowering(aten.bucketize.Tensor, aten.bucketize.Scalar)
+def bucketize(values, boundaries, *, out_int32=False, right=False):
+    return _search(boundaries, values, right)
