@@ -245,6 +245,11 @@ OVERRIDES: dict[str, Callable[[Maker], Args]] = {
     "aten.index_put.hacked_twin": lambda m: ((m(3, 4), [m.perm(3)[:2], m.index(4, 2)], m(2)), {}),
     "aten.index_add.default": lambda m: ((m(3, 4), 1, m.index(4, 5), m(3, 5)), {}),
     "aten.index_copy.default": lambda m: ((m(3, 4), 1, m.perm(4)[:2], m(3, 2)), {}),
+    # searching needs sorted boundaries (eager's binary search is undefined on unsorted ones)
+    "aten.searchsorted.Tensor": lambda m: ((m(3, 5).sort(-1).values, m(3, 4)), {}),
+    "aten.searchsorted.Scalar": lambda m: ((m(5).sort().values, 1), {}),
+    "aten.bucketize.Tensor": lambda m: ((m(3, 4), m(5).sort().values), {"right": True}),
+    "aten.bucketize.Scalar": lambda m: ((1, m(5).sort().values), {"out_int32": True}),
     "aten.index_fill.int_Scalar": lambda m: ((m(3, 4), 1, m.index(4, 2), 2), {}),
     "aten.index_fill.int_Tensor": lambda m: ((m(3, 4), 1, m.index(4, 2), m()), {}),
     "aten.index_select.default": lambda m: ((m(3, 4), 1, m.index(4, 5)), {}),
