@@ -196,17 +196,34 @@ class RemoteStore:
                 time.sleep(0.2)
         raise RemoteUnavailable(f"{what}: {type(last).__name__}: {last}")
 
-    def _mark_down(self, why: str) -> None:
+    def _mark_down(self, why: str, depth: int = 0) -> None:
+        """Stop using the remote for this process, with one warning; ``depth``: frames between the caller
+        the warning should point past and this call, beyond the usual."""
         if self.down is None:
             self.down = why
             warn(
                 f"neuron cache: the remote cache {self.url} is not usable ({why}); compiling with the local "
                 "cache only for the rest of this process. Check the URL, credentials and network, or unset "
                 "NEURON_COMPILE_CACHE_URL / option cache_url.",
-                stacklevel=6,
+                stacklevel=6 + depth,
             )
 
     # ------------------------------------------------------------------ read
+    def _read(self, key: str, name: str, nbytes: int = 0) -> bytes | None:
+        """The bytes of ``key``'s object ``name``, or None when it does not exist. A denied or failing
+        remote is marked down (one warning) and raises ``RemoteUnavailable``."""
+        try:
+            fs, _ = self._filesystem()
+            return self._call(f"reading {key[:12]}/{name}", lambda: fs.cat_file(self._path(key, name)), nbytes=nbytes)
+        except FileNotFoundError:
+            return None
+        except PermissionError as e:
+            self._mark_down(f"access denied: {e}", depth=1)
+            raise RemoteUnavailable(str(e)) from None
+        except RemoteUnavailable as e:
+            self._mark_down(str(e), depth=1)
+            raise
+
     def fetch(self, key: str) -> tuple[tuple[bytes, bytes, bytes], Artifact] | None:
         """The verified entry ``((meta, module, executable), Artifact)`` for ``key``, or None on a miss.
 
@@ -216,36 +233,14 @@ class RemoteStore:
         check_key(key)
         if self.down is not None:
             raise RemoteUnavailable(self.down)
-        try:
-            fs, _ = self._filesystem()
-            raw = self._call(
-                f"reading {key[:12]}/{MANIFEST}",
-                lambda: fs.cat_file(self._path(key, MANIFEST)),
-            )
-        except FileNotFoundError:
+        raw = self._read(key, MANIFEST)
+        if raw is None:
             return None
-        except PermissionError as e:
-            self._mark_down(f"access denied: {e}")
-            raise RemoteUnavailable(str(e)) from None
-        except RemoteUnavailable as e:
-            self._mark_down(str(e))
-            raise
         manifest = self._check_manifest(key, raw)
         size = manifest["size"]
-        try:
-            blob = self._call(
-                f"reading {key[:12]}/{manifest['payload']}",
-                lambda: fs.cat_file(self._path(key, manifest["payload"])),
-                nbytes=size,
-            )
-        except FileNotFoundError:
+        blob = self._read(key, manifest["payload"], nbytes=size)
+        if blob is None:
             return None  # pruned or replaced between the two reads: a plain miss
-        except PermissionError as e:
-            self._mark_down(f"access denied: {e}")
-            raise RemoteUnavailable(str(e)) from None
-        except RemoteUnavailable as e:
-            self._mark_down(str(e))
-            raise
         if len(blob) != size:
             raise RemoteRejected(f"payload is {len(blob)} bytes, its manifest says {size} (truncated?)", damaged=True)
         if E.sha256(blob) != manifest["sha256"]:
