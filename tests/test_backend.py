@@ -18,6 +18,7 @@ import neuron_compile
 from neuron_compile import STATS, NeuronDynamicShapeError, NeuronOptionsError, NeuronUnsupportedOpError
 
 from .models import TinyLM
+from .util import root_cause
 from .test_training import CASES, run_and_compare
 
 
@@ -29,15 +30,6 @@ def _run_fresh(code: str) -> str:
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
-
-def _root_cause(exc: BaseException) -> BaseException:
-    """The backend's own exception inside Dynamo's BackendCompilerFailed."""
-    while not isinstance(exc, neuron_compile.NeuronCompileError):
-        inner = getattr(exc, "inner_exception", None) or exc.__cause__
-        if inner is None:
-            return exc
-        exc = inner
-    return exc
 
 
 def test_entry_point_registration_in_fresh_process() -> None:
@@ -123,7 +115,7 @@ def test_unsupported_ops_are_all_listed_with_source_lines() -> None:
     }
     with pytest.raises(BackendCompilerFailed) as info:
         torch.compile(fn, backend="neuron", dynamic=False)(torch.rand(6))
-    err = _root_cause(info.value)
+    err = root_cause(info.value)
     assert isinstance(err, NeuronUnsupportedOpError)
     msg = str(err)
     assert "aten.igamma.default" in msg and "aten.igammac.default" in msg
@@ -136,7 +128,7 @@ def test_unsupported_ops_are_all_listed_with_source_lines() -> None:
 def test_dynamic_true_is_refused_with_the_fix() -> None:
     with pytest.raises(BackendCompilerFailed) as info:
         torch.compile(lambda x: x * 2, backend="neuron", dynamic=True)(torch.randn(3, 4))
-    err = _root_cause(info.value)
+    err = root_cause(info.value)
     assert isinstance(err, NeuronDynamicShapeError)
     assert "dynamic=False" in str(err) and "symbolic" in str(err) and "pad" in str(err)
 
@@ -146,7 +138,7 @@ def test_automatic_dynamic_is_refused() -> None:
     fn(torch.randn(3))
     with pytest.raises(BackendCompilerFailed) as info:
         fn(torch.randn(5))
-    assert isinstance(_root_cause(info.value), NeuronDynamicShapeError)
+    assert isinstance(root_cause(info.value), NeuronDynamicShapeError)
 
 
 def test_new_shape_compiles_new_static_graph() -> None:
@@ -206,7 +198,7 @@ def test_int64_stays_exact() -> None:
 def test_unsupported_tensor_kinds_fail_loudly(make, kind: str) -> None:
     with pytest.raises(BackendCompilerFailed) as info:
         torch.compile(lambda t: t * 2, backend="neuron", dynamic=False)(make())
-    err = _root_cause(info.value)
+    err = root_cause(info.value)
     assert isinstance(err, NeuronUnsupportedOpError) and kind in str(err).lower()
     assert os.path.basename(__file__) in str(err)
 
@@ -272,7 +264,7 @@ def test_mode_other_than_default_warns_and_compiles() -> None:
 def test_unknown_option_is_an_error() -> None:
     with pytest.raises(BackendCompilerFailed) as info:
         torch.compile(lambda x: x + 1, backend="neuron", options={"targt": "cpu"})(torch.zeros(2))
-    assert isinstance(_root_cause(info.value), NeuronOptionsError)
+    assert isinstance(root_cause(info.value), NeuronOptionsError)
     assert "targt" in str(info.value)
 
 
@@ -311,6 +303,6 @@ def test_size_given_as_tensor_is_refused_with_its_line() -> None:
     line = next(i for i, l in enumerate(open(__file__).read().splitlines(), 1) if l.rstrip().endswith("# LINE_SPLIT"))
     with pytest.raises(BackendCompilerFailed) as info:
         torch.compile(fn, backend="neuron", dynamic=False)(torch.randn(5, 5), torch.tensor(2))
-    err = _root_cause(info.value)
+    err = root_cause(info.value)
     assert isinstance(err, NeuronUnsupportedOpError) and "data-dependent" in str(err)
     assert f"{os.path.basename(__file__)}:{line}" in str(err) and "tensor_split" in str(err)

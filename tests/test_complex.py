@@ -15,24 +15,16 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.exc import BackendCompilerFailed
 
-import neuron_compile
 from neuron_compile.compiler import HOOKS
 from neuron_compile.errors import NeuronFloat64Warning, NeuronUnsupportedOpError
+
+from .util import root_cause
 
 RTOL, ATOL = 1e-4, 1e-5  # float32; DFT sums of a few dozen terms stay well inside
 
 
 def _compile(fn):
     return torch.compile(fn, backend="neuron", dynamic=False)
-
-
-def _root_cause(exc: BaseException) -> BaseException:
-    while not isinstance(exc, neuron_compile.NeuronCompileError):
-        inner = getattr(exc, "inner_exception", None) or exc.__cause__
-        if inner is None:
-            return exc
-        exc = inner
-    return exc
 
 
 def _fwd_bwd(fn, inputs: list[torch.Tensor], compiled: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -265,7 +257,7 @@ def unsupported_complex(x):
 def test_unsupported_complex_op_is_a_clear_error() -> None:
     with pytest.raises(BackendCompilerFailed) as info:
         _compile(unsupported_complex)(torch.randn(3, 2))
-    err = _root_cause(info.value)
+    err = root_cause(info.value)
     text = str(err)
     assert isinstance(err, NeuronUnsupportedOpError), text
     line = inspect.getsourcelines(unsupported_complex)[1] + 1
