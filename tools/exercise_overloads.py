@@ -123,6 +123,13 @@ class Maker:
 
 
 Args = tuple[tuple, dict]
+#: (upsampling op, spatial dims, whether it takes align_corners)
+_UPSAMPLES = (
+    ("upsample_nearest1d", 1, False), ("upsample_nearest2d", 2, False), ("upsample_nearest3d", 3, False),
+    ("_upsample_nearest_exact1d", 1, False), ("_upsample_nearest_exact2d", 2, False),
+    ("_upsample_nearest_exact3d", 3, False), ("upsample_linear1d", 1, True),
+    ("upsample_bilinear2d", 2, True), ("upsample_trilinear3d", 3, True),
+)  # fmt: skip
 #: overload (or packet, ``aten.name``) -> inputs for one variant. Only where the schema defaults do not give
 #: a valid call; a maker of the float32 variant builds float inputs (the others keep its dtype).
 OVERRIDES: dict[str, Callable[[Maker], Args]] = {
@@ -169,32 +176,17 @@ OVERRIDES: dict[str, Callable[[Maker], Args]] = {
     **{
         f"aten.{name}.default": (lambda d, lin: lambda m: (
             (m(1, 2, *[3] * d), [5] * d, *([True] if lin else [])), {}))(d, lin)
-        for name, d, lin in (
-            ("upsample_nearest1d", 1, False), ("upsample_nearest2d", 2, False), ("upsample_nearest3d", 3, False),
-            ("_upsample_nearest_exact1d", 1, False), ("_upsample_nearest_exact2d", 2, False),
-            ("_upsample_nearest_exact3d", 3, False), ("upsample_linear1d", 1, True),
-            ("upsample_bilinear2d", 2, True), ("upsample_trilinear3d", 3, True),
-        )
+        for name, d, lin in _UPSAMPLES
     },
     **{
         f"aten.{name}.vec": (lambda d, lin: lambda m: (
             (m(1, 2, *[3] * d), None, *([False] if lin else []), [1.5] * d), {}))(d, lin)
-        for name, d, lin in (
-            ("upsample_nearest1d", 1, False), ("upsample_nearest2d", 2, False), ("upsample_nearest3d", 3, False),
-            ("_upsample_nearest_exact1d", 1, False), ("_upsample_nearest_exact2d", 2, False),
-            ("_upsample_nearest_exact3d", 3, False), ("upsample_linear1d", 1, True),
-            ("upsample_bilinear2d", 2, True), ("upsample_trilinear3d", 3, True),
-        )
+        for name, d, lin in _UPSAMPLES
     },
     **{
         f"aten.{name}_backward.default": (lambda d, lin: lambda m: (
             (m(1, 2, *[5] * d), [5] * d, [1, 2, *[3] * d], *([True] if lin else [])), {}))(d, lin)
-        for name, d, lin in (
-            ("upsample_nearest1d", 1, False), ("upsample_nearest2d", 2, False), ("upsample_nearest3d", 3, False),
-            ("_upsample_nearest_exact1d", 1, False), ("_upsample_nearest_exact2d", 2, False),
-            ("_upsample_nearest_exact3d", 3, False), ("upsample_linear1d", 1, True),
-            ("upsample_bilinear2d", 2, True), ("upsample_trilinear3d", 3, True),
-        )
+        for name, d, lin in _UPSAMPLES
     },
     # matmuls
     "aten.addmm.default": lambda m: ((m(3, 5), m(3, 4), m(4, 5)), {"beta": 2, "alpha": 3}),
