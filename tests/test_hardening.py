@@ -15,7 +15,7 @@ from torch._dynamo.exc import BackendCompilerFailed
 import neuron_compile
 from neuron_compile import NeuronOptionsError, NeuronUnsupportedOpError, Options
 
-from .test_backend import _root_cause
+from .util import root_cause
 
 Fn = Callable[..., Any]
 
@@ -159,7 +159,7 @@ def test_string_false_really_disables_through_torch_compile() -> None:
 def test_bad_option_fails_before_compiling() -> None:
     with pytest.raises(BackendCompilerFailed) as info:
         _compile(lambda x: x + 1, cache_max_bytes="500Q")(torch.zeros(2))
-    err = _root_cause(info.value)
+    err = root_cause(info.value)
     assert isinstance(err, NeuronOptionsError) and "cache_max_bytes" in str(err)
 
 
