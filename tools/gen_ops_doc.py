@@ -234,6 +234,20 @@ def _dtype_status(counts: dict[str, int]) -> str:
     return "skip"
 
 
+def _depth_text(config: dict[str, Any]) -> str:
+    """How deep the sweep went: one depth for every dtype, or each dtype's own (0 = every sample)."""
+    depth = config.get("samples_per_dtype")
+    dtypes = config.get("dtypes", [])
+    if not isinstance(depth, dict):
+        return f"{f'up to {depth}' if depth else 'all'} samples per entry and dtype, dtypes {', '.join(dtypes)}"
+    groups: dict[int, list[str]] = {}
+    for d in dtypes:
+        groups.setdefault(depth.get(d, 0), []).append(d)
+    return "; ".join(
+        f"{f'up to {n}' if n else 'all'} samples per entry for {', '.join(ds)}" for n, ds in sorted(groups.items())
+    )
+
+
 def _pct(n: int, d: int) -> str:
     return f"{100.0 * n / d:.1f}%" if d else "n/a"
 
@@ -314,8 +328,7 @@ def render(results: dict[str, Any], overloads: dict[str, Any] | None = None) -> 
         w(f"- float32 pass rate over the core entries only (decompose to core ATen): {core.get('pass', 0)}/{d} = "
           f"{_pct(core.get('pass', 0), d)}; the other {core.get('unsupported', 0)} raise the clear unsupported "
           f"error; {core.get('fail', 0)} fail.")  # fmt: skip
-        w(f"- Sweep configuration: up to {config.get('samples_per_dtype') or 'all'} samples per entry and "
-          f"dtype, dtypes {', '.join(config.get('dtypes', []))}; case outcomes: "
+        w(f"- Sweep configuration: {_depth_text(config)}; case outcomes: "
           + ", ".join(f"{k} {v}" for k, v in summary.get("case_outcomes", {}).items()) + ".")  # fmt: skip
         failing = summary.get("entries_failing", [])
         w(f"- Entries with a FAIL case (wrong value/dtype/shape or a crash that is not the clear error): "

@@ -4,6 +4,8 @@
     python -m tools.opinfo_sweep --samples 0          # every sample (the full sweep; hours on 2 cores)
     python -m tools.opinfo_sweep --ops add,cat --out /tmp/r.json --print
     python -m tools.opinfo_sweep --samples 0 --ops linspace,gather --merge   # rerun entries in the file
+    python -m tools.opinfo_sweep --samples 0 --dtypes float32,bfloat16,float16,int64:2,bool:2
+                                                      # a dtype's own depth after a colon (0 = all)
 
 ``--merge`` keeps the other entries of the existing results file and replaces (or adds) the ones run, so
 that a fix is re-checked at the file's depth without rerunning everything; the file's configuration
@@ -75,11 +77,22 @@ def _entry_legality_of(doc: dict[str, Any], entry: str) -> dict[str, dict[str, A
     return out
 
 
+def _depth_per_dtype(spec: str, default: int) -> dict[str, int]:
+    """``float32,int64:2`` -> {"float32": default, "int64": 2}: samples per entry for each dtype (0 = all)."""
+    depth: dict[str, int] = {}
+    for item in spec.split(","):
+        name, _, n = item.partition(":")
+        depth[name] = int(n) if n else default
+    return depth
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--samples", type=int, default=4, help="samples per entry per dtype (0 = all)")
     parser.add_argument("--ops", default="", help="comma-separated OpInfo entry names (default: all)")
-    parser.add_argument("--dtypes", default=",".join(H.DTYPES), help="dtypes to test")
+    parser.add_argument(
+        "--dtypes", default=",".join(H.DTYPES), help="dtypes to test; DTYPE:N tests N samples of that dtype"
+    )
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     parser.add_argument("--print", action="store_true", help="print every non-PASS case")
@@ -87,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="skip entries already in --out")
     args = parser.parse_args(argv)
 
-    limit = None if args.samples == 0 else args.samples
-    per_dtype = {d: limit for d in args.dtypes.split(",")}
+    depth = _depth_per_dtype(args.dtypes, args.samples)
+    per_dtype = {d: None if n == 0 else n for d, n in depth.items()}
     names = [H.entry_name(o) for o in H.load_op_db()]
     if args.ops:
         wanted = set(args.ops.split(","))
@@ -96,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"--ops: no OpInfo entry named {', '.join(sorted(unknown))}")
         names = [n for n in names if n in wanted]
-    config = {"samples_per_dtype": args.samples, "dtypes": list(per_dtype)}
+    uniform = len(set(depth.values())) == 1
+    config = {"samples_per_dtype": args.samples if uniform else depth, "dtypes": list(per_dtype)}
     order = {n: i for i, n in enumerate(H.entry_name(o) for o in H.load_op_db())}
     kept: dict[str, dict[str, Any]] = {}
     if args.merge or args.resume:
