@@ -11,7 +11,7 @@ import functools
 from typing import Any, Callable
 
 import torch
-from torch._decomp import core_aten_decompositions
+from torch._decomp import core_aten_decompositions, get_decompositions
 
 aten = torch.ops.aten
 
@@ -70,6 +70,27 @@ KEEP_WHOLE = [
 ]
 
 
+#: Non-core ops that torch's own decomposition table (torch._decomp, also used by Inductor) reduces to ops
+#: lowered here with eager's numerics; each is taken from torch rather than lowered by hand.
+EXTRA_DECOMPOSITIONS = [
+    # norm(input - other, p): eager's own formula (the difference rounded to the input dtype, then the norm
+    # in opmath), so bfloat16 rounds where eager does.
+    aten.dist,
+    # narrow + clone: a static slice.
+    aten.narrow_copy,
+    # What nn.BatchNorm's training forward becomes under torch.export-style functionalization; torch's
+    # decomposition is native_batch_norm's own helper (var_mean, rsqrt, running-stat update in opmath).
+    aten._batch_norm_with_update_functional,
+    # Its backward (the one autograd records for _batch_norm_with_update): native_batch_norm_backward's
+    # decomposition, which core ATen already uses for the other batch-norm forms.
+    aten.batch_norm_backward,
+    # Bilinear/nearest/bicubic sampling as gathers at computed indices, with ``pw_cast_for_opmath`` (16-bit
+    # inputs computed in float32, rounded once). Its backward, which autograd records before the table
+    # runs, is lowered (lowering/grid_sample.py).
+    aten.grid_sampler_2d,
+]
+
+
 def _exact_integral_linspace(reference: Callable[..., Any]) -> Callable[..., Any]:
     """linspace for an integral result dtype, in integers.
 
@@ -97,6 +118,7 @@ def _exact_integral_linspace(reference: Callable[..., Any]) -> Callable[..., Any
 @functools.lru_cache(maxsize=None)
 def _table() -> dict[Any, Callable[..., Any]]:
     table = dict(core_aten_decompositions())
+    table.update(get_decompositions(EXTRA_DECOMPOSITIONS))
     keep = set()
     for packet in KEEP_WHOLE:
         for name in packet.overloads():

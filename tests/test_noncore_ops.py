@@ -1,0 +1,128 @@
+"""Non-core ops with a static lowering (issue 12, item 3): torch's own decompositions taken into
+``neuron_compile/decompositions.py`` (EXTRA_DECOMPOSITIONS) and the lowerings of the ops torch has none for.
+
+Each case is compiled with ``torch.compile(backend="neuron", fullgraph=True)`` (the legality pass runs too)
+and compared with eager on the same inputs, in float32 and bfloat16, by the OpInfo harness's verdict
+(``tools/opinfo_harness._compare``): eager's tolerance for the dtype, or else no further from the float64
+result than twice eager's own error plus one ulp. Where the op has a gradient, the float32 gradients of every
+floating input are compared too (a fixed random cotangent, so a wrong backward cannot hide in a sum).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch.utils._pytree as pytree
+
+from neuron_compile.decompositions import EXTRA_DECOMPOSITIONS, decomposition_table
+from tools import opinfo_harness as H
+
+F32, BF16 = torch.float32, torch.bfloat16
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    fn: Callable[..., Any]
+    #: builds the inputs for a float dtype (called under a fixed seed)
+    inputs: Callable[[torch.dtype], tuple[Any, ...]]
+    grad: bool = True
+    #: positions of the arguments that get a gradient (default: every floating tensor)
+    grad_args: tuple[int, ...] | None = None
+    dtypes: tuple[torch.dtype, ...] = (F32, BF16)
+
+
+def _r(*shape: int) -> Callable[[torch.dtype], torch.Tensor]:
+    return lambda dt: torch.randn(*shape, dtype=dt)
+
+
+def _bn_with_update(x, w, b, rm, rv):
+    # The op nn.BatchNorm's training forward is under torch.export-style tracing; its functional variant
+    # and batch_norm_backward are what reach the backend.
+    out, mean, rstd, _ = torch.ops.aten._batch_norm_with_update(x, w, b, rm, rv, 0.1, 1e-5)
+    return out, mean, rstd, rm + 0, rv + 0  # the running statistics, updated in place
+
+
+CASES: list[Case] = [
+    Case("dist.p2", lambda a, b: torch.dist(a, b), lambda dt: (torch.randn(4, 5, dtype=dt), torch.randn(5, dtype=dt))),
+    Case("dist.p3", lambda a, b: torch.dist(a, b, 3), lambda dt: (torch.randn(3, 4, dtype=dt), torch.randn(3, 4, dtype=dt))),
+    Case("dist.pinf", lambda a, b: torch.dist(a, b, float("inf")), lambda dt: (torch.randn(6, dtype=dt), torch.randn(6, dtype=dt))),
+    Case("narrow_copy", lambda x: torch.narrow_copy(x, 1, 1, 3) * 2, lambda dt: (torch.randn(3, 5, dtype=dt),)),
+    Case(
+        "_batch_norm_with_update",
+        _bn_with_update,
+        lambda dt: (torch.randn(4, 3, 5, dtype=dt), torch.rand(3, dtype=dt) + 0.5, torch.randn(3, dtype=dt),
+                    torch.randn(3, dtype=dt), torch.rand(3, dtype=dt) + 0.5),
+        grad_args=(0, 1, 2),
+    ),  # fmt: skip
+]
+
+
+def _grad_leaves(args: tuple[Any, ...]) -> list[torch.Tensor]:
+    return [a for a in pytree.tree_leaves(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+
+
+def _clone(
+    args: tuple[Any, ...], dtype: torch.dtype | None = None, grad: tuple[int, ...] = ()
+) -> tuple[Any, ...]:
+    def one(a: Any, wants_grad: bool) -> Any:
+        if not isinstance(a, torch.Tensor):
+            return a
+        a = a.detach().clone()
+        if a.is_floating_point():
+            a = a.to(dtype or a.dtype).requires_grad_(wants_grad)
+        return a
+
+    return tuple(pytree.tree_map(lambda a: one(a, i in grad), arg) for i, arg in enumerate(args))
+
+
+def _describe(args: tuple[Any, ...]) -> str:
+    return ", ".join(
+        f"{str(a.dtype).removeprefix('torch.')}{list(a.shape)}" if isinstance(a, torch.Tensor) else repr(a) for a in args
+    )
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_matches_eager(case: Case, dtype: torch.dtype) -> None:
+    if dtype not in case.dtypes:
+        pytest.skip(f"eager computes {case.name} only in {case.dtypes}")
+    torch.manual_seed(0)
+    base = case.inputs(dtype)
+    grad = case.grad and dtype == F32
+    grad_args = (case.grad_args if case.grad_args is not None else tuple(range(len(base)))) if grad else ()
+    where = f"{case.name}({_describe(base)})"
+    torch._dynamo.reset()
+    compiled = torch.compile(case.fn, backend="neuron", dynamic=False, fullgraph=True)
+    eager_args, compiled_args = _clone(base, grad=grad_args), _clone(base, grad=grad_args)
+    expected = case.fn(*eager_args)
+    actual = compiled(*compiled_args)
+
+    def reference() -> Any:
+        return case.fn(*_clone(base, torch.float64))
+
+    problem = H._compare(actual, expected, "output", reference=reference)
+    assert problem is None, f"{where} [{dtype}]: {problem}"
+    if not grad:
+        return
+    outs = [o for o in pytree.tree_leaves(expected) if isinstance(o, torch.Tensor) and o.requires_grad]
+    cotangents = [torch.randn_like(o) for o in outs]
+    inputs_e, inputs_c = _grad_leaves(eager_args), _grad_leaves(compiled_args)
+    grads_e = torch.autograd.grad(outs, inputs_e, cotangents, allow_unused=True)
+    outs_c = [o for o in pytree.tree_leaves(actual) if isinstance(o, torch.Tensor) and o.requires_grad]
+    grads_c = torch.autograd.grad(outs_c, inputs_c, cotangents, allow_unused=True)
+    problem = H._compare(list(grads_c), list(grads_e), "gradient")
+    assert problem is None, f"{where} [{dtype}]: {problem}"
+
+
+def test_extra_decompositions_are_in_the_table() -> None:
+    """Each op listed in EXTRA_DECOMPOSITIONS is decomposed by the table AOTAutograd gets."""
+    table = decomposition_table()
+    for packet in EXTRA_DECOMPOSITIONS:
+        functional = [getattr(packet, o) for o in packet.overloads() if "out" not in o]
+        assert any(op in table for op in functional), f"{packet}: no overload of it is in decomposition_table()"
