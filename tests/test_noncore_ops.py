@@ -60,6 +60,16 @@ CASES: list[Case] = [
                     torch.randn(3, dtype=dt), torch.rand(3, dtype=dt) + 0.5),
         grad_args=(0, 1, 2),
     ),  # fmt: skip
+    Case("addbmm", lambda x, a, b: torch.addbmm(x, a, b), lambda dt: (_r(3, 5)(dt), _r(4, 3, 6)(dt), _r(4, 6, 5)(dt))),
+    Case(
+        "addbmm.beta_alpha",
+        lambda x, a, b: torch.addbmm(x, a, b, beta=0.5, alpha=-2),
+        lambda dt: (_r(5)(dt), _r(2, 3, 4)(dt), _r(2, 4, 5)(dt)),
+    ),
+    Case("bilinear", lambda x, y, w, b: F.bilinear(x, y, w, b),
+         lambda dt: (_r(3, 4)(dt), _r(3, 5)(dt), _r(2, 4, 5)(dt), _r(2)(dt))),  # fmt: skip
+    Case("bilinear.batched", lambda x, y, w: F.bilinear(x, y, w),
+         lambda dt: (_r(2, 3, 4)(dt), _r(2, 3, 4)(dt), _r(3, 4, 4)(dt))),  # fmt: skip
 ]
 
 

@@ -3,6 +3,7 @@
 from . import (  # noqa: F401  (importing a family registers its lowerings)
     activations,
     collectives,
+    contractions,
     convolution,
     creation,
     histograms,
