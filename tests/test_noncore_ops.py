@@ -38,7 +38,15 @@ class Case:
 
 
 def _r(*shape: int) -> Callable[[torch.dtype], torch.Tensor]:
-    return lambda dt: torch.randn(*shape, dtype=dt)
+    return lambda dt: torch.randn(shape, dtype=dt)
+
+
+def _with_nans(*shape: int) -> Callable[[torch.dtype], torch.Tensor]:
+    def make(dt: torch.dtype) -> torch.Tensor:
+        x = torch.randn(*shape, dtype=dt)
+        return x.masked_fill(torch.rand(*shape) < 0.3, float("nan"))
+
+    return make
 
 
 def _bn_with_update(x, w, b, rm, rv):
@@ -49,10 +57,10 @@ def _bn_with_update(x, w, b, rm, rv):
 
 
 CASES: list[Case] = [
-    Case("dist.p2", lambda a, b: torch.dist(a, b), lambda dt: (torch.randn(4, 5, dtype=dt), torch.randn(5, dtype=dt))),
-    Case("dist.p3", lambda a, b: torch.dist(a, b, 3), lambda dt: (torch.randn(3, 4, dtype=dt), torch.randn(3, 4, dtype=dt))),
-    Case("dist.pinf", lambda a, b: torch.dist(a, b, float("inf")), lambda dt: (torch.randn(6, dtype=dt), torch.randn(6, dtype=dt))),
-    Case("narrow_copy", lambda x: torch.narrow_copy(x, 1, 1, 3) * 2, lambda dt: (torch.randn(3, 5, dtype=dt),)),
+    Case("dist.p2", lambda a, b: torch.dist(a, b), lambda dt: (_r(4, 5)(dt), _r(5)(dt))),
+    Case("dist.p3", lambda a, b: torch.dist(a, b, 3), lambda dt: (_r(3, 4)(dt), _r(3, 4)(dt))),
+    Case("dist.pinf", lambda a, b: torch.dist(a, b, float("inf")), lambda dt: (_r(6)(dt), _r(6)(dt))),
+    Case("narrow_copy", lambda x: torch.narrow_copy(x, 1, 1, 3) * 2, lambda dt: (_r(3, 5)(dt),)),
     Case(
         "_batch_norm_with_update",
         _bn_with_update,
@@ -70,6 +78,18 @@ CASES: list[Case] = [
          lambda dt: (_r(3, 4)(dt), _r(3, 5)(dt), _r(2, 4, 5)(dt), _r(2)(dt))),  # fmt: skip
     Case("bilinear.batched", lambda x, y, w: F.bilinear(x, y, w),
          lambda dt: (_r(2, 3, 4)(dt), _r(2, 3, 4)(dt), _r(3, 4, 4)(dt))),  # fmt: skip
+    # ties: the smallest of the most frequent values, at its last occurrence (eager's stable sort up to 16)
+    Case("mode.ties", lambda x: torch.mode(x, 1), lambda dt: (torch.randint(0, 4, (3, 12)).to(dt),)),
+    Case("mode.dim0_keepdim", lambda x: torch.mode(x, 0, keepdim=True), lambda dt: (torch.randint(0, 3, (7, 4)).to(dt),)),
+    Case("mode.0d", lambda x: torch.mode(x), lambda dt: (_r()(dt),)),
+    Case("nanmedian", lambda x: torch.nanmedian(x), lambda dt: (_with_nans(5, 4)(dt),)),
+    Case("nanmedian.dim", lambda x: torch.nanmedian(x, 1), lambda dt: (_with_nans(4, 7)(dt),)),
+    Case("nanmedian.all_nan_row", lambda x: torch.nanmedian(x, -1, keepdim=True),
+         lambda dt: (torch.tensor([[1.0, float("nan"), 3.0], [float("nan")] * 3], dtype=dt),)),  # fmt: skip
+    Case("nonzero_static.padded", lambda x: torch.nonzero_static(x, size=20, fill_value=-7),
+         lambda dt: (_r(3, 4)(dt) * (torch.rand(3, 4) > 0.5),), grad=False),  # fmt: skip
+    Case("nonzero_static.truncated", lambda x: torch.nonzero_static(x > 0, size=3),
+         lambda dt: (_r(2, 3, 4)(dt),), grad=False),  # fmt: skip
 ]
 
 
@@ -92,9 +112,10 @@ def _clone(
 
 
 def _describe(args: tuple[Any, ...]) -> str:
-    return ", ".join(
-        f"{str(a.dtype).removeprefix('torch.')}{list(a.shape)}" if isinstance(a, torch.Tensor) else repr(a) for a in args
-    )
+    def one(a: Any) -> str:
+        return f"{str(a.dtype).removeprefix('torch.')}{list(a.shape)}" if isinstance(a, torch.Tensor) else repr(a)
+
+    return ", ".join(one(a) for a in args)
 
 
 @pytest.mark.parametrize("dtype", [F32, BF16], ids=str)

@@ -55,13 +55,16 @@ SKIP_REASONS: dict[str, str] = {
     "reads metadata): nothing to compile",
     "eager-error": "eager PyTorch itself raises on this sample",
     "tie-order": "the sample has ties, whose index order torch leaves unspecified (non-stable sort, topk, "
-    "kthvalue; eager's order comes from its introsort/quickselect): values are compared exactly and every "
+    "kthvalue, mode; eager's order comes from its introsort/quickselect): values are compared exactly and every "
     "index is checked to select the eager value (and sort's to be a permutation); gradients, which follow "
     "the tie order, are not compared",
 }
 
 #: Entries whose index outputs are unspecified among ties: (default dim, position of dim in args).
-TIE_ORDER_OPS: dict[str, int] = {"sort": 0, "argsort": 0, "topk": 1, "kthvalue": 1}
+#: mode: eager's CPU kernel picks the index of the winning value from a std::sort of (value, index) pairs,
+#: stable up to 16 elements (insertion sort, the value's last occurrence, which the lowering returns) and
+#: introsort's arbitrary order of equal values beyond; torch documents no choice among them.
+TIE_ORDER_OPS: dict[str, int] = {"sort": 0, "argsort": 0, "topk": 1, "kthvalue": 1, "mode": 0}
 
 #: OpInfo entries whose outputs are random: compared by shape/dtype/finiteness only.
 RANDOM_OPS = frozenset(

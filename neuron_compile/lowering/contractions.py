@@ -10,7 +10,7 @@ operands are multiplied and summed exactly (neuronx-cc has no integer matmul dat
 from __future__ import annotations
 
 import string
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax.numpy as jnp
 import torch
