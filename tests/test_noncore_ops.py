@@ -23,6 +23,7 @@ from neuron_compile.decompositions import EXTRA_DECOMPOSITIONS, decomposition_ta
 from tools import opinfo_harness as H
 
 F32, BF16 = torch.float32, torch.bfloat16
+pytestmark = pytest.mark.filterwarnings("ignore:index_reduce\\(\\) is in beta")
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,26 @@ CASES: list[Case] = [
          lambda dt: (_r(3, 4)(dt), _r(3, 5)(dt), _r(2, 4, 5)(dt), _r(2)(dt))),  # fmt: skip
     Case("bilinear.batched", lambda x, y, w: F.bilinear(x, y, w),
          lambda dt: (_r(2, 3, 4)(dt), _r(2, 3, 4)(dt), _r(3, 4, 4)(dt))),  # fmt: skip
+    Case("as_strided_scatter", lambda x, s: torch.as_strided_scatter(x, s, (2, 2), (1, 2), 1),
+         lambda dt: (_r(3, 3)(dt), _r(2, 2)(dt))),  # fmt: skip
+    Case("as_strided_scatter.of_a_transpose", lambda x, s: torch.as_strided_scatter(x.t() * 1, s, (3,), (4,)),
+         lambda dt: (_r(4, 3)(dt), _r(3)(dt)), grad=False),  # eager: no gradient of a non-contiguous input
+    *[
+        Case(f"index_reduce.{how}.{'self' if include else 'noself'}",
+             lambda x, i, s, how=how, include=include: x.index_reduce(1, i, s, how, include_self=include),
+             lambda dt: (_r(3, 4)(dt), torch.tensor([0, 2, 0, 3, 0]), _r(3, 5)(dt)), dtypes=(F32, BF16))
+        for how in ("prod", "mean", "amax", "amin") for include in (True, False)
+    ],  # fmt: skip
+    *[
+        Case(f"index_reduce.int64.{how}", lambda x, i, s, how=how: x.index_reduce(0, i, s, how, include_self=False),
+             lambda dt: (torch.randint(-9, 9, (4, 2)), torch.tensor([3, 1, 3, 0]), torch.randint(-9, 9, (4, 2))),
+             grad=False, dtypes=(torch.int64,))
+        for how in ("prod", "mean", "amax", "amin")
+    ],  # fmt: skip
     # ties: the smallest of the most frequent values, at its last occurrence (eager's stable sort up to 16)
     Case("mode.ties", lambda x: torch.mode(x, 1), lambda dt: (torch.randint(0, 4, (3, 12)).to(dt),)),
-    Case("mode.dim0_keepdim", lambda x: torch.mode(x, 0, keepdim=True), lambda dt: (torch.randint(0, 3, (7, 4)).to(dt),)),
+    Case("mode.dim0_keepdim", lambda x: torch.mode(x, 0, keepdim=True),
+         lambda dt: (torch.randint(0, 3, (7, 4)).to(dt),)),  # fmt: skip
     Case("mode.0d", lambda x: torch.mode(x), lambda dt: (_r()(dt),)),
     Case("nanmedian", lambda x: torch.nanmedian(x), lambda dt: (_with_nans(5, 4)(dt),)),
     Case("nanmedian.dim", lambda x: torch.nanmedian(x, 1), lambda dt: (_with_nans(4, 7)(dt),)),
@@ -118,11 +136,10 @@ def _describe(args: tuple[Any, ...]) -> str:
     return ", ".join(one(a) for a in args)
 
 
-@pytest.mark.parametrize("dtype", [F32, BF16], ids=str)
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "case,dtype", [pytest.param(c, d, id=f"{c.name}-{str(d).removeprefix('torch.')}") for c in CASES for d in c.dtypes]
+)
 def test_matches_eager(case: Case, dtype: torch.dtype) -> None:
-    if dtype not in case.dtypes:
-        pytest.skip(f"eager computes {case.name} only in {case.dtypes}")
     torch.manual_seed(0)
     base = case.inputs(dtype)
     grad = case.grad and dtype == F32

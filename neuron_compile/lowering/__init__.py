@@ -16,6 +16,7 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)
     random,
     reductions,
     scan,
+    scatters,
     selection,
     sorting,
     special,
