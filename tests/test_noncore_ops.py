@@ -50,6 +50,11 @@ def _with_nans(*shape: int) -> Callable[[torch.dtype], torch.Tensor]:
     return make
 
 
+def _ties_and_zeros(*shape: int) -> Callable[[torch.dtype], torch.Tensor]:
+    """Small integers (ties for max/min, whose gradient eager shares) with zeros (prod's special case)."""
+    return lambda dt: torch.randint(-3, 4, shape).to(dt)
+
+
 def _bn_with_update(x, w, b, rm, rv):
     # The op nn.BatchNorm's training forward is under torch.export-style tracing; its functional variant
     # and batch_norm_backward are what reach the backend.
@@ -95,6 +100,23 @@ CASES: list[Case] = [
              grad=False, dtypes=(torch.int64,))
         for how in ("prod", "mean", "amax", "amin")
     ],  # fmt: skip
+    *[
+        Case(f"segment_reduce.{how}.lengths", lambda x, n, how=how: torch.segment_reduce(x, how, lengths=n),
+             lambda dt: (_ties_and_zeros(7, 3)(dt), torch.tensor([2, 0, 4, 1])))
+        for how in ("sum", "mean", "max", "min", "prod")
+    ],  # fmt: skip
+    *[
+        Case(f"segment_reduce.{how}.offsets_initial",
+             lambda x, o, how=how: torch.segment_reduce(x, how, offsets=o, axis=1, initial=1.5),
+             lambda dt: (_ties_and_zeros(2, 6)(dt), torch.tensor([[0, 3, 3, 6], [0, 1, 5, 6]])))
+        for how in ("sum", "mean", "max", "prod")
+    ],  # fmt: skip
+    Case("histogram.bin_ct", lambda x: torch.histogram(x, 6), lambda dt: (_r(30)(dt),), grad=False, dtypes=(F32,)),
+    Case("histogram.range_weight_density",
+         lambda x, w: torch.histogram(x, 4, range=(-1.0, 1.5), weight=w, density=True),
+         lambda dt: (_r(5, 6)(dt), torch.rand(5, 6, dtype=dt)), grad=False, dtypes=(F32,)),  # fmt: skip
+    Case("histogram.bins_tensor", lambda x, b: torch.histogram(x, b),
+         lambda dt: (_r(40)(dt), torch.tensor([-2.0, -0.5, 0.0, 0.25, 3.0], dtype=dt)), grad=False, dtypes=(F32,)),
     # ties: the smallest of the most frequent values, at its last occurrence (eager's stable sort up to 16)
     Case("mode.ties", lambda x: torch.mode(x, 1), lambda dt: (torch.randint(0, 4, (3, 12)).to(dt),)),
     Case("mode.dim0_keepdim", lambda x: torch.mode(x, 0, keepdim=True),

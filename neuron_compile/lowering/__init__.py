@@ -17,6 +17,7 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)
     reductions,
     scan,
     scatters,
+    segments,
     selection,
     sorting,
     special,
