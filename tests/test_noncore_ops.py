@@ -117,6 +117,18 @@ CASES: list[Case] = [
          lambda dt: (_r(5, 6)(dt), torch.rand(5, 6, dtype=dt)), grad=False, dtypes=(F32,)),  # fmt: skip
     Case("histogram.bins_tensor", lambda x, b: torch.histogram(x, b),
          lambda dt: (_r(40)(dt), torch.tensor([-2.0, -0.5, 0.0, 0.25, 3.0], dtype=dt)), grad=False, dtypes=(F32,)),
+    *[
+        Case(f"cdist.p{p:g}", lambda a, b, p=p: torch.cdist(a, b, p), lambda dt: (_r(2, 4, 3)(dt), _r(1, 5, 3)(dt)),
+             dtypes=(F32,))
+        for p in (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, float("inf"))
+    ],  # fmt: skip
+    # a zero distance (a repeated row): the gradient there is 0, not NaN
+    Case("cdist.shared_rows", lambda a, b: torch.cdist(a, b),
+         lambda dt: (lambda x: (x.repeat(2, 1), x[:2].clone()))(_r(3, 2)(dt)), dtypes=(F32,)),  # fmt: skip
+    *[
+        Case(f"pdist.p{p:g}", lambda x, p=p: F.pdist(x, p), lambda dt: (_r(5, 3)(dt),), dtypes=(F32,))
+        for p in (0.0, 1.0, 2.0, 2.5, float("inf"))
+    ],
     # ties: the smallest of the most frequent values, at its last occurrence (eager's stable sort up to 16)
     Case("mode.ties", lambda x: torch.mode(x, 1), lambda dt: (torch.randint(0, 4, (3, 12)).to(dt),)),
     Case("mode.dim0_keepdim", lambda x: torch.mode(x, 0, keepdim=True),
