@@ -129,6 +129,26 @@ CASES: list[Case] = [
         Case(f"pdist.p{p:g}", lambda x, p=p: F.pdist(x, p), lambda dt: (_r(5, 3)(dt),), dtypes=(F32,))
         for p in (0.0, 1.0, 2.0, 2.5, float("inf"))
     ],
+    *[
+        Case(f"embedding_bag.{mode}", lambda w, i, o, mode=mode: F.embedding_bag(i, w, o, mode=mode),
+             lambda dt: (_r(9, 4)(dt), torch.tensor([1, 8, 2, 2, 5, 0, 7]), torch.tensor([0, 3, 3, 5])))
+        for mode in ("sum", "mean", "max")
+    ],  # fmt: skip
+    Case("embedding_bag.per_sample_weights_padding",
+         lambda w, i, o, p: F.embedding_bag(i, w, o, mode="sum", per_sample_weights=p, padding_idx=2),
+         lambda dt: (_r(9, 4)(dt), torch.tensor([1, 8, 2, 2, 5, 0, 7]), torch.tensor([0, 3, 3, 5]), _r(7)(dt))),
+    # repeats of the largest index only: eager's CPU backward divides a row's gradient by the frequency of
+    # the index at the row's unique-rank position in the sorted indices (``counts[indices_data[i]]`` in
+    # EmbeddingBag.cpp), not by its own as documented (and as done here); the two agree only then
+    Case("embedding_bag.2d_scale_grad_by_freq",
+         lambda w, i: F.embedding_bag(i, w, mode="mean", scale_grad_by_freq=True, padding_idx=0),
+         lambda dt: (_r(6, 3)(dt), torch.tensor([[1, 0, 5], [4, 5, 5]]))),
+    Case("embedding_bag.include_last_offset",
+         lambda w, i, o: F.embedding_bag(i, w, o, mode="max", include_last_offset=True),
+         lambda dt: (_r(6, 3)(dt), torch.tensor([3, 1, 4, 1, 5]), torch.tensor([0, 2, 2, 5]))),
+    # max_norm renormalizes the used rows of weight in place (embedding_renorm), outside autograd
+    Case("embedding_bag.max_norm", lambda w, i, o: (F.embedding_bag(i, w, o, max_norm=1.0), w + 0),
+         lambda dt: (_r(6, 3)(dt) * 2, torch.tensor([0, 4, 4, 2]), torch.tensor([0, 1])), grad=False),
     # ties: the smallest of the most frequent values, at its last occurrence (eager's stable sort up to 16)
     Case("mode.ties", lambda x: torch.mode(x, 1), lambda dt: (torch.randint(0, 4, (3, 12)).to(dt),)),
     Case("mode.dim0_keepdim", lambda x: torch.mode(x, 0, keepdim=True),

@@ -1,4 +1,5 @@
-"""Reductions over data-defined groups with static shapes: segment_reduce (and its backward), histogram.
+"""Reductions over data-defined groups with static shapes: segment_reduce (and its backward), histogram,
+embedding_bag (and its backwards).
 
 The segment (or bin) of each position is data; the number of segments (bins) and every shape are static.
 So each is a one-hot mask [segments x positions] built by comparing positions (values) with the segment
@@ -16,9 +17,11 @@ import torch
 from jax import lax
 
 from .histograms import _count
+from .nn import embedding_dense_backward
+from .reductions import norm_of_magnitudes
 from .registry import Unsupported, register_lowering
 from .scan import associative_scan
-from .semantics import convert, is_float, opmath_dtype, out_dtype
+from .semantics import convert, is_float, opmath_dtype, out_dtype, out_shape
 
 aten = torch.ops.aten
 
@@ -194,3 +197,158 @@ def histogram_bins_tensor(x, bins, *, weight=None, density=False):
     written as a count of the edges each element reaches)."""
     edges = convert(bins, x.dtype)
     return _histogram(x, edges, weight, density), edges
+
+
+# ---- embedding_bag ----------------------------------------------------------------------------------------
+_SUM, _MEAN, _MAX = 0, 1, 2
+
+
+def _bag_of_each_index(offsets: Any, n: int, bags: int) -> Any:
+    """int32[n]: the bag of each position of ``indices``, eager's ``offset2bag``: the last of the first
+    ``bags`` offsets at or before the position (positions past the last offset join the last bag)."""
+    starts = lax.slice_in_dim(convert(offsets, jnp.int32), 0, bags)
+    pos = lax.broadcasted_iota(jnp.int32, (n, 1), 0)
+    return jnp.maximum(jnp.sum(starts[None, :] <= pos, axis=1, dtype=jnp.int32) - 1, 0)
+
+
+def _bag_members(bag: Any, indices: Any, bags: int, padding_idx: int) -> Any:
+    """bool[bags, n]: index position i is counted in bag b (its bag, and not the padding index)."""
+    keep = indices != jnp.asarray(padding_idx, indices.dtype)
+    return jnp.logical_and(bag[None, :] == lax.broadcasted_iota(jnp.int32, (bags, 1), 0), keep[None, :])
+
+
+@register_lowering(aten._embedding_bag, aten._embedding_bag_forward_only)
+def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sparse=False,
+                  per_sample_weights=None, include_last_offset=False, padding_idx=-1):  # fmt: skip
+    """``nn.functional.embedding_bag``: the rows of ``weight`` picked by ``indices`` reduced per bag (sum,
+    optionally weighted per sample; mean; max), padding entries left out, an empty bag giving zeros.
+
+    sum and mean are one matmul of the [bags x indices] membership (or weight) matrix with the picked rows,
+    accumulating in float32; max takes the first row holding each column's maximum, as eager's loop does
+    (NaN rows are not ordered as eager's ``>`` leaves them). The three other outputs are eager's
+    bookkeeping: ``offset2bag`` (each index's bag), ``bag_size`` (zeros for sum) and ``max_indices`` (the row
+    chosen per bag and column for max, else a copy of ``bag_size``).
+    """
+    n = indices.shape[0]
+    bags = out_shape(0)[0]
+    acc = opmath_dtype(weight.dtype)
+    bag = _bag_of_each_index(offsets, n, bags)
+    member = _bag_members(bag, indices, bags, padding_idx)
+    size = jnp.sum(member, axis=1, dtype=jnp.int32)
+    rows = convert(jnp.take(weight, indices, axis=0, mode="fill"), acc)  # [n, dim]
+    if mode in (_SUM, _MEAN):
+        coef = jnp.ones((n,), acc) if per_sample_weights is None else convert(per_sample_weights, acc)
+        matrix = jnp.where(member, coef[None, :], jnp.zeros((), acc))
+        out = lax.dot_general(matrix, rows, (((1,), (0,)), ((), ())), precision=lax.Precision.HIGHEST)
+        if mode == _MEAN:
+            out = out / convert(jnp.maximum(size, 1), acc)[:, None]
+        max_indices = jnp.zeros((bags,), jnp.int32) if mode == _SUM else size
+    elif mode == _MAX:
+        values = jnp.where(member[:, :, None], rows[None], jnp.asarray(-jnp.inf, acc))  # [bags, n, dim]
+        best = jnp.max(values, axis=1)
+        position = lax.broadcasted_iota(jnp.int32, (1, n, 1), 1)
+        first = jnp.min(jnp.where(jnp.logical_and(member[:, :, None], values == best[:, None, :]), position, n), axis=1)
+        nonempty = (size > 0)[:, None]
+        chosen = jnp.take(indices, jnp.minimum(first, n - 1), axis=0) if n else jnp.zeros(best.shape, indices.dtype)
+        max_indices = jnp.where(nonempty, chosen, jnp.zeros((), chosen.dtype))
+        out = jnp.where(nonempty, best, jnp.zeros((), acc))
+    else:
+        raise Unsupported(f"embedding_bag with mode={mode} (0 sum, 1 mean, 2 max)")
+    # The bookkeeping outputs take the shapes torch's meta function gives them (bag_size and max_indices
+    # have one entry per offset, one more than the bags with include_last_offset; offset2bag is empty on
+    # eager's fast path), padded with zeros.
+    offset2bag = convert(bag, out_dtype(1)) if out_shape(1)[0] == n else jnp.zeros(out_shape(1), out_dtype(1))
+    bag_size = _fit(jnp.zeros((bags,), jnp.int32) if mode == _SUM else size, out_shape(2), out_dtype(2))
+    max_indices = _fit(max_indices, out_shape(3), out_dtype(3))
+    return convert(out, out_dtype(0)), offset2bag, bag_size, max_indices
+
+
+def _fit(x: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    """``x`` cut or zero-padded along dim 0 to ``shape``."""
+    x = convert(x, dtype)
+    if x.shape[0] >= shape[0]:
+        return lax.slice_in_dim(x, 0, shape[0])
+    return lax.pad(x, jnp.zeros((), dtype), [(0, shape[0] - x.shape[0], 0)] + [(0, 0, 0)] * (x.ndim - 1))
+
+
+def _bag_weight_grad(grad, indices, bag, bag_size, max_indices, num_weights, scale_grad_by_freq, mode,
+                     per_sample_weights, padding_idx):  # fmt: skip
+    """The dense gradient of ``weight``: each counted index position receives its bag's gradient (times its
+    sample weight, or over the bag size for mean; to the chosen row per column for max).
+
+    ``scale_grad_by_freq`` divides by each index's own frequency, as documented and as ``embedding`` does.
+    Eager's CPU kernel divides by the frequency of the index found at the row's unique-rank position of the
+    sorted indices (``counts[indices_data[i]]`` in EmbeddingBag.cpp), which is the same number only when
+    no index smaller than the row's repeats; then the gradients differ from eager's CPU ones."""
+    acc = opmath_dtype(grad.dtype)
+    g = convert(grad, acc)
+    if mode == _MAX:
+        nonempty = (convert(bag_size, jnp.int32) > 0)[:, None]
+        cols = lax.broadcasted_iota(jnp.int32, g.shape, 1)
+        updates = jnp.where(nonempty, g, jnp.zeros((), acc))
+        out = jnp.zeros((num_weights, g.shape[1]), acc).at[(max_indices, cols)].add(updates, mode="drop")
+        return convert(out, out_dtype())
+    rows = jnp.take(g, bag, axis=0)  # [n, dim]: each position's bag gradient
+    if mode == _MEAN:
+        rows = rows / convert(jnp.maximum(jnp.take(convert(bag_size, jnp.int32), bag), 1), acc)[:, None]
+    elif per_sample_weights is not None:
+        rows = rows * convert(per_sample_weights, acc)[:, None]
+    # embedding's own backward: the scatter-add of the rows, padding and scale_grad_by_freq as eager
+    return embedding_dense_backward(rows, indices, num_weights, padding_idx, scale_grad_by_freq)
+
+
+def _bags_from(offset2bag: Any, offsets: Any, n: int, bags: int) -> Any:
+    # eager rebuilds offset2bag from the offsets when the forward returned it empty (the plain sum)
+    if offset2bag is not None and offset2bag.shape[0] == n and n:
+        return convert(offset2bag, jnp.int32)
+    return _bag_of_each_index(offsets, n, bags)
+
+
+@register_lowering(aten._embedding_bag_backward)
+def embedding_bag_backward(grad, indices, offsets, offset2bag, bag_size, maximum_indices, num_weights,
+                           scale_grad_by_freq, mode, sparse, per_sample_weights, padding_idx=-1):  # fmt: skip
+    if sparse:
+        raise Unsupported("embedding_bag with sparse=True (a sparse gradient): use sparse=False")
+    bag = _bags_from(offset2bag, offsets, indices.shape[0], grad.shape[0])
+    return _bag_weight_grad(grad, indices, bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode,
+                            per_sample_weights, padding_idx)  # fmt: skip
+
+
+@register_lowering(aten._embedding_bag_dense_backward)
+def embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, maximum_indices, num_weights,
+                                 scale_grad_by_freq, mode, per_sample_weights, padding_idx=-1):  # fmt: skip
+    bag = convert(offset2bag, jnp.int32)
+    return _bag_weight_grad(grad, indices, bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode,
+                            per_sample_weights, padding_idx)  # fmt: skip
+
+
+@register_lowering(aten._embedding_bag_per_sample_weights_backward)
+def embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, offset2bag, mode, padding_idx=-1):
+    """The gradient of each sample weight (mode sum only): its bag's gradient dotted with its row, 0 for
+    padding entries."""
+    if mode != _SUM:
+        raise Unsupported(f"embedding_bag per_sample_weights with mode={mode} (eager: sum only)")
+    n = indices.shape[0]
+    acc = opmath_dtype(grad.dtype)
+    bag = _bags_from(offset2bag, offsets, n, grad.shape[0])
+    rows = convert(jnp.take(weight, indices, axis=0, mode="fill"), acc)
+    bag_grad = jnp.take(convert(grad, acc), bag, axis=0)
+    dots = jnp.sum(rows * bag_grad, axis=1)
+    keep = indices != jnp.asarray(padding_idx, indices.dtype)
+    return convert(jnp.where(keep, dots, jnp.zeros((), acc)), out_dtype())
+
+
+@register_lowering(aten.embedding_renorm)
+def embedding_renorm(weight, indices, max_norm, norm_type):
+    """The functional form of ``embedding_renorm_`` (``max_norm=`` of embedding/embedding_bag): every row
+    that ``indices`` names and whose ``norm_type``-norm exceeds ``max_norm`` is scaled by
+    ``max_norm / (norm + 1e-7)``, as eager's loop over the distinct indices does; the rows are found by a
+    one-hot compare, not a scatter."""
+    acc = opmath_dtype(weight.dtype)
+    w = convert(weight, acc)
+    flat = jnp.ravel(indices)
+    used = jnp.any(flat[None, :] == lax.broadcasted_iota(flat.dtype, (w.shape[0], 1), 0), axis=1)
+    norm = norm_of_magnitudes(jnp.abs(w), norm_type, (1,), False)
+    scale = jnp.asarray(max_norm, acc) / (norm + jnp.asarray(1e-7, acc))
+    scaled = jnp.logical_and(used, norm > jnp.asarray(max_norm, acc))
+    return convert(jnp.where(scaled[:, None], w * scale[:, None], w), out_dtype())
