@@ -21,6 +21,7 @@ from .errors import WARNING_CLASSES, NeuronFloat64Warning, NeuronUnsupportedOpEr
 from .options import Options
 from .runtime.executor import CompiledGraph
 from .kernels.user_ops import has_user_kernels
+from .lowering.linalg_checks import CheckedGraph, split_linalg_checks
 from .runtime.targets import target_for
 from .stats import STATS, GraphRecord
 
@@ -116,6 +117,9 @@ def compile_graph(
     gm: torch.fx.GraphModule, example_inputs: list[Any], *, opts: Options, kind: str, name: str
 ) -> CompiledGraph | distributed.SplitGraph:
     """Compile ``gm`` for ``opts.target`` (or fetch it from the cache) as a boxed callable."""
+    checks = split_linalg_checks(gm)  # torch.linalg's raise on info != 0 cannot run in the graph
+    if checks:
+        return CheckedGraph(compile_graph(gm, example_inputs, opts=opts, kind=kind, name=name), checks)
     for hook in HOOKS.on_graph:
         hook(gm)
     # XLA CPU cannot reach torch.distributed: there, collectives run between compiled pieces of the graph.

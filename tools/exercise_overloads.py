@@ -198,6 +198,21 @@ OVERRIDES: dict[str, Callable[[Maker], Args]] = {
     "aten.bmm.dtype": lambda m: ((m(2, 3, 4), m(2, 4, 5), torch.float32), {}),
     # eager's CPU kernel wants 16-byte strides: 8 columns of a 16-bit type, 4 of float32
     "aten._grouped_mm.default": lambda m: ((m(6, 8), m(3, 8, 8), torch.tensor([2, 3, 6], dtype=torch.int32)), {}),
+    # factorizations (lowering/factorizations.py): square, symmetric positive-definite or triangular operands
+    "aten.linalg_cholesky_ex.default": lambda m: ((_spd(m),), {}),
+    "aten.cholesky.default": lambda m: ((_spd(m), True), {}),
+    "aten.cholesky_solve.default": lambda m: ((m(2, 4, 3), torch.linalg.cholesky(_spd(m))), {}),
+    "aten.cholesky_inverse.default": lambda m: ((torch.linalg.cholesky(_spd(m)),), {}),
+    "aten.linalg_solve_triangular.default": lambda m: ((_dominant(m), m(2, 4, 3)), {"upper": True}),
+    "aten.triangular_solve.default": lambda m: ((m(2, 4, 3), _dominant(m)), {}),
+    "aten.linalg_lu_factor_ex.default": lambda m: ((m(2, 4, 4),), {}),
+    "aten.linalg_lu.default": lambda m: ((m(2, 3, 5),), {}),
+    "aten.lu_unpack.default": lambda m: (torch.linalg.lu_factor(_dominant(m)), {}),
+    "aten.linalg_lu_solve.default": lambda m: ((*torch.linalg.lu_factor(_dominant(m)), m(2, 4, 3)), {"adjoint": True}),
+    "aten._linalg_det.default": lambda m: ((m(2, 4, 4),), {}),
+    "aten._linalg_slogdet.default": lambda m: ((m(2, 4, 4),), {}),
+    "aten.linalg_inv_ex.default": lambda m: ((_dominant(m),), {}),
+    "aten._linalg_solve_ex.default": lambda m: ((_dominant(m), m(2, 4, 3)), {}),
     # convolutions
     "aten.convolution.default": lambda m: (
         (m(1, 4, 6, 7), m(6, 2, 3, 3), m(6), [1, 2], [1, 0], [1, 1], False, [0, 0], 2), {}),
@@ -326,6 +341,17 @@ REFERENCES: dict[str, Callable[..., Any]] = {
 #: floating gradients, and the neuron:: kernels (attention) floating activations, so their integer/bool
 #: variants (which eager happens to run) are not cases.
 FLOAT_ONLY_SUFFIXES = ("_backward", "_backward_data")
+
+
+def _spd(m: Maker) -> torch.Tensor:
+    """A batch of symmetric positive-definite 4 x 4 matrices (Cholesky's domain)."""
+    x = m.f32(2, 4, 4)
+    return x @ x.mT + 4 * torch.eye(4, dtype=x.dtype)
+
+
+def _dominant(m: Maker) -> torch.Tensor:
+    """A batch of 4 x 4 matrices with a dominant diagonal: well-conditioned, and so are their triangles."""
+    return m.f32(2, 4, 4) + 8 * torch.eye(4, dtype=m.f32(1).dtype)
 
 
 def _pool_backward(m: Maker, forward: OpOverload, x: torch.Tensor, *args: Any) -> Args:

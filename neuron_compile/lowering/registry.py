@@ -195,9 +195,9 @@ def supported_ops() -> list[str]:
 # ---- linear-algebra decompositions: refused, each with the reason (docs/ops.md shows it) ---------------------
 _OUTSIDE = "run it outside the compiled region (torch.compiler.disable on the function that calls it)"
 _PIVOTED = (
-    "LU with partial pivoting (and what is built on it: solve, inverse, det): each column's pivot row is chosen "
-    "by the values (an argmax and a row swap), the data-dependent gather/scatter class neuronx-cc is known to "
-    f"miscompile (issue #1381); {_OUTSIDE}"
+    "LDL^T with Bunch-Kaufman pivoting: each step chooses by the values between a 1x1 and a 2x2 pivot block and "
+    "which rows to swap, so the shape of every later step depends on the data; not lowered (LU with partial "
+    f"pivoting is, as one-hot selects: lowering/factorizations.py); {_OUTSIDE}"
 )
 _ITERATIVE = (
     "eigen/singular value decomposition: an iteration run until convergence, whose trip count depends on the "
@@ -212,18 +212,12 @@ _MATRIX_EXP = (
     f"(values), a data-dependent choice neuronx-cc cannot run as a conditional; {_OUTSIDE}"
 )
 _linalg = torch.ops.aten
-register_refusal(
-    _linalg.linalg_lu, _linalg.linalg_lu_factor_ex, _linalg.lu_unpack, _linalg.linalg_lu_solve, _linalg._linalg_det,
-    _linalg._linalg_slogdet, _linalg.linalg_inv_ex, _linalg._linalg_solve_ex, _linalg.linalg_ldl_factor_ex,
-    _linalg.linalg_ldl_solve, reason=_PIVOTED,
-)  # fmt: skip
+register_refusal(_linalg.linalg_ldl_factor_ex, _linalg.linalg_ldl_solve, reason=_PIVOTED)
 register_refusal(
     _linalg._linalg_eigh, _linalg.linalg_eig, _linalg._linalg_eigvals, _linalg.linalg_eigvals, _linalg._linalg_svd,
     reason=_ITERATIVE,
 )  # fmt: skip
 register_refusal(
-    _linalg.cholesky, _linalg.linalg_cholesky_ex, _linalg.cholesky_inverse, _linalg.cholesky_solve,
-    _linalg.linalg_solve_triangular, _linalg.triangular_solve, _linalg.linalg_qr, _linalg.geqrf, _linalg.ormqr,
-    _linalg.linalg_householder_product, reason=_UNROLLABLE,
+    _linalg.linalg_qr, _linalg.geqrf, _linalg.ormqr, _linalg.linalg_householder_product, reason=_UNROLLABLE,
 )  # fmt: skip
 register_refusal(_linalg.linalg_matrix_exp, reason=_MATRIX_EXP)

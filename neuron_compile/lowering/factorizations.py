@@ -1,0 +1,455 @@
+"""Linear-algebra factorizations of matrices with static sizes: triangular solves, Cholesky, LU with partial
+pivoting, and what is built on them (solve, inverse, det, slogdet, lu_solve, lu_unpack).
+
+Shapes are static, so factoring an n x n matrix is n unrolled steps, each a handful of elementwise ops,
+compares, selects and reductions over the whole (batched) matrix: all documented neuronx-cc ops, with no
+loop, no conditional and no gather/scatter. Ops act on the trailing two dims; leading dims are a batch that
+every step handles at once.
+
+Partial pivoting used to be refused as "data-dependent gather/scatter" (the class neuronx-cc is known to
+miscompile, issue #1381). That refusal does not apply to this lowering: only WHICH row becomes the pivot
+depends on the values, and no index is ever used to address memory. Per column k the pivot is the first
+row of maximal |A[k:, k]| (LAPACK's idamax rule: a max-reduce, then a min-reduce of an iota masked by
+``== max``), the swap of rows k and p is a ``select`` with the one-hot masks ``iota == k``/``iota == p``
+(row p is read as a masked add-reduction: a sum of one value and exact zeros), and the pivots are int32
+values the graph returns. Applying stored pivots (lu_solve, lu_unpack) is the same one-hot row swap.
+
+Special values follow reference BLAS/LAPACK, so singular and non-definite inputs give what eager gives:
+Cholesky stops at the first pivot that is not > 0 (NaN included) and reports ``info`` = its 1-based
+order, leaving the partly filled factor LAPACK's dpotf2 leaves; LU
+reports the first zero pivot and still completes the factorization; a solve with a zero pivot divides by
+it, giving the inf and NaN values eager gives.
+
+Everything is computed in float32 (float64 as float32, as everywhere here); eager CPU has no bfloat16/float16
+kernels for these ops, so those dtypes never reach a graph from eager-valid code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from .registry import Unsupported, current, register_lowering
+from .semantics import convert, out_dtype, out_shape
+
+aten = torch.ops.aten
+
+#: Largest matrix order lowered. Each factorization is n unrolled steps, each a few ops over the whole
+#: n x n (x batch) matrix: the module grows linearly in n and the work as n^3 on the vector engine, which
+#: has no matmul datapath to hide it. At 64 a factorization is a few hundred HLO ops; well past that the
+#: compile time and the elementwise work stop being small, and such systems belong outside the graph.
+MAX_ORDER = 64
+
+
+
+# ---- small helpers ------------------------------------------------------------------------------------
+def _op_name() -> str:
+    try:
+        return str(current().node.target)
+    except RuntimeError:
+        return "factorization"
+
+
+def _check_order(*sizes: int) -> None:
+    big = max(sizes, default=0)
+    if big > MAX_ORDER:
+        raise Unsupported(
+            f"{_op_name()} of a matrix of order {big}: factorizations are lowered as unrolled loops for orders "
+            f"up to {MAX_ORDER} (the module grows with the order); run it outside the compiled region "
+            "(torch.compiler.disable on the function that calls it)"
+        )
+
+
+def _f32(x: Any) -> Any:
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise Unsupported(f"{_op_name()} of {jnp.dtype(x.dtype)} (floating dtypes only)")
+    return convert(x, jnp.float32)
+
+
+def _iota(n: int) -> Any:
+    return lax.iota(jnp.int32, n)
+
+
+def _mT(x: Any) -> Any:
+    return jnp.swapaxes(x, -1, -2)
+
+
+def _batch_broadcast(*xs: Any, core: tuple[int, ...]) -> list[Any]:
+    """Broadcast the leading (batch) dims of each array; ``core[i]`` trailing dims of ``xs[i]`` are its own."""
+    batches = [x.shape[: x.ndim - c] for x, c in zip(xs, core)]
+    batch = tuple(np.broadcast_shapes(*batches))
+    return [jnp.broadcast_to(x, batch + x.shape[x.ndim - c :]) for x, c in zip(xs, core)]
+
+
+def _row(a: Any, onehot: Any) -> Any:
+    """The row of ``a`` [..., m, n] selected by the bool ``onehot`` [..., m]: a masked sum (one value, exact
+    zeros elsewhere, so inf/NaN of other rows do not leak in)."""
+    return jnp.sum(jnp.where(onehot[..., :, None], a, jnp.zeros((), a.dtype)), axis=-2)
+
+
+def _swap_rows(a: Any, k: int, p: Any) -> Any:
+    """Rows k (static) and p (int32 [...], per batch element) of ``a`` [..., m, n] exchanged, by select."""
+    rows = _iota(a.shape[-2])
+    e_k = jnp.broadcast_to(rows == k, a.shape[:-1])
+    e_p = rows == p[..., None]
+    row_k = a[..., k, :]
+    row_p = _row(a, e_p)
+    swapped = jnp.where(e_p[..., :, None], row_k[..., None, :], a)
+    return jnp.where(e_k[..., :, None], row_p[..., None, :], swapped)
+
+
+def _apply_pivots(b: Any, pivots: Any, reverse: bool = False) -> Any:
+    """``b`` [..., m, r] with rows i and pivots[i] - 1 exchanged for i = 0, 1, ... (backwards if
+    ``reverse``): LAPACK's laswp, i.e. P^T b for A = P L U (``reverse``: P b)."""
+    order = range(pivots.shape[-1])
+    for i in reversed(order) if reverse else order:
+        b = _swap_rows(b, i, convert(pivots[..., i], jnp.int32) - 1)
+    return b
+
+
+def _diagonal(a: Any) -> Any:
+    """Main diagonal of [..., m, n] as a masked reduction (no gather)."""
+    k = min(a.shape[-2], a.shape[-1])
+    a = a[..., :k, :k]
+    eye = _iota(k)[:, None] == _iota(k)[None, :]
+    return jnp.sum(jnp.where(eye, a, jnp.zeros((), a.dtype)), axis=-1)
+
+
+# ---- triangular solve -----------------------------------------------------------------------------------
+def _trsm_left(a: Any, b: Any, lower: bool, unit: bool) -> Any:
+    """X with tri(a) X = b, a [..., n, n], b [..., n, r] (same batch), column-oriented: x_k = b_k / a_kk,
+    then b_i -= a_ik x_k for the rows i after k. Only ``a``'s ``lower``/upper triangle is read, its diagonal
+    not at all if ``unit``. No entry is skipped: a zero pivot gives inf and 0 * inf NaN where the optimized
+    BLAS behind eager gives them (reference dtrsm skips zero entries; MKL/OpenBLAS kernels do not)."""
+    n = a.shape[-1]
+    rows = _iota(n)
+    for k in range(n) if lower else reversed(range(n)):
+        x = b[..., k, :]
+        if not unit:
+            x = x / a[..., k, k, None]
+        after = (rows > k if lower else rows < k)[:, None]
+        # Rows not after k are left alone by select (a multiply by a 0/1 mask would turn inf into NaN there).
+        b = jnp.where(after, b - a[..., :, k, None] * x[..., None, :], b)
+        b = jnp.where((rows == k)[:, None], x[..., None, :], b)
+    return b
+
+
+def triangular_solve_f32(a: Any, b: Any, upper: bool, left: bool = True, unit: bool = False,
+                         transpose: bool = False) -> Any:  # fmt: skip
+    """op(tri(a)) X = b (``left``) or X op(tri(a)) = b, op = transpose if ``transpose``; float32 [..., n, n]
+    and [..., n, r] / [..., r, n] with broadcast batch dims."""
+    a, b = _batch_broadcast(a, b, core=(2, 2))
+    if not left:  # X A = B  <=>  A^T X^T = B^T
+        b, transpose = _mT(b), not transpose
+    lower = not upper
+    if transpose:  # the transpose of a lower factor is upper
+        a, lower = _mT(a), not lower
+    x = _trsm_left(a, b, lower, unit) if a.shape[-1] else b
+    return x if left else _mT(x)
+
+
+@register_lowering(aten.linalg_solve_triangular.default)
+def linalg_solve_triangular(a: Any, b: Any, *, upper: bool, left: bool = True, unitriangular: bool = False) -> Any:
+    _check_order(a.shape[-1])
+    x = triangular_solve_f32(_f32(a), _f32(b), upper, left, unitriangular)
+    return convert(jnp.broadcast_to(x, out_shape()), out_dtype())
+
+
+@register_lowering(aten.triangular_solve.default)
+def triangular_solve(b: Any, a: Any, upper: bool = True, transpose: bool = False, unitriangular: bool = False) -> Any:
+    """``torch.triangular_solve(b, A)``: (the solution of op(A) X = b, a copy of A broadcast to the batch)."""
+    _check_order(a.shape[-1])
+    x = triangular_solve_f32(_f32(a), _f32(b), upper, True, unitriangular, transpose)
+    return convert(x, out_dtype(0)), convert(jnp.broadcast_to(a, out_shape(1)), out_dtype(1))
+
+
+# ---- Cholesky -------------------------------------------------------------------------------------------
+def cholesky_f32(a: Any, upper: bool = False) -> tuple[Any, Any]:
+    """(factor, int32 info) of float32 [..., n, n]: L with L L^T = A from A's lower triangle (``upper``: U
+    with U^T U = A from its upper triangle). Right-looking: step j takes sqrt of the pivot, scales the column
+    below it and subtracts its outer product from the trailing block (``work``).
+
+    A pivot that is not > 0 stops the batch element at j (info = j + 1). What is left then is what LAPACK's
+    left-looking dpotf2 leaves, which eager returns: the columns before j factored, the pivot's updated
+    value at (j, j), and A's own values below and to the right of it."""
+    if upper:
+        a = _mT(a)
+    n = a.shape[-1]
+    rows = _iota(n)
+    batch = a.shape[:-2]
+    zero = jnp.zeros((), a.dtype)
+    info = jnp.zeros(batch, jnp.int32)
+    failed = jnp.zeros(batch, jnp.bool_)
+    work, out = a, a
+    trailing_of = [jnp.logical_and((rows > j)[:, None], (rows > j)[None, :]) for j in range(n)]
+    for j in range(n):
+        d = work[..., j, j]
+        bad = jnp.logical_and(jnp.logical_not(d > 0), jnp.logical_not(failed))  # NaN is not > 0
+        info = jnp.where(bad, jnp.int32(j + 1), info)
+        s = jnp.sqrt(jnp.where(d > 0, d, jnp.ones((), a.dtype)))
+        col = jnp.where(rows > j, work[..., :, j] / s[..., None], zero)
+        kept = out[..., :, j]
+        factored = jnp.where(rows == j, s[..., None], jnp.where(rows > j, col, kept))
+        stopped = jnp.where(rows == j, d[..., None], kept)
+        new_col = jnp.where(failed[..., None], kept, jnp.where(bad[..., None], stopped, factored))
+        out = jnp.where((rows == j)[None, :], new_col[..., :, None], out)
+        failed = jnp.where(bad, True, failed)  # a select: "or" is not in the documented op table
+        if j + 1 < n:
+            update = jnp.where(trailing_of[j], col[..., :, None] * col[..., None, :], zero)
+            work = jnp.where(failed[..., None, None], work, work - update)
+    factor = jnp.where(rows[:, None] >= rows[None, :], out, zero)
+    return (_mT(factor) if upper else factor), info
+
+
+@register_lowering(aten.linalg_cholesky_ex.default)
+def linalg_cholesky_ex(a: Any, *, upper: bool = False, check_errors: bool = False) -> Any:
+    if check_errors:
+        raise Unsupported(
+            "linalg_cholesky_ex with check_errors=True raises on the values, which a Trainium graph cannot do: "
+            "call torch.linalg.cholesky_ex(A) and test its info output instead"
+        )
+    _check_order(a.shape[-1])
+    factor, info = cholesky_f32(_f32(a), upper)
+    return convert(factor, out_dtype(0)), info
+
+
+@register_lowering(aten.cholesky.default)
+def cholesky(a: Any, upper: bool = False) -> Any:
+    """``torch.cholesky`` (deprecated). Eager raises on a non-positive-definite input; the compiled factor
+    holds the partly filled values instead (a graph cannot raise on values): use linalg.cholesky_ex."""
+    _check_order(a.shape[-1])
+    return convert(cholesky_f32(_f32(a), upper)[0], out_dtype())
+
+
+@register_lowering(aten.cholesky_solve.default)
+def cholesky_solve(b: Any, factor: Any, upper: bool = False) -> Any:
+    """X with A X = b for A = L L^T (``upper``: U^T U), ``factor`` being L (U): two triangular solves."""
+    _check_order(factor.shape[-1])
+    f, b = _batch_broadcast(_f32(factor), _f32(b), core=(2, 2))
+    if upper:  # U^T (U X) = b
+        x = triangular_solve_f32(f, triangular_solve_f32(f, b, upper=True, transpose=True), upper=True)
+    else:  # L (L^T X) = b
+        x = triangular_solve_f32(f, triangular_solve_f32(f, b, upper=False), upper=False, transpose=True)
+    return convert(x, out_dtype())
+
+
+@register_lowering(aten.cholesky_inverse.default)
+def cholesky_inverse(factor: Any, upper: bool = False) -> Any:
+    """(L L^T)^-1 (``upper``: (U^T U)^-1) from the factor: cholesky_solve of the identity."""
+    n = factor.shape[-1]
+    _check_order(n)
+    f = _f32(factor)
+    eye = jnp.broadcast_to(jnp.eye(n, dtype=jnp.float32), f.shape)
+    if upper:
+        x = triangular_solve_f32(f, triangular_solve_f32(f, eye, upper=True, transpose=True), upper=True)
+    else:
+        x = triangular_solve_f32(f, triangular_solve_f32(f, eye, upper=False), upper=False, transpose=True)
+    return convert(x, out_dtype())
+
+
+# ---- LU with partial pivoting ----------------------------------------------------------------------------
+def _pivot_row(col: Any, k: int) -> Any:
+    """int32 [...]: LAPACK's idamax over rows >= k of ``col`` [..., m]: the first row of maximal |value|.
+    As reference idamax, NaN never beats a number, and a NaN in row k itself is kept as the pivot."""
+    m = col.shape[-1]
+    rows = _iota(m)
+    mag = jnp.abs(col)
+    candidate = jnp.logical_and(rows >= k, jnp.logical_not(jnp.isnan(mag)))
+    biggest = jnp.max(jnp.where(candidate, mag, jnp.full((), -1.0, mag.dtype)), axis=-1)
+    hit = jnp.logical_and(candidate, mag == biggest[..., None])
+    first = jnp.min(jnp.where(hit, rows, jnp.int32(m)), axis=-1)
+    first = jnp.where(first == m, jnp.int32(k), first)  # no candidate: every entry is NaN
+    return jnp.where(jnp.isnan(mag[..., k]), jnp.int32(k), first)
+
+
+def lu_f32(a: Any) -> tuple[Any, Any, Any]:
+    """(LU packed, int32 1-based pivots [..., min(m, n)], int32 info) of float32 [..., m, n], as LAPACK's
+    getrf: per column k the pivot row p (first max |A[k:, k]|) is swapped with row k across the whole
+    matrix, the column below the pivot is divided by the pivot and its outer product with the pivot row is
+    subtracted from the trailing block. A zero pivot sets info (first one, 1-based) and skips the scaling."""
+    m, n = a.shape[-2], a.shape[-1]
+    rows, cols = _iota(m), _iota(n)
+    zero = jnp.zeros((), a.dtype)
+    info = jnp.zeros(a.shape[:-2], jnp.int32)
+    pivots = []
+    for k in range(min(m, n)):
+        p = _pivot_row(a[..., :, k], k)
+        pivots.append(p + 1)
+        a = _swap_rows(a, k, p)
+        piv = a[..., k, k]
+        singular = piv == 0
+        info = jnp.where(jnp.logical_and(singular, info == 0), jnp.int32(k + 1), info)
+        safe = jnp.where(singular, jnp.ones((), a.dtype), piv)[..., None]
+        below = a[..., :, k]
+        # XLA rewrites a division by a broadcast value into a multiply by its reciprocal, and x * (1/x) can
+        # miss 1 by an ulp: a repeated row would no longer cancel to the exact zero pivot eager finds.
+        one = jnp.ones((), a.dtype)
+        scaled = jnp.where(below == safe, one, jnp.where(below == -safe, -one, below / safe))
+        below_mask = rows > k
+        col = jnp.where(jnp.logical_and(below_mask, jnp.logical_not(singular)[..., None]), scaled, below)
+        col = jnp.where(below_mask, col, zero)  # the multipliers l[k+1:], zeros elsewhere
+        if k + 1 < n:
+            trailing = jnp.logical_and(below_mask[:, None], (cols > k)[None, :])
+            update = col[..., :, None] * a[..., k, None, :]
+            a = jnp.where(trailing, a - update, a)
+        a = jnp.where(jnp.logical_and(below_mask[:, None], (cols == k)[None, :]), col[..., :, None], a)
+    pivots_arr = jnp.stack(pivots, axis=-1) if pivots else jnp.zeros(a.shape[:-2] + (0,), jnp.int32)
+    return a, pivots_arr, info
+
+
+def _unpack(lu: Any) -> tuple[Any, Any]:
+    """(L [..., m, k] unit lower, U [..., k, n] upper) of a packed LU [..., m, n], k = min(m, n)."""
+    m, n = lu.shape[-2], lu.shape[-1]
+    k = min(m, n)
+    zero, one = jnp.zeros((), lu.dtype), jnp.ones((), lu.dtype)
+    r, c = _iota(m)[:, None], _iota(k)[None, :]
+    lower = jnp.where(r > c, lu[..., :, :k], jnp.where(r == c, one, zero))
+    r, c = _iota(k)[:, None], _iota(n)[None, :]
+    upper = jnp.where(r <= c, lu[..., :k, :], zero)
+    return lower, upper
+
+
+def _permutation(pivots: Any, m: int, dtype: Any) -> Any:
+    """P [..., m, m] with A = P L U for getrf's ``pivots``: the row swaps applied to the identity give P^T."""
+    eye = jnp.broadcast_to(jnp.eye(m, dtype=dtype), pivots.shape[:-1] + (m, m))
+    return _mT(_apply_pivots(eye, pivots))
+
+
+def lu_solve_f32(lu: Any, pivots: Any, b: Any, left: bool = True, adjoint: bool = False) -> Any:
+    """X with A X = b (``adjoint``: A^T X = b; not ``left``: X A = b / X A^T = b) for A = P L U given as
+    getrf's packed ``lu`` [..., n, n] and ``pivots``; b [..., n, r] (left) or [..., r, n]."""
+    if not left:  # X op(A) = B  <=>  op(A)^T X^T = B^T
+        return _mT(lu_solve_f32(lu, pivots, _mT(b), True, not adjoint))
+    lu, pivots, b = _batch_broadcast(lu, pivots, b, core=(2, 1, 2))
+    if lu.shape[-1] == 0:
+        return b
+    if not adjoint:  # L U X = P^T b
+        y = _trsm_left(lu, _apply_pivots(b, pivots), lower=True, unit=True)
+        return _trsm_left(lu, y, lower=False, unit=False)
+    # U^T L^T P^T X = b
+    y = _trsm_left(_mT(lu), b, lower=True, unit=False)
+    y = _trsm_left(_mT(lu), y, lower=False, unit=True)
+    return _apply_pivots(y, pivots, reverse=True)
+
+
+def _square(a: Any) -> int:
+    if a.shape[-1] != a.shape[-2]:
+        raise Unsupported(f"{_op_name()} of a non-square matrix {tuple(a.shape)}")
+    _check_order(a.shape[-1])
+    return a.shape[-1]
+
+
+@register_lowering(aten.linalg_lu_factor_ex.default)
+def linalg_lu_factor_ex(a: Any, *, pivot: bool = True, check_errors: bool = False) -> Any:
+    if not pivot:
+        raise Unsupported("linalg_lu_factor_ex with pivot=False: eager CPU has no LU without pivoting either")
+    if check_errors:
+        raise Unsupported(
+            "linalg_lu_factor_ex with check_errors=True raises on the values, which a Trainium graph cannot "
+            "do: call torch.linalg.lu_factor_ex(A) and test its info output instead"
+        )
+    _check_order(*a.shape[-2:])
+    lu, pivots, info = lu_f32(_f32(a))
+    return convert(lu, out_dtype(0)), pivots, info
+
+
+@register_lowering(aten.linalg_lu.default)
+def linalg_lu(a: Any, *, pivot: bool = True) -> Any:
+    """(P, L, U) with A = P L U."""
+    if not pivot:
+        raise Unsupported("linalg_lu with pivot=False: eager CPU has no LU without pivoting either")
+    _check_order(*a.shape[-2:])
+    lu, pivots, _ = lu_f32(_f32(a))
+    lower, upper = _unpack(lu)
+    dt = out_dtype(0)
+    return convert(_permutation(pivots, a.shape[-2], jnp.float32), dt), convert(lower, dt), convert(upper, dt)
+
+
+@register_lowering(aten.lu_unpack.default)
+def lu_unpack(lu: Any, pivots: Any, unpack_data: bool = True, unpack_pivots: bool = True) -> Any:
+    """(P, L, U) of getrf's packed LU and pivots; an output not asked for is the empty tensor eager gives."""
+    _check_order(*lu.shape[-2:])
+    dt = out_dtype(1)
+    if unpack_data:
+        lower, upper = (convert(x, dt) for x in _unpack(_f32(lu)))
+    else:
+        lower, upper = jnp.zeros(out_shape(1), dt), jnp.zeros(out_shape(2), dt)
+    if unpack_pivots:
+        perm = convert(_permutation(convert(pivots, jnp.int32), lu.shape[-2], jnp.float32), dt)
+        perm = jnp.broadcast_to(perm, out_shape(0))
+    else:
+        perm = jnp.zeros(out_shape(0), dt)
+    return perm, lower, upper
+
+
+@register_lowering(aten.linalg_lu_solve.default)
+def linalg_lu_solve(lu: Any, pivots: Any, b: Any, *, left: bool = True, adjoint: bool = False) -> Any:
+    _square(lu)
+    x = lu_solve_f32(_f32(lu), convert(pivots, jnp.int32), _f32(b), left, adjoint)
+    return convert(jnp.broadcast_to(x, out_shape()), out_dtype())
+
+
+def _pivot_sign(pivots: Any) -> Any:
+    """float32 [...]: the determinant of P, -1 per pivot that moved a row."""
+    moved = pivots != _iota(pivots.shape[-1]) + 1
+    return jnp.prod(jnp.where(moved, jnp.float32(-1), jnp.float32(1)), axis=-1)
+
+
+@register_lowering(aten._linalg_det.default)
+def linalg_det(a: Any) -> Any:
+    """(det, LU, pivots): the product of U's diagonal times the sign of the permutation."""
+    _square(a)
+    lu, pivots, _ = lu_f32(_mT(_f32(a)))  # eager factors A^T (LAPACK is column-major) and returns it
+    det = _pivot_sign(pivots) * jnp.prod(_diagonal(lu), axis=-1)
+    return convert(det, out_dtype(0)), convert(lu, out_dtype(1)), pivots
+
+
+@register_lowering(aten._linalg_slogdet.default)
+def linalg_slogdet(a: Any) -> Any:
+    """(sign, log|det|, LU, pivots); a singular matrix gives sign 0 and -inf, as eager."""
+    _square(a)
+    lu, pivots, _ = lu_f32(_mT(_f32(a)))  # eager factors A^T (LAPACK is column-major) and returns it
+    diag = _diagonal(lu)
+    sign = _pivot_sign(pivots) * jnp.prod(jnp.sign(diag), axis=-1)
+    logabsdet = jnp.sum(jnp.log(jnp.abs(diag)), axis=-1)
+    return convert(sign, out_dtype(0)), convert(logabsdet, out_dtype(1)), convert(lu, out_dtype(2)), pivots
+
+
+@register_lowering(aten.linalg_inv_ex.default)
+def linalg_inv_ex(a: Any, *, check_errors: bool = False) -> Any:
+    """(A^-1, info): lu_solve of the identity; a singular A gives info > 0 and eager's inf/NaN pattern."""
+    if check_errors:
+        raise Unsupported(
+            "linalg_inv_ex with check_errors=True raises on the values, which a Trainium graph cannot do: "
+            "call torch.linalg.inv_ex(A) and test its info output instead"
+        )
+    n = _square(a)
+    lu, pivots, info = lu_f32(_f32(a))
+    eye = jnp.broadcast_to(jnp.eye(n, dtype=jnp.float32), lu.shape)
+    return convert(lu_solve_f32(lu, pivots, eye), out_dtype(0)), info
+
+
+@register_lowering(aten._linalg_solve_ex.default)
+def linalg_solve_ex(a: Any, b: Any, *, left: bool = True, check_errors: bool = False) -> Any:
+    """(X, LU, pivots, info) for A X = B (``left=False``: X A = B). B is a vector, or a batch of vectors,
+    when it has one dim less than A and A's shape without the last dim (torch's rule)."""
+    if check_errors:
+        raise Unsupported(
+            "_linalg_solve_ex with check_errors=True raises on the values, which a Trainium graph cannot do: "
+            "call torch.linalg.solve_ex(A, B) and test its info output instead"
+        )
+    _square(a)
+    vector = b.ndim == 1 or (b.ndim == a.ndim - 1 and tuple(b.shape) == tuple(a.shape[:-1]))
+    a32, b32 = _f32(a), _f32(b)
+    if vector:
+        b32 = b32[..., :, None] if left else b32[..., None, :]
+    lu, pivots, info = lu_f32(jnp.broadcast_to(a32, out_shape(1)))
+    x = lu_solve_f32(lu, pivots, b32, left=left)
+    if vector:
+        x = x[..., :, 0] if left else x[..., 0, :]
+    x = jnp.broadcast_to(x, out_shape(0))
+    return convert(x, out_dtype(0)), convert(lu, out_dtype(1)), pivots, info
