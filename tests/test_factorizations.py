@@ -216,6 +216,8 @@ def test_gradients_match_eager(name, fn, build) -> None:
 # ---- torch.linalg's error checks run after the graph -------------------------------------------------------
 ERRORS = [
     ("linalg.cholesky", la.cholesky, not_pd((2,), 4)),
+    ("cholesky", torch.cholesky, not_pd((2,), 4)),
+    ("cholesky(upper=True)", lambda a: torch.cholesky(a, upper=True), not_pd((), 4)),
     ("linalg.inv", la.inv, singular((), 4)),
     ("linalg.solve", lambda a: la.solve(a, torch.ones(4)), singular((), 4)),
     ("linalg.lu_factor", la.lu_factor, singular((), 4)),

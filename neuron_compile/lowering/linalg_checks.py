@@ -8,6 +8,9 @@ Eager's ``torch.linalg.cholesky(A)`` is ``linalg_cholesky_ex(A)`` followed by
 (neuronx-cc has no conditional and no assert), so the check is taken out of the graph: each ``info`` it
 tests becomes an extra output, and after the graph has run the very same aten check runs on it in Python.
 The user gets eager's exception and message; the cost is one int32 output per check.
+
+``torch.cholesky`` (deprecated) checks inside its own kernel: its node becomes ``linalg_cholesky_ex`` plus
+the same check under the name "cholesky", which gives eager's message word for word.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import torch
 
 _CHECK = torch.ops.aten._linalg_check_errors.default
 _EMPTY_TOKEN = torch.empty(0)
+_CHOLESKY = torch.ops.aten.cholesky.default
+_CHOLESKY_EX = torch.ops.aten.linalg_cholesky_ex.default
 
 
 class CheckedGraph:
@@ -52,6 +57,10 @@ def split_linalg_checks(gm: torch.fx.GraphModule) -> list[tuple[str, bool]]:
     checks: list[tuple[str, bool]] = []
     infos: list[torch.fx.Node] = []
     for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is _CHOLESKY:
+            infos.append(_split_cholesky(graph, node))
+            checks.append(("cholesky", infos[-1].meta["val"].dim() == 0))
+            continue
         if node.op != "call_function" or node.target is not torch.ops.higher_order.with_effects:
             continue
         if len(node.args) < 4 or node.args[1] is not _CHECK:
@@ -72,3 +81,24 @@ def split_linalg_checks(gm: torch.fx.GraphModule) -> list[tuple[str, bool]]:
         graph.lint()
         gm.recompile()
     return checks
+
+
+def _split_cholesky(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node:
+    """Replace ``cholesky(A, upper)`` by ``linalg_cholesky_ex(A, upper=upper)``; return its info node."""
+    a = node.args[0]
+    upper = node.args[1] if len(node.args) > 1 else node.kwargs.get("upper", False)
+    factor = node.meta["val"]
+    with factor.fake_mode:
+        info = torch.empty(factor.shape[:-2], dtype=torch.int32)
+    with graph.inserting_after(node):
+        ex = graph.call_function(_CHOLESKY_EX, (a,), {"upper": bool(upper)})
+        ex.meta = {**node.meta, "val": (factor, info)}
+    with graph.inserting_after(ex):
+        new_factor = graph.call_function(operator.getitem, (ex, 0))
+        new_factor.meta = {**node.meta, "val": factor}
+    with graph.inserting_after(new_factor):
+        new_info = graph.call_function(operator.getitem, (ex, 1))
+        new_info.meta = {**node.meta, "val": info}
+    node.replace_all_uses_with(new_factor)
+    graph.erase_node(node)
+    return new_info
