@@ -8,6 +8,7 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)
     creation,
     distances,
     factorizations,
+    fused_losses,
     histograms,
     indexing,
     linalg,
