@@ -153,17 +153,30 @@ FORWARD: list[tuple[str, Callable[..., Any], Callable[..., tuple[torch.Tensor, .
     ("linalg.solve vector", lambda a, b: la.solve(a, b[..., 0]), _with_rhs(general)),
 ]  # fmt: skip
 
-SHAPES = [((), 4), ((2,), 3), ((2, 1), 5), ((), 1), ((2,), 0)]
+@pytest.mark.parametrize("name,fn,build", FORWARD, ids=[row[0] for row in FORWARD])
+def test_forward_matches_eager(name, fn, build) -> None:
+    assert_matches_eager(name, fn, build((2,), 3))
+
+
+#: Shapes beyond a plain batch: unbatched, 1 x 1, empty, and batch dims that broadcast between operands.
+SHAPES = [((), 4), ((), 1), ((2,), 0), ((2, 1), 5)]
+SHAPE_OPS = [row for row in FORWARD if row[0] in {
+    "linalg.cholesky_ex(upper=False) spd", "linalg.solve_triangular(upper=True, left=False, unitriangular=False)",
+    "linalg.lu_factor_ex general", "linalg.lu_solve(left=True, adjoint=True)", "linalg.solve_ex general",
+    "linalg.det general",
+}]  # fmt: skip
 
 
 @pytest.mark.parametrize("batch,n", SHAPES, ids=[f"{list(b)}x{n}" for b, n in SHAPES])
-@pytest.mark.parametrize("name,fn,build", FORWARD, ids=[row[0] for row in FORWARD])
-def test_forward_matches_eager(name, fn, build, batch, n) -> None:
-    if n == 0 and any(w in name for w in ("ill", "singular", "not_pd")):
-        pytest.skip("an empty matrix has no conditioning")
-    if n == 1 and any(w in name for w in ("singular", "not_pd")):
-        pytest.skip("the construction needs two rows")
+@pytest.mark.parametrize("name,fn,build", SHAPE_OPS, ids=[row[0] for row in SHAPE_OPS])
+def test_shapes_match_eager(name, fn, build, batch, n) -> None:
     assert_matches_eager(name, fn, build(batch, n))
+
+
+def test_broadcast_batch_dims_match_eager() -> None:
+    a, b = general((2, 1), 3), rhs((1, 4), 3)
+    assert_matches_eager("linalg.solve", la.solve, (a, b))
+    assert_matches_eager("linalg.solve_triangular", lambda x, y: la.solve_triangular(x, y, upper=False), (a, b))
 
 
 @pytest.mark.parametrize("shape", [(3, 5), (2, 5, 3)], ids=str)
