@@ -272,6 +272,15 @@ def test_check_errors_in_the_graph_is_refused_with_the_fix() -> None:
     assert "check_errors=True" in str(err) and "info" in str(err)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_16_bit_operands_are_refused_as_eager_refuses_them(dtype) -> None:
+    a = general((), 3).to(dtype)
+    with pytest.raises(RuntimeError, match="not implemented"):
+        la.solve(a, a)
+    err = _unsupported(la.solve, a, a)
+    assert "_linalg_solve_ex" in str(err) and "float32" in str(err)
+
+
 # ---- the claim the lowering rests on: pivoting without gather/scatter, loops or conditionals -----------------
 @pytest.mark.parametrize("name,fn", [("lu", F.lu_f32), ("cholesky", F.cholesky_f32)])
 def test_factorization_hlo_has_no_data_dependent_addressing(name, fn) -> None:

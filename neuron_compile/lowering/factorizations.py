@@ -20,8 +20,8 @@ order, leaving the partly filled factor LAPACK's dpotf2 leaves; LU
 reports the first zero pivot and still completes the factorization; a solve with a zero pivot divides by
 it, giving the inf and NaN values eager gives.
 
-Everything is computed in float32 (float64 as float32, as everywhere here); eager CPU has no bfloat16/float16
-kernels for these ops, so those dtypes never reach a graph from eager-valid code.
+Everything is computed in float32 (float64 as float32, as everywhere here). Eager CPU has no bfloat16/float16
+kernels for these ops and raises, so 16-bit operands are refused with the advice to cast to float32.
 """
 
 from __future__ import annotations
@@ -68,6 +68,13 @@ def _check_order(*sizes: int) -> None:
 def _f32(x: Any) -> Any:
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise Unsupported(f"{_op_name()} of {jnp.dtype(x.dtype)} (floating dtypes only)")
+    if jnp.dtype(x.dtype).itemsize < 4:
+        # Eager CPU raises here ("lu_cpu" / "cholesky_cpu" not implemented for 'BFloat16'), so there is no
+        # eager result to match; float32 is what eager would need too.
+        raise Unsupported(
+            f"{_op_name()} of {jnp.dtype(x.dtype)}: eager PyTorch has no {jnp.dtype(x.dtype)} kernel for it either; "
+            "cast the operands to float32 (x.float()) around the call"
+        )
     return convert(x, jnp.float32)
 
 
