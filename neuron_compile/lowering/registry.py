@@ -195,9 +195,10 @@ def supported_ops() -> list[str]:
 # ---- linear-algebra decompositions: refused, each with the reason (docs/ops.md shows it) ---------------------
 _OUTSIDE = "run it outside the compiled region (torch.compiler.disable on the function that calls it)"
 _PIVOTED = (
-    "LDL^T with Bunch-Kaufman pivoting: each step chooses by the values between a 1x1 and a 2x2 pivot block and "
-    "which rows to swap, so the shape of every later step depends on the data; not lowered (LU with partial "
-    f"pivoting is, as one-hot selects: lowering/factorizations.py); {_OUTSIDE}"
+    "LDL^T with Bunch-Kaufman pivoting: each step picks by the values a 1x1 or a 2x2 pivot block (and a symmetric "
+    "swap), so which column the next step starts at depends on the data; with selects only, every step would "
+    "carry both alternatives. Not lowered (LU with partial pivoting is: lowering/factorizations.py); "
+    f"{_OUTSIDE}"
 )
 _ITERATIVE = (
     "eigen/singular value decomposition: an iteration run until convergence, whose trip count depends on the "
