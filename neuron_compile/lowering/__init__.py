@@ -9,6 +9,7 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)
     distances,
     factorizations,
     fused_losses,
+    grid_sample,
     histograms,
     indexing,
     linalg,
