@@ -21,7 +21,7 @@ from .errors import WARNING_CLASSES, NeuronFloat64Warning, NeuronUnsupportedOpEr
 from .options import Options
 from .runtime.executor import CompiledGraph
 from .kernels.user_ops import has_user_kernels
-from .lowering.linalg_checks import CheckedGraph, split_linalg_checks
+from .linalg_checks import CheckedGraph, split_linalg_checks
 from .runtime.targets import target_for
 from .stats import STATS, GraphRecord
 

@@ -18,6 +18,7 @@ BASE = {"version", "errors", "dtypes", "options", "provenance", "stats", "artifa
 ALLOWED: dict[str, set[str]] = {
     **{unit: set() for unit in BASE},
     "graph_checks": set(),
+    "linalg_checks": set(),
     "decompositions": set(),
     "debug": set(),
     "runtime": set(),
@@ -27,7 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "lowering": {"graph_checks", "kernels", "runtime", "distributed"},
     "legality": {"lowering", "runtime"},
     "cache": {"graph_checks", "runtime"},
-    "compiler": {"cache", "debug", "distributed", "graph_checks", "kernels", "legality", "lowering", "runtime"},
+    "compiler": {"cache", "debug", "distributed", "graph_checks", "kernels", "legality", "linalg_checks", "lowering", "runtime"},
     "backend": {"compiler", "decompositions", "graph_checks", "lowering", "kernels"},
     "__init__": {"cache", "kernels", "nki", "lowering", "evaluate", "bucketing"},
     "evaluate": {"backend", "cache", "compiler", "graph_checks", "kernels", "lowering", "runtime", "debug"},
