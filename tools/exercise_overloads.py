@@ -324,6 +324,28 @@ OVERRIDES: dict[str, Callable[[Maker], Args]] = {
     "aten.arange.start_step": lambda m: ((1, 10, 3), {}),
     "neuron.flash_attention.default": lambda m: ((m(1, 2, 4, 8), m(1, 2, 4, 8), m(1, 2, 4, 8), True, 0.35), {}),
     "neuron.flash_attention_backward.default": lambda m: _flash_backward(m),
+    # non-core ops with a static lowering (lowering/contractions, scatters, segments, distances, grid_sample)
+    "aten.addbmm.default": lambda m: ((m(3, 5), m(2, 3, 4), m(2, 4, 5)), {"beta": 2, "alpha": 3}),
+    "aten._trilinear.default": lambda m: ((m(3, 4), m(2, 4, 5), m(3, 5), [1, 3], [0], [1, 2], [2, 3]), {}),  # bilinear
+    "aten.as_strided_scatter.default": lambda m: ((m(3, 4), m(2, 3), [2, 3], [1, 2], 1), {}),
+    "aten.index_reduce.default": lambda m: ((m(3, 4), 1, m.index(4, 5), m(3, 5), "amax"), {"include_self": False}),
+    "aten.segment_reduce.default": lambda m: ((m(6, 2), "max"), {"lengths": torch.tensor([2, 0, 3, 1])}),
+    "aten._segment_reduce_backward.default": lambda m: _segment_reduce_backward(m),
+    "aten.histogram.bins_tensor": lambda m: ((m.f32(3, 4), m.f32(4).sort().values), {}),
+    "aten._embedding_bag.default": lambda m: ((m(6, 3), m.index(6, 7), torch.tensor([0, 2, 2, 5]), False, 1), {}),
+    "aten._embedding_bag_forward_only.default": lambda m: (
+        (m(6, 3), m.index(6, 7), torch.tensor([0, 2, 2, 5]), False, 2), {}),
+    "aten._embedding_bag_backward.default": lambda m: _embedding_bag_backward(m, dense=False),
+    "aten._embedding_bag_dense_backward.default": lambda m: _embedding_bag_backward(m, dense=True),
+    "aten._embedding_bag_per_sample_weights_backward.default": lambda m: (
+        (m(4, 3), m(6, 3), m.index(6, 7), torch.tensor([0, 2, 2, 5]), torch.tensor([0, 0, 2, 2, 2, 3, 3]), 0), {}),
+    "aten._cdist_backward.default": lambda m: _distance_backward(m, "cdist"),
+    "aten._pdist_backward.default": lambda m: _distance_backward(m, "pdist"),
+    "aten.grid_sampler_3d.default": lambda m: ((m(1, 2, 3, 4, 5), m.f32(1, 2, 3, 2, 3), 0, 1, False), {}),
+    "aten.grid_sampler_2d_backward.default": lambda m: (
+        (m(1, 2, 3, 4), m(1, 2, 5, 6), m(1, 3, 4, 2), 2, 2, False, [True, True]), {}),
+    "aten.grid_sampler_3d_backward.default": lambda m: (
+        (m(1, 2, 2, 3, 2), m(1, 2, 3, 4, 5), m(1, 2, 3, 2, 3), 0, 2, True, [True, True]), {}),
 }  # fmt: skip
 
 
@@ -371,6 +393,29 @@ def _flash_backward(m: Maker) -> Args:
     q, k, v = m(1, 2, 4, 8), m(1, 2, 4, 8), m(1, 2, 4, 8)
     o, lse = torch.ops.neuron.flash_attention.default(q, k, v, True, 0.35)
     return (q, k, v, o, m(1, 2, 4, 8), lse, True, 0.35), {}
+
+
+def _segment_reduce_backward(m: Maker) -> Args:
+    data, lengths = m(6, 2), torch.tensor([2, 0, 3, 1])
+    output = torch.segment_reduce(data, "max", lengths=lengths)
+    return (m(4, 2), output, data, "max"), {"lengths": lengths}
+
+
+def _embedding_bag_backward(m: Maker, dense: bool) -> Args:
+    """The backward of a mean (dense: max) bag of 7 indices into a 6-row table, from the forward's outputs."""
+    weight, indices, offsets, mode = m(6, 3), m.index(6, 7), torch.tensor([0, 2, 2, 5]), 2 if dense else 1
+    _, offset2bag, bag_size, max_indices = torch.ops.aten._embedding_bag.default(weight, indices, offsets, False, mode)
+    if dense:
+        return (m(4, 3), indices, offset2bag, bag_size, max_indices, 6, False, mode, None), {}
+    return (m(4, 3), indices, offsets, offset2bag, bag_size, max_indices, 6, False, mode, False, None), {}
+
+
+def _distance_backward(m: Maker, kind: str) -> Args:
+    if kind == "cdist":
+        x1, x2 = m(3, 4), m(5, 4)
+        return (m(3, 5), x1, x2, 2.0, torch.cdist(x1, x2)), {}
+    x = m(4, 3)
+    return (m(6), x, 1.5, torch.nn.functional.pdist(x, 1.5)), {}
 
 
 def _from_schema(op: OpOverload, m: Maker) -> Args:

@@ -18,7 +18,7 @@ from jax import lax
 
 from .linalg import _add_scaled, dot
 from .registry import Unsupported, register_lowering
-from .semantics import convert, is_float, opmath_dtype, out_dtype
+from .semantics import convert, is_float, opmath_dtype, out_dtype, out_shape
 
 aten = torch.ops.aten
 
@@ -45,7 +45,7 @@ def _bitset(dims: Sequence[int], total: int) -> list[bool]:
 def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
     """Each input is unsqueezed at its ``expand`` dims to ``total`` dims, the three are multiplied
     (broadcast) and summed over ``sumdim`` (those dims leave the result). ``unroll_dim`` only picks eager's
-    loop order."""
+    loop order, except where no input has that dim."""
     total = i1.ndim + len(expand1)
     if total > len(string.ascii_letters):
         raise Unsupported(f"_trilinear over {total} dims")
@@ -58,6 +58,11 @@ def trilinear(i1, i2, i3, expand1, expand2, expand3, sumdim, unroll_dim=1):
 
     kept = "".join(c for c, s in zip(letters, summed) if not s)
     result = out_dtype()
+    unroll = unroll_dim if 0 <= unroll_dim < total else None
+    if unroll is not None and all(_bitset(e, total)[unroll] for e in (expand1, expand2, expand3)):
+        # eager loops over the unroll dim's size, which it takes from the inputs that have it: none here,
+        # so its loop runs zero times and the result is all zeros
+        return jnp.zeros(out_shape(), result)
     if is_float(result):
         acc = opmath_dtype(result)
         operands = [convert(t, acc) for t in (i1, i2, i3)]
