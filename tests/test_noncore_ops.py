@@ -153,6 +153,8 @@ CASES: list[Case] = [
     Case("embedding_bag.include_last_offset",
          lambda w, i, o: F.embedding_bag(i, w, o, mode="max", include_last_offset=True),
          lambda dt: (_r(6, 3)(dt), torch.tensor([3, 1, 4, 1, 5]), torch.tensor([0, 2, 2, 5]))),
+    Case("embedding_bag.max.no_indices", lambda w, i, o: F.embedding_bag(i, w, o, mode="max"),
+         lambda dt: (_r(5, 3)(dt), torch.zeros(0, dtype=torch.long), torch.tensor([0, 0])), dtypes=(F32,)),
     # max_norm renormalizes the used rows of weight in place (embedding_renorm), outside autograd
     Case("embedding_bag.max_norm", lambda w, i, o: (F.embedding_bag(i, w, o, max_norm=1.0), w + 0),
          lambda dt: (_r(6, 3)(dt) * 2, torch.tensor([0, 4, 4, 2]), torch.tensor([0, 1])), grad=False),

@@ -243,13 +243,15 @@ def embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=0, sp
         if mode == _MEAN:
             out = out / convert(jnp.maximum(size, 1), acc)[:, None]
         max_indices = jnp.zeros((bags,), jnp.int32) if mode == _SUM else size
+    elif mode == _MAX and n == 0:  # no indices: every bag is empty
+        out, max_indices = jnp.zeros((bags, weight.shape[1]), acc), jnp.zeros((bags, weight.shape[1]), jnp.int32)
     elif mode == _MAX:
         values = jnp.where(member[:, :, None], rows[None], jnp.asarray(-jnp.inf, acc))  # [bags, n, dim]
         best = jnp.max(values, axis=1)
         position = lax.broadcasted_iota(jnp.int32, (1, n, 1), 1)
         first = jnp.min(jnp.where(jnp.logical_and(member[:, :, None], values == best[:, None, :]), position, n), axis=1)
         nonempty = (size > 0)[:, None]
-        chosen = jnp.take(indices, jnp.minimum(first, n - 1), axis=0) if n else jnp.zeros(best.shape, indices.dtype)
+        chosen = jnp.take(indices, jnp.minimum(first, n - 1), axis=0)
         max_indices = jnp.where(nonempty, chosen, jnp.zeros((), chosen.dtype))
         out = jnp.where(nonempty, best, jnp.zeros((), acc))
     else:
