@@ -18,7 +18,7 @@ from jax import lax
 from .registry import Unsupported, register_lowering
 from .scan import associative_scan
 from .semantics import canonical_dim, convert, is_float, out_shape
-from .sorting import _take, sort_along
+from .sorting import _take, order_statistic, sort_along
 
 aten = torch.ops.aten
 
@@ -62,18 +62,12 @@ def _nanmedian_position(x: Any, axis: int) -> Any:
 
 @register_lowering(aten.nanmedian.dim)
 def nanmedian_dim(x, dim, keepdim=False):
-    xs = _as_1d(x)
-    axis = canonical_dim(dim, xs.ndim)
-    values, positions = sort_along(xs, axis)
-    return _take(values, positions, axis, _nanmedian_position(xs, axis), keepdim, out_shape(0))
+    return order_statistic(x, _nanmedian_position, dim, keepdim)
 
 
 @register_lowering(aten.nanmedian.default)
 def nanmedian(x):
-    flat = jnp.reshape(x, (-1,))
-    values, positions = sort_along(flat, 0)
-    value, _ = _take(values, positions, 0, _nanmedian_position(flat, 0), False, ())
-    return value
+    return order_statistic(x, _nanmedian_position)
 
 
 @register_lowering(aten.nonzero_static.default)

@@ -117,19 +117,26 @@ def _median_position(x: Any, axis: int) -> Any:
     return jnp.where(nans > 0, n - nans, middle)
 
 
-@register_lowering(aten.median.dim)
-def median_dim(x, dim, keepdim=False):
+def order_statistic(x: Any, position_of: Any, dim: int | None = None, keepdim: bool = False) -> Any:
+    """The element of ``x`` at sorted position ``position_of(xs, axis)`` along ``dim`` (ascending, NaN last)
+    and its index; with ``dim=None``, over the flattened tensor, the value alone (median/nanmedian)."""
+    if dim is None:
+        flat = jnp.reshape(x, (-1,))
+        values, indices = sort_along(flat, 0)
+        return _take(values, indices, 0, position_of(flat, 0), False, ())[0]
     values, indices, axis = _sorted(x, dim, False)
     xs = jnp.reshape(x, (1,)) if x.ndim == 0 else x
-    return _take(values, indices, axis, _median_position(xs, axis), keepdim, out_shape(0))
+    return _take(values, indices, axis, position_of(xs, axis), keepdim, out_shape(0))
+
+
+@register_lowering(aten.median.dim)
+def median_dim(x, dim, keepdim=False):
+    return order_statistic(x, _median_position, dim, keepdim)
 
 
 @register_lowering(aten.median.default)
 def median(x):
-    flat = jnp.reshape(x, (-1,))
-    values, indices = sort_along(flat, 0)
-    value, _ = _take(values, indices, 0, _median_position(flat, 0), False, ())
-    return value
+    return order_statistic(x, _median_position)
 
 
 # ---- searching a sorted sequence ----------------------------------------------------------------------
