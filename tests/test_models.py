@@ -102,25 +102,10 @@ def _judge(case: ZooCase, dtype: torch.dtype) -> list[NumericsVerdict]:
     return verdicts
 
 
-#: Open issue 11 item 4, measured 2026-12-03 (session 3): step 1 passes; step 2 fails by cosine only.
-KNOWN_DRIFT = {
-    ("t5", torch.bfloat16): (
-        "bf16 T5, second SGD step: every gradient's RMSE to the float64 reference is <= 2.1x eager's (inside "
-        "the 3x multiple), but the cosine similarity of 4-8 encoder gradients dips to 0.986-0.990, under the "
-        "0.99 floor, where eager's is 0.989-0.996 (Inductor's stays >= 0.990). Started from eager's parameters "
-        "instead of its own, the compiled second step is within 1.13x eager's RMSE (cosines 0.9895-0.993 vs "
-        "eager's 0.9894-0.994): the step function is as accurate as eager; the first step's rounding "
-        "differences, amplified by an lr-0.1 update, are what the second step measures"
-    ),
-}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
 @pytest.mark.parametrize("name", list(ZOO))
-def test_training_steps_match_reference(name: str, dtype: torch.dtype, request: pytest.FixtureRequest) -> None:
-    if (name, dtype) in KNOWN_DRIFT:
-        request.applymarker(pytest.mark.xfail(reason=KNOWN_DRIFT[name, dtype], strict=False))
+def test_training_steps_match_reference(name: str, dtype: torch.dtype) -> None:
     STATS.reset()
     for step, verdict in enumerate(_judge(ZOO[name](), dtype)):
         assert verdict.ok, f"{name} {dtype} step {step}: " + verdict.describe()

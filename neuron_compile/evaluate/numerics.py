@@ -17,8 +17,12 @@ else float32), ``eager`` and ``compiled`` the model's own dtype:
    ``tol / 10``; scaling it by the group keeps gradients that are exactly zero in exact arithmetic
    (float32 noise around 1e-11) from failing on noise, without letting a small-magnitude group pass
    anything;
-4. for float16/bfloat16 also ``cosine(compiled, ref) >= min(0.99, cosine(eager, ref))``: torch's bf16
-   checks use cosine similarity 0.99; an eager run that is itself below 0.99 sets the bar.
+4. for float16/bfloat16 also torch's cosine check (``same(..., cos_similarity=True)``): ``compiled`` is
+   allclose to ``eager`` or ``cosine(compiled, eager) >= 0.99``. Like torch, the cosine is taken against
+   eager at the same dtype, not against the reference: low-precision eager is itself ~0.99-0.995 from the
+   reference, so a cosine-to-reference floor of ``min(0.99, eager's)`` (this module's rule until
+   2026-12-03) demanded compiled be within ~1.5x of eager's error wherever eager sat near 0.99, against
+   the 3x multiple of step 3. Both cosines to the reference are still reported.
 
 Every verdict keeps both distances, so a test or a report can say how far each side was.
 """
@@ -65,8 +69,11 @@ class TensorVerdict:
     #: Bound compiled_error had to meet: multiple * eager_error + floor.
     bound: float | None
     multiple: float | None
+    #: Cosine similarity to the reference of eager / compiled (reported; low precision only).
     cosine_eager: float | None = None
     cosine_compiled: float | None = None
+    #: Cosine similarity of compiled to eager: what step 4 judges (low precision only).
+    cosine_to_eager: float | None = None
     why: str = ""
     #: Which step of the rule passed it: "exact", "allclose" or "multiple" ('' when it failed).
     passed_by: str = ""
@@ -162,8 +169,9 @@ def judge_tensor(
     low_p = compiled.dtype in LOW_PRECISION
     cos_e = _cosine(eager, ref) if low_p else None
     cos_c = _cosine(compiled, ref) if low_p else None
+    cos_ce = _cosine(compiled, eager) if low_p else None
     nums = dict(eager_error=e_eager, compiled_error=e_comp, ratio=ratio, bound=bound, multiple=multiple,
-                cosine_eager=cos_e, cosine_compiled=cos_c)  # fmt: skip
+                cosine_eager=cos_e, cosine_compiled=cos_c, cosine_to_eager=cos_ce)  # fmt: skip
     if compiled.isnan().any() and not eager.isnan().any():
         return verdict(False, "compiled has NaN where eager has none", **nums)
     close = torch.allclose(compiled.double(), ref, atol=tol, rtol=tol, equal_nan=True)
@@ -174,8 +182,8 @@ def judge_tensor(
             f"(compiled is {ratio:.3g}x further than eager)",
             **nums,
         )
-    if low_p and cos_c < min(COSINE_MIN, cos_e):
-        return verdict(False, f"cosine similarity to reference {cos_c:.5f} < min({COSINE_MIN}, eager's {cos_e:.5f})", **nums)
+    if low_p and cos_ce < COSINE_MIN and not torch.allclose(compiled, eager, atol=tol, rtol=tol, equal_nan=True):
+        return verdict(False, f"cosine similarity to eager {cos_ce:.5f} < {COSINE_MIN}", **nums)
     return verdict(True, passed_by="allclose" if close else "multiple", **nums)
 
 
