@@ -10,21 +10,34 @@ import torch
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Shape and dtype of one graph input or output, as torch sees it."""
+    """Shape and dtype of one graph input or output, as torch sees it.
+
+    ``perm`` (inputs only) is the input's memory order when it is a dense permutation of row-major (a
+    transposed weight, a channels_last activation): the executable takes ``permute(perm)`` of it, which
+    is then contiguous, so no copy is made to feed it. None for row-major inputs.
+    """
 
     shape: tuple[int, ...]
     dtype: torch.dtype
+    perm: tuple[int, ...] | None = None
+
+    @property
+    def device_shape(self) -> tuple[int, ...]:
+        """The shape the executable's parameter has (the dims in memory order)."""
+        return self.shape if self.perm is None else tuple(self.shape[d] for d in self.perm)
 
 
 @dataclass
 class OutputSpec:
-    """How to produce graph output i at run time: tensor number ``index`` of the executable, or a constant.
+    """How to produce graph output i at run time: tensor number ``index`` of the executable, graph input
+    number ``index`` (an output that is an input, or a view of one), or a constant.
 
     Outputs that share storage in eager (``y`` and ``y.view(-1)``) name the same ``index`` and are
-    ``as_strided`` views of it; ``stride`` None means the executable's tensor is the output itself.
+    ``as_strided`` views of it; ``stride`` None means the executable's tensor (or the input) is the
+    output itself.
     """
 
-    kind: str  # "tensor" | "const"
+    kind: str  # "tensor" | "input" | "const"
     index: int = -1
     value: Any = None
     spec: TensorSpec | None = None
@@ -33,7 +46,10 @@ class OutputSpec:
     duplicate_of: int | None = None
     #: Strides (in elements) and storage offset of the output within its buffer, as torch computed them.
     stride: tuple[int, ...] | None = None
+    #: For kind "input", relative to the input's own storage offset.
     storage_offset: int = 0
+    #: For kind "input": the input's strides when compiled (the view's strides are in their terms).
+    input_stride: tuple[int, ...] | None = None
 
 
 @dataclass

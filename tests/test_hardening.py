@@ -269,6 +269,47 @@ def test_aliasing_survives_a_warm_cache(tmp_path: pathlib.Path) -> None:
     assert [g.cache for g in neuron_compile.STATS.graphs] == ["hit"]
 
 
+def _linear_gelu(x, w, b):
+    return F.gelu(F.linear(x, w, b)).sum()
+
+
+def _transposed_weight(x, w, b):
+    return (x @ w.t() + b).tanh().sum()
+
+
+def _scaled_input(x, w, b):
+    return (x * w[:, :8].sum(0) * 3).sum() + b.sum()
+
+
+@pytest.mark.parametrize("fn", [_linear_gelu, _transposed_weight, _scaled_input], ids=lambda f: f.__name__.strip("_"))
+def test_inputs_saved_for_backward_are_the_inputs_not_copies(fn: Fn) -> None:
+    """What the forward saves for backward that is an input (or a view of one) is that input, as in eager:
+    an executable result would be a copy of it (a weight's worth of memory and time per step)."""
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(4, 8, generator=g), torch.randn(16, 8, generator=g), torch.randn(16, generator=g)
+
+    def saved(f: Fn) -> tuple[list[torch.Tensor], tuple[torch.Tensor, ...]]:
+        packed: list[torch.Tensor] = []
+        args = (x, w.clone().requires_grad_(), b.clone().requires_grad_())
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+            f(*args).backward()
+        return [t for t in packed if any(_is_copy_or_alias_of(t, a) for a in (x, *args[1:]))], args
+
+    cfn = _compile(fn)
+    cfn(x, w.clone().requires_grad_(), b.clone().requires_grad_())  # compiled outside the hooks
+    from_inputs, args = saved(cfn)
+    assert from_inputs, f"{fn.__name__}: nothing saved from the inputs (test does not test)"
+    for t in from_inputs:
+        assert any(_storage(t) == _storage(a) for a in (x, *args[1:])), (
+            f"{fn.__name__}: a {tuple(t.shape)} tensor saved for backward is a copy of an input"
+        )
+
+
+def _is_copy_or_alias_of(t: torch.Tensor, a: torch.Tensor) -> bool:
+    """Same elements as ``a`` in any layout (a transposed copy included)."""
+    return t.numel() == a.numel() and torch.equal(t.detach().flatten().sort().values, a.detach().flatten().sort().values)
+
+
 # -- item 8: layouts and casts ------------------------------------------------------------------------
 def _conv_channels_last(x, w):
     return F.conv2d(x, w, padding=1)

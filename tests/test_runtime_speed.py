@@ -26,11 +26,15 @@ def _view_and_cast(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]
 
 
 # Each case sends the executor down one input or output path: plain contiguous tensors (the direct path),
-# a non-contiguous input (copied to row-major), a requires_grad input (detached for DLPack), float64
+# a transposed or channels_last input (fed in its memory order), a sliced input (copied to row-major),
+# a requires_grad input (detached for DLPack), float64
 # (computed as float32, cast back), and outputs that are views of one buffer (as_strided).
 CASES = {
     "add-contiguous": (_add, lambda: (torch.randn(4, 4), torch.randn(4, 4))),
     "add-noncontiguous": (_add, lambda: (torch.randn(4, 6).t(), torch.randn(6, 4))),
+    "add-channels-last": (_add, lambda: (torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),) * 2),
+    "add-sliced": (_add, lambda: (torch.randn(6, 8)[::2, 1:5], torch.randn(3, 4))),
+    "add-complex-transposed": (_add, lambda: (torch.randn(3, 4, dtype=torch.complex64).t(),) * 2),
     "add-requires-grad": (_add, lambda: (torch.randn(4, 4, requires_grad=True), torch.randn(4, 4))),
     "add-float64": (_add, lambda: (torch.randn(4, 4, dtype=torch.float64), torch.randn(4, 4, dtype=torch.float64))),
     "views-of-one-buffer": (_view_and_cast, lambda: (torch.randn(3, 5), torch.randn(3, 5))),
@@ -54,6 +58,28 @@ def test_executor_paths_match_eager_on_repeated_calls(case: str) -> None:
             where = f"{case} call {call} output {i}"
             assert g.dtype == w.dtype and g.shape == w.shape and g.stride() == w.stride(), where
             torch.testing.assert_close(g, w.detach(), msg=lambda m: f"{where}: {m}")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda: torch.randn(6, 4).t(), lambda: torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last),
+     lambda: torch.randn(2, 3, 4).permute(2, 0, 1)],
+    ids=["transposed", "channels-last", "permuted-3d"],
+)  # fmt: skip
+def test_dense_permuted_inputs_are_fed_without_a_copy(make, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transposed weight saved for backward or a channels_last activation is compiled in its memory
+    order, so the executable reads the caller's memory itself (a copy per call was most of a step)."""
+    from neuron_compile.runtime import jax_adapter
+
+    fed: list[int] = []
+    to_device = jax_adapter.torch_to_device
+    monkeypatch.setattr(jax_adapter, "torch_to_device", lambda t: fed.append(t.data_ptr()) or to_device(t))
+    x = make()
+    compiled = torch.compile(lambda a: a * 2 + 1, backend="neuron", dynamic=False)
+    for _ in range(2):
+        fed.clear()
+        torch.testing.assert_close(compiled(x), x * 2 + 1)
+        assert x.data_ptr() in fed, "the input was copied before the call"
 
 
 def test_outputs_of_successive_calls_do_not_share_memory() -> None:

@@ -44,7 +44,8 @@ def _dtype_from_name(name: str) -> torch.dtype:
 
 def _encode_value(v: Any) -> Any:
     if isinstance(v, TensorSpec):
-        return {"tensor": [list(v.shape), str(v.dtype).replace("torch.", "")]}
+        layout = [] if v.perm is None else [list(v.perm)]
+        return {"tensor": [list(v.shape), str(v.dtype).replace("torch.", ""), *layout]}
     if v is None or isinstance(v, (bool, str)):
         return v
     if isinstance(v, int):
@@ -65,7 +66,8 @@ def _decode_value(v: Any) -> Any:
         raise CorruptEntry(f"bad value {v!r}")
     (tag, x), = v.items()
     if tag == "tensor":
-        return TensorSpec(tuple(int(s) for s in x[0]), _dtype_from_name(x[1]))
+        perm = tuple(int(d) for d in x[2]) if len(x) > 2 else None
+        return TensorSpec(tuple(int(s) for s in x[0]), _dtype_from_name(x[1]), perm)
     if tag == "int":
         return int(x)
     if tag == "float":
@@ -87,6 +89,7 @@ def _encode_output(o: OutputSpec) -> dict[str, Any]:
         "duplicate_of": o.duplicate_of,
         "stride": None if o.stride is None else list(o.stride),
         "storage_offset": o.storage_offset,
+        "input_stride": None if o.input_stride is None else list(o.input_stride),
     }
 
 
@@ -99,6 +102,7 @@ def _decode_output(d: dict[str, Any]) -> OutputSpec:
         duplicate_of=d["duplicate_of"],
         stride=None if d.get("stride") is None else tuple(int(s) for s in d["stride"]),
         storage_offset=int(d.get("storage_offset", 0)),
+        input_stride=None if d.get("input_stride") is None else tuple(int(s) for s in d["input_stride"]),
     )
 
 

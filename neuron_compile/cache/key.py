@@ -27,7 +27,7 @@ from ..graph_checks import is_symbolic
 from ..options import Options
 
 #: Bumped when the key or entry format changes incompatibly.
-KEY_FORMAT = 1
+KEY_FORMAT = 2  # 2: outputs that alias inputs (OutputSpec kind "input")
 
 
 class NotCacheable(Exception):

@@ -77,12 +77,18 @@ def check_executable(artifact: Artifact) -> None:
             f"the executable takes {len(params)} parameters, the entry feeds {len(tensor_inputs)} tensors + a seed"
         )
     for i, (spec, shape) in enumerate(zip(tensor_inputs, params)):
-        if not _fits(spec, shape):
+        if not _fits(TensorSpec(spec.device_shape, spec.dtype), shape):
             raise CorruptEntry(f"executable parameter {i} is {shape[0]}{list(shape[1])}, the entry feeds {_describe(spec)}")
     if params[-1] != ("s32", (2,)):
         raise CorruptEntry(f"the executable's last parameter is {params[-1]}, not the int32[2] RNG seed")
     for out in artifact.outputs:
-        if getattr(out, "kind", None) != "tensor":
+        kind = getattr(out, "kind", None)
+        if kind == "input":
+            given = artifact.inputs[out.index] if 0 <= out.index < len(artifact.inputs) else None
+            if not isinstance(given, TensorSpec) or given.dtype != out.spec.dtype:
+                raise CorruptEntry(f"an output aliases graph input {out.index}, which is {given!r}")
+            continue
+        if kind != "tensor":
             continue
         if not 0 <= out.index < len(results):
             raise CorruptEntry(f"the entry reads result {out.index}; the executable has {len(results)} results")

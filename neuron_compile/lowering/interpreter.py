@@ -57,8 +57,14 @@ class LoweredGraph:
 
 
 def _spec_of(value: Any) -> TensorSpec | Any:
+    """An input's spec; a dense non-row-major input (a transposed weight saved for backward, a
+    channels_last activation) keeps its memory order, so the runtime feeds it without a copy."""
     if isinstance(value, torch.Tensor):
-        return TensorSpec(tuple(int(s) for s in value.shape), value.dtype)
+        shape = tuple(int(s) for s in value.shape)
+        dense = value.layout == torch.strided and not value.is_contiguous()
+        perm = _physical_order(shape, tuple(int(s) for s in value.stride())) if dense else None
+        identity = tuple(range(len(shape)))
+        return TensorSpec(shape, value.dtype, None if perm in (None, identity) else perm)
     return value
 
 
@@ -258,6 +264,18 @@ def _view_root(node: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
+@dataclass(frozen=True)
+class _InputAlias:
+    """A graph output that is graph input ``position`` itself, or a view of it (``stride`` set)."""
+
+    position: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    stride: tuple[int, ...] | None
+    storage_offset: int  # relative to the input's own
+    input_stride: tuple[int, ...]
+
+
 @dataclass
 class _Buffer:
     """One executable output: the value of ``node`` laid out in memory order (``perm``)."""
@@ -267,10 +285,12 @@ class _Buffer:
     users: list[int] = field(default_factory=list)  # graph outputs that live in it
 
 
-def _output_buffers(
-    gm: torch.fx.GraphModule, out_args: list[Any]
-) -> tuple[list[_Buffer], list[tuple[int, tuple[int, ...], tuple[int, ...] | None, int] | None]]:
-    """Buffers of the executable, and for each graph output (buffer, size, stride, storage_offset).
+_Placement = tuple[int, tuple[int, ...], tuple[int, ...] | None, int] | _InputAlias | None
+
+
+def _output_buffers(gm: torch.fx.GraphModule, out_args: list[Any]) -> tuple[list[_Buffer], list[_Placement]]:
+    """Buffers of the executable, and for each graph output (buffer, size, stride, storage_offset), or
+    the input it aliases.
 
     Eager returns outputs with the strides torch computed (channels_last, a transposed view) and outputs
     that view one intermediate share its storage (``y, y.view(-1)``). AOTAutograd regenerates views of
@@ -280,14 +300,19 @@ def _output_buffers(
     ``meta["val"]`` tell the strides; the owner is found through the chain of view ops, and must agree
     with the fake storages (which alone are not enough: fake outputs of a higher-order op such as
     invoke_subgraph are shared between its calls).
+
+    An output that is an input, or a view of one, is that input (or the same view of it) at run time,
+    as in eager: an executable result would be a copy, and AOTAutograd's forward returns every input
+    it saves for backward (a weight, an activation), so the copies were a large part of a training step.
     """
     from torch.multiprocessing.reductions import StorageWeakRef
 
     def storage(t: torch.Tensor) -> int:
         return StorageWeakRef(t.untyped_storage()).cdata
 
+    position = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
     buffers: dict[torch.fx.Node, _Buffer] = {}
-    placed: list[tuple[torch.fx.Node, torch.Tensor, int] | None] = []
+    placed: list[tuple[torch.fx.Node, torch.Tensor, int] | _InputAlias | None] = []
     for i, arg in enumerate(out_args):
         val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
         if not isinstance(val, torch.Tensor):
@@ -297,6 +322,24 @@ def _output_buffers(
         rval = root.meta.get("val")
         if not isinstance(rval, torch.Tensor) or storage(rval) != storage(val):
             root, rval = arg, val
+        if (
+            root.op == "placeholder"
+            and rval.dtype == val.dtype
+            and (val.is_conj(), val.is_neg()) == (rval.is_conj(), rval.is_neg())
+            and not rval.is_sparse
+        ):
+            view = root is not arg
+            placed.append(
+                _InputAlias(
+                    position[root],
+                    tuple(int(s) for s in val.shape),
+                    val.dtype,
+                    tuple(int(s) for s in val.stride()) if view else None,
+                    int(val.storage_offset() - rval.storage_offset()) if view else 0,
+                    tuple(int(s) for s in rval.stride()),
+                )
+            )
+            continue
         perm = _physical_order(tuple(rval.shape), rval.stride())
         extent = val.storage_offset() + sum((n - 1) * s for n, s in zip(val.shape, val.stride()))
         shares = (
@@ -318,10 +361,10 @@ def _output_buffers(
         placed.append((root, val, val.storage_offset() if shares else 0))
     order = list(buffers.values())
     number = {b.node: k for k, b in enumerate(order)}
-    plan: list[tuple[int, tuple[int, ...], tuple[int, ...] | None, int] | None] = []
+    plan: list[_Placement] = []
     for p in placed:
-        if p is None:
-            plan.append(None)
+        if p is None or isinstance(p, _InputAlias):
+            plan.append(p)
             continue
         root, val, offset = p
         buf = order[number[root]]
@@ -356,6 +399,9 @@ def lower_graph(
         *arrays, tracer.seed = arrays
         full_args = list(input_specs)
         for pos, arr in zip(tensor_positions, arrays):
+            perm = input_specs[pos].perm
+            if perm is not None:  # fed in memory order: back to torch's dim order (a complex pair dim stays last)
+                arr = jnp.transpose(arr, tuple(perm.index(d) for d in range(len(perm))) + tuple(range(len(perm), arr.ndim)))
             full_args[pos] = arr
         values = tracer.run(gm, full_args, [b.node for b in buffers])
         results, roots = values[: len(out_args)], values[len(out_args) :]
@@ -382,6 +428,14 @@ def lower_graph(
                     output_plan.append(OutputSpec("tensor", len(tensors), spec=spec))
                     tensors.append(r)
                 continue
+            if isinstance(place, _InputAlias):
+                output_plan.append(
+                    OutputSpec(
+                        "input", place.position, spec=TensorSpec(place.shape, place.dtype),
+                        stride=place.stride, storage_offset=place.storage_offset, input_stride=place.input_stride,
+                    )
+                )  # fmt: skip
+                continue
             k, shape, stride, offset = place
             spec = TensorSpec(shape, torch_dtype(r.dtype))
             i, copy = index[k]
@@ -390,7 +444,7 @@ def lower_graph(
             )
         return tuple(tensors)
 
-    structs = [jax.ShapeDtypeStruct(*device_struct(input_specs[i].shape, input_specs[i].dtype)) for i in tensor_positions]
+    structs = [jax.ShapeDtypeStruct(*device_struct(input_specs[i].device_shape, input_specs[i].dtype)) for i in tensor_positions]
     structs.append(jax.ShapeDtypeStruct((2,), jnp.int32))  # the per-call RNG seed
     with jax.enable_x64(True), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # jax's own dtype-truncation chatter

@@ -38,7 +38,7 @@ class CompiledGraph:
         self.outputs = outputs
         self.tensor_positions = [i for i, s in enumerate(inputs) if isinstance(s, TensorSpec)]
         self.float64_inputs = {i for i in self.tensor_positions if inputs[i].dtype == torch.float64}
-        self._feed = [(i, i in self.float64_inputs) for i in self.tensor_positions]
+        self._feed = [(i, i in self.float64_inputs, inputs[i].perm) for i in self.tensor_positions]
         self.needs_rng_seed = needs_rng_seed
         self._no_seed: Any = None  # made at first call: compile time runs under FakeTensorMode
         # The common plan, each output one executable result as it comes: hand the results over directly.
@@ -47,6 +47,8 @@ class CompiledGraph:
         direct = [s.index for s in outputs if s.kind == "tensor" and s.stride is None and s.duplicate_of is None]
         plain = len(direct) == len(outputs) and len(set(direct)) == len(direct)
         self._direct: list[int] | None = direct if plain else None
+        # Outputs that are inputs (or views of them) are taken from the call's arguments.
+        self._aliased_inputs = sorted({s.index for s in outputs if s.kind == "input"})
         self._direct_checked = False
         self.calls = 0
 
@@ -58,12 +60,14 @@ class CompiledGraph:
         # Drawn from torch's default generator: torch.manual_seed makes compiled random ops reproducible.
         return jax_adapter.torch_to_device(torch.randint(-(2**31), 2**31 - 1, (2,), dtype=torch.int32))
 
-    def _meta_outputs(self) -> list[Any]:
+    def _meta_outputs(self, args: list[Any]) -> list[Any]:
         """What eager gives for meta inputs: outputs with the shapes, dtypes and strides torch computed."""
         out: list[Any] = []
         for spec in self.outputs:
             if spec.kind == "const":
                 out.append(spec.value)
+            elif spec.kind == "input":
+                out.append(_input_alias(args[spec.index], spec))
             elif spec.stride is not None:
                 out.append(torch.empty_strided(spec.spec.shape, spec.stride, dtype=spec.spec.dtype, device="meta"))
             else:
@@ -74,21 +78,23 @@ class CompiledGraph:
         self.calls += 1
         to_device = jax_adapter.torch_to_device
         buffers = []
-        for i, f64 in self._feed:
+        for i, f64, perm in self._feed:
             t = args[i]
             if t.is_meta:
                 # Dynamo traced these inputs with fake tensors, so devices are consistent: nothing to run.
+                out = self._meta_outputs(args)
                 args.clear()
-                return self._meta_outputs()
-            if t.requires_grad:  # requires_grad tensors refuse DLPack export
-                t = t.detach()
+                return out
             if f64:
                 t = t.to(torch.float32)
             elif t.is_complex():  # carried as (real, imag) float32 pairs (lowering/complex.py)
                 t = torch.view_as_real(t.resolve_conj().to(torch.complex64))
+            if perm is not None:  # compiled in the input's memory order: this view of it is row-major
+                t = t.permute(*perm, *range(len(perm), t.dim()))
             # contiguous() is the tensor itself when it already is: DLPack wraps only dense row-major here.
             buffers.append(to_device(t.contiguous()))
         buffers.append(self._seed())
+        aliased = {i: args[i] for i in self._aliased_inputs}
         args.clear()  # boxed convention: let the caller's inputs be freed as early as possible
         results = self.target.run(self.executable, buffers)
         del buffers
@@ -109,6 +115,9 @@ class CompiledGraph:
             if spec.kind == "const":
                 out.append(spec.value)
                 continue
+            if spec.kind == "input":
+                out.append(_input_alias(aliased[spec.index], spec))
+                continue
             key = (spec.index, spec.duplicate_of)
             t = storages.get(key)
             if t is None:
@@ -125,3 +134,14 @@ class CompiledGraph:
                 t = t.as_strided(spec.spec.shape, spec.stride, spec.storage_offset)
             out.append(t)
         return out
+
+
+def _input_alias(t: torch.Tensor, spec: OutputSpec) -> torch.Tensor:
+    """Graph input ``t`` as the output ``spec`` names: the input itself, or the view of it eager makes."""
+    if spec.stride is None:
+        return t
+    if spec.input_stride is not None and t.stride() != spec.input_stride:
+        # Not the layout the view was compiled against (Dynamo guards strides, so not expected): the
+        # view is taken of a copy laid out as compiled. Same values; only the aliasing is lost.
+        t = torch.empty_strided(t.shape, spec.input_stride, dtype=t.dtype, device=t.device).copy_(t)
+    return t.as_strided(spec.spec.shape, spec.stride, t.storage_offset() + spec.storage_offset)

@@ -12,12 +12,16 @@ from typing import Any
 import jax
 import torch
 
-try:  # private: the low-overhead DLPack import (~5 us vs ~23 us for jax.dlpack.from_dlpack)
+try:  # private: the low-overhead DLPack import (~4 us vs ~23 us for jax.dlpack.from_dlpack) and export
     from jax._src.lib import _jax as _jaxlib_ext
 
     _DLPACK_TO_BUFFER = getattr(_jaxlib_ext, "dlpack_managed_tensor_to_buffer", None)
+    _BUFFER_TO_DLPACK = getattr(_jaxlib_ext, "buffer_to_dlpack_managed_tensor", None)
 except ImportError:  # pragma: no cover - depends on the jaxlib version
-    _DLPACK_TO_BUFFER = None
+    _DLPACK_TO_BUFFER = _BUFFER_TO_DLPACK = None
+
+from torch.utils.dlpack import from_dlpack as _torch_from_capsule
+from torch.utils.dlpack import to_dlpack as _torch_to_capsule
 
 from jax._src.lib import xla_client
 
@@ -76,10 +80,14 @@ def cpu_device() -> Any:
 
 
 def torch_to_device(t: torch.Tensor) -> Any:
-    """A jax buffer that shares ``t``'s memory (``t`` must be contiguous and detached)."""
+    """A jax buffer that shares ``t``'s memory (``t`` must be contiguous).
+
+    The capsule comes from ``torch.utils.dlpack.to_dlpack`` (~0.3 us), not ``t.__dlpack__()`` (~2-4 us of
+    Python checks, and a refusal of tensors that require grad: the buffer is only read, so that is moot).
+    """
     if _DLPACK_TO_BUFFER is not None:
-        return _DLPACK_TO_BUFFER(t.__dlpack__(), cpu_device(), None, None, 1)
-    return jax.dlpack.from_dlpack(t)
+        return _DLPACK_TO_BUFFER(_torch_to_capsule(t), cpu_device(), None, None, 1)
+    return jax.dlpack.from_dlpack(t.detach())
 
 
 def constant_buffer(value: Any) -> Any:
@@ -91,9 +99,16 @@ def constant_buffer(value: Any) -> Any:
 
 
 def device_to_torch(array: Any) -> torch.Tensor:
-    """A torch tensor that shares the jax buffer's memory (bfloat16 included)."""
+    """A torch tensor that shares the jax buffer's memory (bfloat16 included): ~2.5 us through the
+    buffer's capsule, ~6 us through ``torch.from_dlpack(array)`` (jax's ``__dlpack__`` protocol)."""
+    if _BUFFER_TO_DLPACK is not None:
+        return _torch_from_capsule(_BUFFER_TO_DLPACK(array))
     return torch.from_dlpack(array)
 
 
 def execute(executable: Any, buffers: list[Any]) -> list[Any]:
-    return executable.execute(buffers)
+    """Run a single-device executable; ``execute`` itself is this plus a per-call keyword shuffle."""
+    run = getattr(executable, "execute_sharded", None)
+    if run is None:  # pragma: no cover - depends on the jaxlib version
+        return executable.execute(buffers)
+    return [r[0] for r in run(buffers).disassemble_into_single_device_arrays()]
