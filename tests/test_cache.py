@@ -147,6 +147,9 @@ def test_key_changes_with_versions_and_tag(monkeypatch):
     monkeypatch.setattr(key_mod, "package_versions", lambda *a: {**real(*a), "torch": "9.9.9"})
     assert key_of(_f, [X, W]) != base, "key did not change with the torch version"
     monkeypatch.setattr(key_mod, "package_versions", real)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=true")
+    assert key_of(_f, [X, W]) != base, "key did not change with XLA_FLAGS (the CPU target's compiler flags)"
+    monkeypatch.delenv("XLA_FLAGS")
     # torch's own patch(): monkeypatch.setattr on a config module deletes the entry on undo (pytest >= 9.1)
     with torch.compiler.config.patch(cache_key_tag="my-tag"):
         assert key_of(_f, [X, W]) != base, "key did not change with cache_key_tag"

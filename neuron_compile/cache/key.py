@@ -8,7 +8,7 @@ What enters the key, and why:
 - every input's dtype, shape, stride, device type and requires_grad (and static Python inputs by value);
 - the options that change the artifact (``Options.cache_relevant``), the target, and versions of torch,
   neuron_compile (plus a fingerprint of its source, so an edited lowering never reuses an old artifact),
-  jax/jaxlib, and neuronx-cc when the neuron target is used;
+  jax/jaxlib, and neuronx-cc when the neuron target is used (``XLA_FLAGS`` for the CPU target);
 - the user tag ``torch.compiler.config.cache_key_tag``.
 """
 
@@ -197,6 +197,8 @@ def package_versions(target: str, generation: str) -> dict[str, str]:
     }
     if target == "neuron":
         versions["neuronx-cc"] = _neuronx_cc_version(generation)
+    else:  # XLA's flags (fusion emitters, fast math) shape the CPU executable as a compiler version does
+        versions["xla_flags"] = os.environ.get("XLA_FLAGS", "")
     return versions
 
 
