@@ -185,21 +185,24 @@ def test_compare_to_reference_multiple_of_eager_distance(dtype, eager_rel, compi
     assert (t.cosine_compiled is not None) == (dtype == torch.bfloat16)
 
 
-@pytest.mark.parametrize("shared", [0.0, 0.8], ids=["independent", "mostly-eager's-rounding"])
-def test_compare_to_reference_bf16_cosine_is_taken_against_eager(shared: float) -> None:
-    """torch's bf16 check: cosine(compiled, eager) >= 0.99 unless allclose to eager. Compiled noise
-    independent of eager's, 1.5x as large (inside the 3x RMSE multiple), fails on cosine alone; the same
-    error shared in part with eager's rounding (as a compiled run mostly rounds where eager does) passes."""
-    ref = torch.randn(64, 64, dtype=torch.float64)
-    scale = 0.1 * ref.abs().mean()
+@pytest.mark.parametrize(
+    "shared, own, ok",
+    [(0.0, 0.2, False), (1.0, 0.1, True)],
+    ids=["independent-2x", "eager's-rounding-plus-its-own"],
+)
+def test_compare_to_reference_bf16_cosine_is_taken_against_eager(shared: float, own: float, ok: bool) -> None:
+    """torch's bf16 check: cosine(compiled, eager) >= 0.99 unless allclose to eager. With eager 10% off the
+    reference, compiled noise independent of eager's and twice as large (RMSE ratio 2, inside the 3x
+    multiple) fails on cosine alone (~0.975); eager's rounding plus as much of its own (ratio ~1.4, as a
+    compiled run mostly rounds where eager does) passes (~0.995)."""
     g = torch.Generator().manual_seed(3)
-    noise_e, noise_c = (torch.randn(ref.shape, generator=g, dtype=ref.dtype) for _ in range(2))
-    eager = (ref + scale * noise_e).bfloat16()
-    compiled = (ref + 1.5 * scale * (shared * noise_e + (1 - shared**2) ** 0.5 * noise_c)).bfloat16()
+    ref, noise_e, noise_c = (torch.randn(64, 64, generator=g, dtype=torch.float64) for _ in range(3))
+    eager = (ref + 0.1 * noise_e).bfloat16()
+    compiled = (ref + 0.1 * shared * noise_e + own * noise_c).bfloat16()
     [t] = compare_to_reference({"y": ref}, {"y": eager}, {"y": compiled}).tensors
-    assert t.ratio is not None and t.ratio < 3 and t.cosine_to_eager is not None, t
-    assert t.ok is (shared > 0), t
-    assert t.ok or ("cosine similarity to eager" in t.why and t.cosine_to_eager < 0.99), t
+    assert t.ratio is not None and 1.2 < t.ratio < 3 and t.cosine_to_eager is not None, t
+    assert t.ok is ok, t
+    assert ok or ("cosine similarity to eager" in t.why and t.cosine_to_eager < 0.985), t
 
 
 def test_compare_to_reference_zero_gradients_judged_against_the_group_scale() -> None:
