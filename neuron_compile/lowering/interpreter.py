@@ -61,10 +61,10 @@ def _spec_of(value: Any) -> TensorSpec | Any:
     channels_last activation) keeps its memory order, so the runtime feeds it without a copy."""
     if isinstance(value, torch.Tensor):
         shape = tuple(int(s) for s in value.shape)
-        dense = value.layout == torch.strided and not value.is_contiguous()
-        perm = _physical_order(shape, tuple(int(s) for s in value.stride())) if dense else None
-        identity = tuple(range(len(shape)))
-        return TensorSpec(shape, value.dtype, None if perm in (None, identity) else perm)
+        # A non-contiguous dense layout is never the identity order; gaps or overlaps give None (copied).
+        permuted = value.layout == torch.strided and not value.is_contiguous()
+        perm = _physical_order(shape, tuple(int(s) for s in value.stride())) if permuted else None
+        return TensorSpec(shape, value.dtype, perm)
     return value
 
 
@@ -264,18 +264,6 @@ def _view_root(node: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
-@dataclass(frozen=True)
-class _InputAlias:
-    """A graph output that is graph input ``position`` itself, or a view of it (``stride`` set)."""
-
-    position: int
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    stride: tuple[int, ...] | None
-    storage_offset: int  # relative to the input's own
-    input_stride: tuple[int, ...]
-
-
 @dataclass
 class _Buffer:
     """One executable output: the value of ``node`` laid out in memory order (``perm``)."""
@@ -285,7 +273,8 @@ class _Buffer:
     users: list[int] = field(default_factory=list)  # graph outputs that live in it
 
 
-_Placement = tuple[int, tuple[int, ...], tuple[int, ...] | None, int] | _InputAlias | None
+#: Per graph output: (buffer, size, stride, storage_offset), its finished plan when it aliases an input, or None.
+_Placement = tuple[int, tuple[int, ...], tuple[int, ...] | None, int] | OutputSpec | None
 
 
 def _output_buffers(gm: torch.fx.GraphModule, out_args: list[Any]) -> tuple[list[_Buffer], list[_Placement]]:
@@ -312,7 +301,7 @@ def _output_buffers(gm: torch.fx.GraphModule, out_args: list[Any]) -> tuple[list
 
     position = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
     buffers: dict[torch.fx.Node, _Buffer] = {}
-    placed: list[tuple[torch.fx.Node, torch.Tensor, int] | _InputAlias | None] = []
+    placed: list[tuple[torch.fx.Node, torch.Tensor, int] | OutputSpec | None] = []
     for i, arg in enumerate(out_args):
         val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
         if not isinstance(val, torch.Tensor):
@@ -330,15 +319,13 @@ def _output_buffers(gm: torch.fx.GraphModule, out_args: list[Any]) -> tuple[list
         ):
             view = root is not arg
             placed.append(
-                _InputAlias(
-                    position[root],
-                    tuple(int(s) for s in val.shape),
-                    val.dtype,
-                    tuple(int(s) for s in val.stride()) if view else None,
-                    int(val.storage_offset() - rval.storage_offset()) if view else 0,
-                    tuple(int(s) for s in rval.stride()),
+                OutputSpec(
+                    "input", position[root], spec=TensorSpec(tuple(int(s) for s in val.shape), val.dtype),
+                    stride=tuple(int(s) for s in val.stride()) if view else None,
+                    storage_offset=int(val.storage_offset() - rval.storage_offset()) if view else 0,
+                    input_stride=tuple(int(s) for s in rval.stride()),
                 )
-            )
+            )  # fmt: skip
             continue
         perm = _physical_order(tuple(rval.shape), rval.stride())
         extent = val.storage_offset() + sum((n - 1) * s for n, s in zip(val.shape, val.stride()))
@@ -363,7 +350,7 @@ def _output_buffers(gm: torch.fx.GraphModule, out_args: list[Any]) -> tuple[list
     number = {b.node: k for k, b in enumerate(order)}
     plan: list[_Placement] = []
     for p in placed:
-        if p is None or isinstance(p, _InputAlias):
+        if p is None or isinstance(p, OutputSpec):
             plan.append(p)
             continue
         root, val, offset = p
@@ -428,13 +415,8 @@ def lower_graph(
                     output_plan.append(OutputSpec("tensor", len(tensors), spec=spec))
                     tensors.append(r)
                 continue
-            if isinstance(place, _InputAlias):
-                output_plan.append(
-                    OutputSpec(
-                        "input", place.position, spec=TensorSpec(place.shape, place.dtype),
-                        stride=place.stride, storage_offset=place.storage_offset, input_stride=place.input_stride,
-                    )
-                )  # fmt: skip
+            if isinstance(place, OutputSpec):  # an input, or a view of one
+                output_plan.append(place)
                 continue
             k, shape, stride, offset = place
             spec = TensorSpec(shape, torch_dtype(r.dtype))
