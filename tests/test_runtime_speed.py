@@ -92,6 +92,24 @@ def test_outputs_of_successive_calls_do_not_share_memory() -> None:
     torch.testing.assert_close(first, kept)  # the second call wrote elsewhere
 
 
+def test_inputs_are_released_before_the_call_returns() -> None:
+    """XLA must hold no reference to a call's inputs once the call has returned.
+
+    Inputs are torch tensors lent through DLPack. An XLA worker thread that dropped the last reference
+    after the call (asynchronous dispatch) released them while holding no GIL, and one doing so while
+    the interpreter finalized aborted the process ("terminate called without an active exception", at
+    the exit of about one training script in five). With asynchronous dispatch, some of these 50 calls
+    returned while the worker still held the inputs (use count 2 or 3).
+    """
+    compiled = torch.compile(lambda x, w: torch.tanh(x @ w) + 1, backend="neuron", dynamic=False)
+    x, w = torch.randn(256, 256), torch.randn(256, 256)
+    counts = set()
+    for _ in range(50):
+        compiled(x, w)
+        counts.add((x._use_count(), w._use_count()))
+    assert counts == {(1, 1)}, counts
+
+
 _CHILD = textwrap.dedent(
     """
     import json, sys

@@ -1,7 +1,8 @@
 """Every private jax/jaxlib call the project makes, in one place, with feature checks.
 
-These APIs move between jaxlib versions (pinned to 0.10.2 in pyproject). When one is missing the
-adapter falls back to a public, slower path instead of failing.
+These APIs move between jaxlib versions (pinned to 0.10.2 in pyproject). Where a public path does the
+same job, a missing call falls back to it (slower); the DLPack import has none that reaches this
+package's own client, so its absence is a clear ImportError.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ import functools
 from typing import Any
 
 import jax
+import numpy as np
 import torch
 
-try:  # private: the low-overhead DLPack import (~4 us vs ~23 us for jax.dlpack.from_dlpack) and export
+try:  # private: the low-overhead DLPack import (~4 us; jax.dlpack.from_dlpack takes ~23 us) and export
     from jax._src.lib import _jax as _jaxlib_ext
 
     _DLPACK_TO_BUFFER = getattr(_jaxlib_ext, "dlpack_managed_tensor_to_buffer", None)
@@ -28,9 +30,16 @@ from jax._src.lib import xla_client
 
 @functools.lru_cache(maxsize=None)
 def cpu_backend() -> Any:
-    from jax.extend.backend import get_backend
+    """This package's own XLA CPU client, separate from jax's, that runs executables on the calling thread.
 
-    return get_backend("cpu")
+    jax's client dispatches each execution to a worker thread, which then drops the last reference to
+    the input buffers. Those are torch tensors lent through DLPack, and releasing one takes the GIL;
+    a worker doing so while the interpreter finalizes kills the process with "terminate called without
+    an active exception" (seen at the exit of one training script in five). Run inline, the inputs are
+    released by the thread that called, before the call returns. Steady-state speed is unchanged
+    (``benchmarks/steady.py``), and jax's own client is left as the user configured it.
+    """
+    return xla_client.make_cpu_client(asynchronous=False)
 
 
 @functools.lru_cache(maxsize=None)
@@ -85,9 +94,13 @@ def torch_to_device(t: torch.Tensor) -> Any:
     The capsule comes from ``torch.utils.dlpack.to_dlpack`` (~0.3 us), not ``t.__dlpack__()`` (~2-4 us of
     Python checks, and a refusal of tensors that require grad: the buffer is only read, so that is moot).
     """
-    if _DLPACK_TO_BUFFER is not None:
-        return _DLPACK_TO_BUFFER(_torch_to_capsule(t), cpu_device(), None, None, 1)
-    return jax.dlpack.from_dlpack(t.detach())
+    if _DLPACK_TO_BUFFER is None:  # pragma: no cover - depends on the jaxlib version
+        # jax.dlpack's public import would place the buffer on jax's client, not on this package's.
+        raise ImportError(
+            f"jaxlib {jaxlib_version()} has no dlpack_managed_tensor_to_buffer; neuron_compile needs the "
+            "pinned jaxlib (see pyproject.toml)"
+        )
+    return _DLPACK_TO_BUFFER(_torch_to_capsule(t), cpu_device(), None, None, 1)
 
 
 def constant_buffer(value: Any) -> Any:
@@ -95,7 +108,7 @@ def constant_buffer(value: Any) -> Any:
 
     Safe to pass to every call: executables are compiled without input donation, so none writes its inputs.
     """
-    return jax.device_put(value, cpu_device())
+    return torch_to_device(torch.from_numpy(np.array(value, copy=True)))
 
 
 def device_to_torch(array: Any) -> torch.Tensor:
@@ -112,3 +125,9 @@ def execute(executable: Any, buffers: list[Any]) -> list[Any]:
     if run is None:  # pragma: no cover - depends on the jaxlib version
         return executable.execute(buffers)
     return [r[0] for r in run(buffers).disassemble_into_single_device_arrays()]
+
+
+def jaxlib_version() -> str:
+    import jaxlib
+
+    return jaxlib.__version__
