@@ -59,8 +59,8 @@ def neuron_backend(
     from .compiler import compile_graph
     from .decompositions import decomposition_table
 
-    if _calls_sdpa(gm):  # the lowering package (~0.3-0.5 s to import) is otherwise left to a cache miss
-        from .lowering.attention import rewrite_sdpa
+    if _calls_sdpa(gm):
+        from .kernels.sdpa import rewrite_sdpa
 
         rewrite_sdpa(gm, opts.kernels)
     graph_id = next(_graph_ids)

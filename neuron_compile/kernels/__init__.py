@@ -54,6 +54,13 @@ class KernelSpec:
         """Predicate on the kernel's arguments (shapes/dtypes): True when the kernel handles them."""
         return self._get(self.supports_name)
 
+    def fits(self, *args: Any) -> bool:
+        """``supports(*args)``, where a predicate that cannot judge the arguments means "not supported"."""
+        try:
+            return bool(self.supports(*args))
+        except Exception:  # noqa: BLE001 - routing falls back to the StableHLO lowering, never fails
+            return False
+
 
 def _spec(name: str, module: str, outputs: tuple[str, ...], doc: str) -> KernelSpec:
     return KernelSpec(name, module, f"{name}_kernel", f"{name}_reference", f"{name}_supports", outputs, doc)

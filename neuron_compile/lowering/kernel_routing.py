@@ -15,9 +15,9 @@ A kernel site (``kernel_site``) is one call in the StableHLO module:
   kernel itself in the emulator, so a model trains through kernel code (slow; such graphs are not kept
   in the disk cache, since a host callback is a live Python object).
 
-Attention is routed before AOTAutograd (``sdpa_routes_to_flash``): ``lowering/attention.py`` rewrites a
-fitting ``scaled_dot_product_attention`` into ``neuron::flash_attention``, whose forward and backward
-nodes are lowered here as kernel sites.
+Attention is routed before AOTAutograd (``kernels/sdpa.py``): a fitting ``scaled_dot_product_attention``
+is rewritten into ``neuron::flash_attention``, whose forward and backward nodes are lowered here as kernel
+sites.
 """
 
 from __future__ import annotations
@@ -104,13 +104,6 @@ def kernel_site(name: str, *arrays: Any, consts: tuple[Any, ...] = ()) -> Any:
     return device_calls.device_call(KERNEL_CALL_TARGET, body, *arrays, results=structs, target="cpu")
 
 
-def _fits(name: str, *args: Any) -> bool:
-    try:
-        return bool(KERNELS[name].supports(*args))
-    except Exception:  # noqa: BLE001 - a predicate that cannot judge a node means "not routed"
-        return False
-
-
 def _rows(x: Any) -> Any:
     """``x`` as ``[rows, last dim]``."""
     return jnp.reshape(x, (math.prod(x.shape[:-1]), x.shape[-1]))  # -1 cannot be inferred when empty
@@ -130,7 +123,7 @@ def _same_dtype(x: Any, torch_dtype: torch.dtype) -> bool:
 # ---- the table --------------------------------------------------------------------------------------
 @route(aten.mm.default, "matmul")
 def mm(a: Any, b: Any) -> Any:
-    if not (_same_dtype(a, _out_torch_dtype()) and _fits("matmul", a, b)):
+    if not (_same_dtype(a, _out_torch_dtype()) and KERNELS["matmul"].fits(a, b)):
         return None
     return kernel_site("matmul", a, b)
 
@@ -141,14 +134,15 @@ def addmm(bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
     # its product to bf16/fp16 before the add could happen: routed, a bf16 addmm would round twice.
     if beta != 1 or alpha != 1 or bias.dtype != a.dtype or a.dtype != jnp.float32:
         return None
-    if not (_same_dtype(a, _out_torch_dtype()) and _fits("matmul", a, b)):
+    if not (_same_dtype(a, _out_torch_dtype()) and KERNELS["matmul"].fits(a, b)):
         return None
     return kernel_site("matmul", a, b) + bias
 
 
 @route(aten._softmax.default, "softmax")
 def softmax(x: Any, dim: int, half_to_float: bool) -> Any:
-    if half_to_float or x.ndim == 0 or canonical_dim(dim, x.ndim) != x.ndim - 1 or not _fits("softmax", _rows(x)):
+    last_dim = x.ndim > 0 and canonical_dim(dim, x.ndim) == x.ndim - 1
+    if half_to_float or not last_dim or not KERNELS["softmax"].fits(_rows(x)):
         return None
     return jnp.reshape(kernel_site("softmax", _rows(x)), x.shape)
 
@@ -157,7 +151,7 @@ def softmax(x: Any, dim: int, half_to_float: bool) -> Any:
 def softmax_backward(grad: Any, output: Any, dim: int, input_dtype: torch.dtype) -> Any:
     if grad.ndim == 0 or canonical_dim(dim, grad.ndim) != grad.ndim - 1 or grad.dtype != output.dtype:
         return None
-    if not (_same_dtype(grad, input_dtype) and _fits("softmax_bwd", _rows(output), _rows(grad))):
+    if not (_same_dtype(grad, input_dtype) and KERNELS["softmax_bwd"].fits(_rows(output), _rows(grad))):
         return None
     return jnp.reshape(kernel_site("softmax_bwd", _rows(output), _rows(grad)), grad.shape)
 
@@ -166,7 +160,7 @@ def softmax_backward(grad: Any, output: Any, dim: int, input_dtype: torch.dtype)
 def native_layer_norm(x: Any, normalized_shape: list[int], weight: Any, bias: Any, eps: float) -> Any:
     if len(normalized_shape) != 1 or weight is None or bias is None or x.ndim < 2:
         return None
-    if not (weight.dtype == bias.dtype == x.dtype and _fits("layer_norm", _rows(x), weight, bias, eps)):
+    if not (weight.dtype == bias.dtype == x.dtype and KERNELS["layer_norm"].fits(_rows(x), weight, bias, eps)):
         return None
     out = jnp.reshape(kernel_site("layer_norm", _rows(x), weight, bias, consts=(eps,)), x.shape)
     # The backward graph needs mean and rstd: cheap row statistics in fp32, beside the kernel.
@@ -185,27 +179,6 @@ def flash_attention(q: Any, k: Any, v: Any, causal: bool, scale: float) -> Any:
 @register_lowering(torch.ops.neuron.flash_attention_backward.default)
 def flash_attention_backward(q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, causal: bool, scale: float) -> Any:
     return kernel_site("flash_attention_bwd", q, k, v, o, do, lse, consts=(causal, scale))
-
-
-def sdpa_routes_to_flash(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: Any = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    enable_gqa: bool = False,
-) -> bool:
-    """Whether a ``scaled_dot_product_attention`` call (example tensors) becomes the flash kernel: no mask,
-    no dropout, no GQA, ``[B, H, S, D]`` with D <= 128 in one float dtype (the kernel's ``supports``)."""
-    if attn_mask is not None or dropout_p != 0.0 or enable_gqa:
-        return False
-    if not all(isinstance(t, torch.Tensor) for t in (query, key, value)):
-        return False
-    return _fits("flash_attention_fwd", query, key, value, is_causal, scale) and _fits(
-        "flash_attention_bwd", query, key, value, query, query, query[..., 0], is_causal, scale
-    )
 
 
 # ---- user kernels (nki_op) --------------------------------------------------------------------------

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import jax
 import numpy as np
 import torch
 

@@ -10,15 +10,22 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from scipy import special
 
 from .core import NkiError
 
 _F = np.float32
 
 
+def _erf(x: np.ndarray) -> np.ndarray:
+    # scipy (~0.5 s to import) on first use: the SDPA rewrite asks the attention kernel's shape predicate
+    # on every compile, cache hits included, and that must not pay for it.
+    from scipy import special
+
+    return special.erf(x).astype(_F)
+
+
 def _gelu(x: np.ndarray) -> np.ndarray:
-    return (0.5 * x * (1.0 + special.erf(x / np.sqrt(2.0)))).astype(_F)
+    return (0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))).astype(_F)
 
 
 def _gelu_tanh(x: np.ndarray) -> np.ndarray:
@@ -26,6 +33,8 @@ def _gelu_tanh(x: np.ndarray) -> np.ndarray:
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
+    from scipy import special
+
     return special.expit(x).astype(_F)
 
 
@@ -33,7 +42,7 @@ UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "copy": lambda x: x, "identity": lambda x: x, "square": np.square, "sigmoid": _sigmoid,
     "relu": lambda x: np.maximum(x, 0), "gelu": _gelu, "gelu_apprx_tanh": _gelu_tanh,
     "silu": lambda x: x * _sigmoid(x), "tanh": np.tanh, "softplus": lambda x: np.logaddexp(0, x).astype(_F),
-    "erf": lambda x: special.erf(x).astype(_F), "exp": np.exp, "log": np.log, "sin": np.sin,
+    "erf": _erf, "exp": np.exp, "log": np.log, "sin": np.sin,
     "cos": np.cos, "arctan": np.arctan, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x),
     "reciprocal": lambda x: 1 / x, "sign": np.sign, "abs": np.abs, "negative": np.negative,
     "mish": lambda x: x * np.tanh(np.logaddexp(0, x)), "floor": np.floor, "ceil": np.ceil,

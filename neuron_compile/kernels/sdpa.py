@@ -1,9 +1,13 @@
-"""scaled_dot_product_attention.
+"""scaled_dot_product_attention, rewritten in the Dynamo graph before AOTAutograd.
 
 On CPU, AOTAutograd decomposes SDPA's forward to math but keeps the CPU-only
-``_scaled_dot_product_flash_attention_for_cpu_backward`` in the backward graph. So before AOTAutograd the
-Dynamo graph's SDPA calls are replaced by ``sdpa_math``: plain differentiable torch ops whose forward and
-backward both lower (matmul + softmax stay whole for the NKI kernels).
+``_scaled_dot_product_flash_attention_for_cpu_backward`` in the backward graph. So the Dynamo graph's SDPA
+calls are replaced first: by ``neuron::flash_attention`` (one node forward, one backward: the NKI kernel
+site) where the kernel supports the call, else by ``sdpa_math``, plain differentiable torch ops whose
+forward and backward both lower.
+
+This runs on every compile, cache hits included, so it lives with the kernels, not under ``lowering/``:
+importing any lowering module loads every op family (~0.3-0.5 s of a warm start).
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from . import KERNELS
 
 _SDPA_TARGETS = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
 
@@ -60,7 +66,7 @@ def sdpa_flash(
 ) -> torch.Tensor:
     """SDPA as the NKI flash-attention kernel (one node forward, one backward): used where
     ``kernel_routing.sdpa_routes_to_flash`` accepts the call."""
-    from ..kernels.torch_ops import attention_scale, flash_attention
+    from .torch_ops import attention_scale, flash_attention
 
     return flash_attention(query, key, value, bool(is_causal), attention_scale(query.size(-1), scale))[0]
 
@@ -72,8 +78,6 @@ def _example(arg: object) -> object:
 def rewrite_sdpa(gm: torch.fx.GraphModule, kernels: str = "reference") -> None:
     """Point every SDPA call of a Dynamo graph (and its nested subgraphs) at ``sdpa_flash`` where the
     routing table sends it to the NKI kernel (``kernels`` not "off"), else at ``sdpa_math``; in place."""
-    from .kernel_routing import sdpa_routes_to_flash
-
     for module in gm.modules():
         if not isinstance(module, torch.fx.GraphModule):
             continue
@@ -87,3 +91,25 @@ def rewrite_sdpa(gm: torch.fx.GraphModule, kernels: str = "reference") -> None:
                 changed = True
         if changed:
             module.recompile()
+
+
+def sdpa_routes_to_flash(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: object = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> bool:
+    """Whether a ``scaled_dot_product_attention`` call (example tensors) becomes the flash kernel: no mask,
+    no dropout, no GQA, ``[B, H, S, D]`` with D <= 128 in one float dtype (the kernel's ``supports``)."""
+    if attn_mask is not None or dropout_p != 0.0 or enable_gqa:
+        return False
+    if not all(isinstance(t, torch.Tensor) for t in (query, key, value)):
+        return False
+    lse = query[..., 0]  # the backward's (o, do, lse) arguments, by their shapes
+    return KERNELS["flash_attention_fwd"].fits(query, key, value, is_causal, scale) and KERNELS[
+        "flash_attention_bwd"
+    ].fits(query, key, value, query, query, lse, is_causal, scale)
