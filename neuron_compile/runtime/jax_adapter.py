@@ -95,8 +95,10 @@ def torch_to_device(t: torch.Tensor) -> Any:
     """
     if _DLPACK_TO_BUFFER is None:  # pragma: no cover - depends on the jaxlib version
         # jax.dlpack's public import would place the buffer on jax's client, not on this package's.
+        import jaxlib
+
         raise ImportError(
-            f"jaxlib {jaxlib_version()} has no dlpack_managed_tensor_to_buffer; neuron_compile needs the "
+            f"jaxlib {jaxlib.__version__} has no dlpack_managed_tensor_to_buffer; neuron_compile needs the "
             "pinned jaxlib (see pyproject.toml)"
         )
     return _DLPACK_TO_BUFFER(_torch_to_capsule(t), cpu_device(), None, None, 1)
@@ -124,9 +126,3 @@ def execute(executable: Any, buffers: list[Any]) -> list[Any]:
     if run is None:  # pragma: no cover - depends on the jaxlib version
         return executable.execute(buffers)
     return [r[0] for r in run(buffers).disassemble_into_single_device_arrays()]
-
-
-def jaxlib_version() -> str:
-    import jaxlib
-
-    return jaxlib.__version__
