@@ -592,3 +592,34 @@ CONVS = [
 @pytest.mark.parametrize("case,dtype", _run(CONVS))
 def test_convolution(case: Case, dtype: torch.dtype) -> None:
     check(case, dtype)
+
+
+@pytest.mark.parametrize(
+    "channels,cpu_form",
+    [((3, 16), "dot_general"), ((16, 32), "convolution")],
+    ids=["3to16_patches_on_cpu", "16to32_convolution"],
+)
+def test_small_convolution_is_a_dot_on_cpu_only(channels: tuple[int, int], cpu_form: str) -> None:
+    """XLA CPU's generic kernel for a convolution with <= 16 channels is slow, so the CPU target computes
+    it as patches x weight (test_convolution checks its numerics); neuronx-cc always gets the convolution."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    from neuron_compile.lowering import lower_graph
+
+    c_in, c_out = channels
+    captured: list[Any] = []
+
+    def grab(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        captured.append((gm, example_inputs))
+        return gm
+
+    torch._dynamo.reset()
+    conv = lambda x, w: F.conv2d(x, w, padding=1)  # noqa: E731
+    torch.compile(conv, backend=aot_autograd(fw_compiler=grab))(torch.randn(2, c_in, 8, 8), torch.randn(c_out, c_in, 3, 3))
+    gm, inputs = captured[0]
+    cpu_text = lower_graph(gm, inputs, "conv", target="cpu").stablehlo()
+    neuron_text = lower_graph(gm, inputs, "conv", target="neuron").stablehlo()
+    assert "stablehlo.convolution" in neuron_text
+    assert f"stablehlo.{cpu_form}" in cpu_text
+    if cpu_form == "dot_general":
+        assert "stablehlo.convolution" not in cpu_text
