@@ -129,9 +129,12 @@ def _patches_are_faster(x: Any, w: Any, groups: int) -> bool:
 
 
 def _conv_as_patches(x: Any, w: Any, stride, padding, dilation, acc: Any) -> Any:
-    """The convolution as one dot: each output position's input patch (channel-major, then kernel offset,
-    as the weight is laid out) against the flattened weight. Same products and float32 accumulation as
-    the convolution; only the summation order differs."""
+    """The convolution as one dot: each output position's input patch against the flattened weight. Same
+    products and float32 accumulation as the convolution; only the summation order differs.
+
+    The patches are laid out [kernel offset, channel] x [batch, positions], so the dot is a plain
+    [c_out, k] x [k, n] product and the concatenated taps need no further transpose.
+    """
     n, c_in = x.shape[:2]
     kernel = w.shape[2:]
     out_size = [
@@ -139,21 +142,23 @@ def _conv_as_patches(x: Any, w: Any, stride, padding, dilation, acc: Any) -> Any
         for size, k, s, p, d in zip(x.shape[2:], kernel, stride, padding, dilation)
     ]
     xp = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0)] * 2 + [(p, p, 0) for p in padding])
+    channels_first = jnp.swapaxes(xp, 0, 1)  # (c_in, n, *padded)
     taps = []
     for offset in itertools.product(*(range(k) for k in kernel)):
         start = [o * d for o, d in zip(offset, dilation)]
         limit = [b + (o - 1) * s + 1 if o > 0 else b for b, o, s in zip(start, out_size, stride)]
-        taps.append(lax.slice(xp, (0, 0, *start), (n, c_in, *limit), (1, 1, *stride)))
-    cols = jnp.reshape(jnp.stack(taps, axis=2), (n, c_in * len(taps), *out_size))
-    flat_w = jnp.reshape(w, (w.shape[0], -1))
+        taps.append(lax.slice(channels_first, (0, 0, *start), (c_in, n, *limit), (1, 1, *stride)))
+    patches = jnp.reshape(lax.concatenate(taps, 0), (len(taps) * c_in, n * math.prod(out_size)))
+    # (c_out, *kernel, c_in): the same (kernel offset, channel) order as the patches' rows
+    flat_w = jnp.reshape(jnp.moveaxis(w, 1, -1), (w.shape[0], -1))
     out = lax.dot_general(
         flat_w,
-        cols,
-        (((1,), (1,)), ((), ())),
+        patches,
+        (((1,), (0,)), ((), ())),
         precision=lax.Precision.HIGHEST,
         preferred_element_type=acc,
-    )  # (c_out, n, *spatial)
-    return jnp.moveaxis(out, 0, 1)
+    )
+    return jnp.swapaxes(jnp.reshape(out, (w.shape[0], n, *out_size)), 0, 1)
 
 
 def _per_dim(values: Sequence[int], n: int) -> tuple[int, ...]:
