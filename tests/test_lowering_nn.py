@@ -594,6 +594,91 @@ def test_convolution(case: Case, dtype: torch.dtype) -> None:
     check(case, dtype)
 
 
+# ---- what follows a convolution: kept channels-last on the CPU target (lowering/layout.py) ------------
+class _ConvThen(nn.Module):
+    """A convolution (3-d for ``dims == 3``), then ``then`` of its result and the input."""
+
+    def __init__(self, then: Callable[..., Any], dims: int = 2, c_in: int = 4, c_out: int = 6, stride: int = 1):
+        super().__init__()
+        conv = nn.Conv3d if dims == 3 else nn.Conv2d
+        self.conv = conv(c_in, c_out, 3, stride=stride, padding=1)
+        self.conv2 = conv(c_out, c_out, 3, padding=1, bias=False)
+        self.bn = (nn.BatchNorm3d if dims == 3 else nn.BatchNorm2d)(c_out)
+        self.scale = nn.Parameter(torch.randn(c_out, *([1] * dims)))
+        self.then = then
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return self.then(self, self.conv(x))
+
+
+def _conv_then(then: Callable[..., Any], dims: int = 2, **kwargs: Any) -> Callable[[torch.dtype], tuple[Any, list[Any]]]:
+    def make(d: torch.dtype) -> tuple[Any, list[Any]]:
+        shape = (2, kwargs.get("c_in", 4), 6, 5, 4) if dims == 3 else (2, kwargs.get("c_in", 4), 7, 6)
+        return _ConvThen(then, dims, **kwargs).to(d), [_randn(*shape, dtype=d)]
+
+    return make
+
+
+AFTER_CONV = [
+    # float32 only: two batch norms over 84 values per channel amplify a bf16 rounding of the first past
+    # an elementwise tolerance (with or without layout.py); bf16 training is judged in test_models.
+    Case("bn_relu_conv_bn", _conv_then(lambda m, y: m.bn(m.conv2(F.relu(m.bn(y))))), F32_ONLY, kind="reduce"),
+    Case("bn_relu_large", _conv_then(lambda m, y: F.relu(m.bn(y)), c_in=32, c_out=32, stride=2), F32_ONLY, kind="reduce"),
+    Case("conv3d_bn_relu", _conv_then(lambda m, y: F.relu(m.bn(y)), dims=3), F32_ONLY, kind="reduce"),
+    Case("broadcast_param", _conv_then(lambda m, y: y * m.scale + 1), kind="reduce"),
+    Case("broadcast_lower_rank", _conv_then(lambda m, y: y + torch.arange(6.0, dtype=y.dtype)), F32_ONLY, kind="reduce"),
+    Case("mean_spatial", _conv_then(lambda m, y: y.mean(dim=(2, 3))), kind="reduce"),
+    Case("sum_channels_keepdim", _conv_then(lambda m, y: y.sum(dim=1, keepdim=True) * y), F32_ONLY, kind="reduce"),
+    Case("sum_batch_width", _conv_then(lambda m, y: y.sum(dim=(0, -1))), F32_ONLY, kind="reduce"),
+    Case("where_mask", _conv_then(lambda m, y: torch.where(y > 0, y, 0.1 * y)), F32_ONLY, kind="reduce"),
+    Case("flatten_view", _conv_then(lambda m, y: F.gelu(y).flatten(1)), F32_ONLY, kind="reduce"),
+    Case("cat_channels", _conv_then(lambda m, y: torch.cat([y, F.relu(y)], dim=1)), F32_ONLY, kind="reduce"),
+    Case("softmax_channels", _conv_then(lambda m, y: y.softmax(dim=1)), F32_ONLY, kind="reduce"),
+    Case("two_outputs", _conv_then(lambda m, y: (F.relu(y), m.bn(y).permute(0, 2, 3, 1))), F32_ONLY, kind="reduce"),
+    Case(
+        "eval_bn",
+        make=lambda d: (lambda mod, x: (mod.eval(), x))(*_conv_then(lambda m, y: F.relu(m.bn(y)))(d)),
+        dtypes=F32_ONLY,
+        kind="reduce",
+    ),
+]
+
+
+@pytest.mark.parametrize("case,dtype", _run(AFTER_CONV))
+def test_after_convolution(case: Case, dtype: torch.dtype) -> None:
+    """Elementwise ops, reductions, batch norm and the convolution backward on a convolution's result
+    (channels-last inside the graph), and the ops that need torch's layout back (views, cat, softmax),
+    match eager forward and backward."""
+    check(case, dtype)
+
+
+def test_convolution_chain_keeps_channels_last() -> None:
+    """conv -> batch norm -> relu -> conv: the lowering transposes the input in and the result out, and
+    nothing in between (XLA CPU would transpose around each convolution)."""
+    import re
+
+    from torch._dynamo.backends.common import aot_autograd
+
+    from neuron_compile.lowering import lower_graph
+
+    model = _ConvThen(lambda m, y: m.conv2(F.relu(m.bn(y))), c_in=32, c_out=32)  # not patches (see above)
+    captured: list[Any] = []
+
+    def grab(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        captured.append((gm, example_inputs))
+        return gm
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model.eval(), backend=aot_autograd(fw_compiler=grab))(torch.randn(2, 32, 7, 6))
+    gm, inputs = captured[0]
+    cpu_text = lower_graph(gm, inputs, "chain", target="cpu").stablehlo()
+    neuron_text = lower_graph(gm, inputs, "chain", target="neuron").stablehlo()
+    transposes = re.findall(r"stablehlo.transpose .* dims = \[([\d, ]+)\]", cpu_text)
+    assert transposes.count("0, 2, 3, 1") == 1 and set(transposes) == {"0, 2, 3, 1", "0, 3, 1, 2"}, cpu_text
+    assert "stablehlo.transpose" not in neuron_text
+
+
 @pytest.mark.parametrize(
     "channels,cpu_form",
     [((3, 16), "dot_general"), ((16, 32), "convolution")],

@@ -32,9 +32,10 @@ aten = torch.ops.aten
 _SPATIAL = "DHW"
 
 
-def _dimension_numbers(ndim: int) -> tuple[str, str, str]:
+def _dimension_numbers(ndim: int, channels_last: bool = False) -> tuple[str, str, str]:
     spatial = _SPATIAL[-(ndim - 2) :] if ndim > 2 else ""
-    return ("NC" + spatial, "OI" + spatial, "NC" + spatial)
+    data = "N" + spatial + "C" if channels_last else "NC" + spatial
+    return (data, "OI" + spatial, data)
 
 
 def _acc(dtype: Any) -> Any:
@@ -63,11 +64,13 @@ def conv_core(
     output_padding: Sequence[int],
     groups: int,
     patches: bool = True,
+    channels_last: bool = False,
 ) -> Any:
     """The convolution without bias, in the accumulation dtype (float32 for 16-bit inputs).
 
     ``patches=False`` keeps a convolution a convolution on every target (its vjp, the weight gradient,
-    is slower through patches).
+    is slower through patches). ``channels_last``: ``x`` and the result hold their channels in the last
+    dim (lowering/layout.py); the weight is torch's either way.
     """
     if x.ndim != w.ndim or x.ndim < 3:
         raise Unsupported(f"convolution of a {x.ndim}-d input with a {w.ndim}-d weight (batched input expected)")
@@ -77,6 +80,8 @@ def conv_core(
     precision = lax.Precision.HIGHEST
     if not transposed:
         if patches and _patches_are_faster(x, w, groups):
+            if channels_last:
+                return jnp.moveaxis(_conv_as_patches(jnp.moveaxis(x, -1, 1), w, stride, padding, dilation, acc), 1, -1)
             return _conv_as_patches(x, w, stride, padding, dilation, acc)
         return lax.conv_general_dilated(
             x,
@@ -84,7 +89,7 @@ def conv_core(
             window_strides=stride,
             padding=[(p, p) for p in padding],
             rhs_dilation=dilation,
-            dimension_numbers=_dimension_numbers(x.ndim),
+            dimension_numbers=_dimension_numbers(x.ndim, channels_last),
             feature_group_count=groups,
             precision=precision,
             preferred_element_type=acc,
@@ -94,7 +99,9 @@ def conv_core(
     pads = [(d * (kk - 1) - p, d * (kk - 1) - p + op) for kk, p, d, op in zip(k, padding, dilation, output_padding)]
     lhs_dilation = stride
     if any(s > 1 for s in stride) and any(d > 1 for d in dilation):
-        x = lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0)] * 2 + [(lo, hi, s - 1) for (lo, hi), s in zip(pads, stride)])
+        spatial_pads = [(lo, hi, s - 1) for (lo, hi), s in zip(pads, stride)]
+        layout = [(0, 0, 0)] + spatial_pads + [(0, 0, 0)] if channels_last else [(0, 0, 0)] * 2 + spatial_pads
+        x = lax.pad(x, jnp.zeros((), x.dtype), layout)
         pads, lhs_dilation = [(0, 0)] * n_spatial, (1,) * n_spatial
     return lax.conv_general_dilated(
         x,
@@ -103,7 +110,7 @@ def conv_core(
         padding=pads,
         lhs_dilation=lhs_dilation,
         rhs_dilation=dilation,
-        dimension_numbers=_dimension_numbers(x.ndim),
+        dimension_numbers=_dimension_numbers(x.ndim, channels_last),
         feature_group_count=groups,
         precision=precision,
         preferred_element_type=acc,
@@ -166,28 +173,43 @@ def _per_dim(values: Sequence[int], n: int) -> tuple[int, ...]:
     return values * n if len(values) == 1 else values
 
 
-def _channel_vector(v: Any, ndim: int) -> Any:
+def _channel_vector(v: Any, ndim: int, channels_last: bool = False) -> Any:
+    if channels_last:
+        return jnp.reshape(v, (1,) * (ndim - 1) + (v.shape[0],))
     return jnp.reshape(v, (1, v.shape[0]) + (1,) * (ndim - 2))
 
 
 @register_lowering(aten.convolution)
-def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    out = conv_core(x, weight, stride, padding, dilation, transposed, output_padding, groups)
+def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups, *, channels_last=False):
+    out = conv_core(x, weight, stride, padding, dilation, transposed, output_padding, groups, channels_last=channels_last)
     if bias is not None:
-        out = lax.add(out, _channel_vector(convert(bias, out.dtype), out.ndim))
+        bias = convert(bias, out.dtype)
+        out = lax.add(out, _channel_vector(bias, out.ndim, channels_last))
     return convert(out, out_dtype())
 
 
 @register_lowering(aten.convolution_backward)
 def convolution_backward(
-    grad_out, x, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups, output_mask
+    grad_out,
+    x,
+    weight,
+    bias_sizes,
+    stride,
+    padding,
+    dilation,
+    transposed,
+    output_padding,
+    groups,
+    output_mask,
+    *,
+    channels_last=False,
 ):
     grad_input = grad_weight = grad_bias = None
     if output_mask[0]:
         if transposed:
             # The adjoint of a transposed convolution is the plain one with the same parameters; its
             # output size is exactly the input's, since output_padding < stride.
-            grad = conv_core(grad_out, weight, stride, padding, dilation, False, (0,), groups)
+            grad = conv_core(grad_out, weight, stride, padding, dilation, False, (0,), groups, channels_last=channels_last)
         else:
             grad = conv_core(
                 grad_out,
@@ -196,26 +218,31 @@ def convolution_backward(
                 padding,
                 dilation,
                 True,
-                _output_padding(x, weight, grad_out, stride, padding, dilation),
+                _output_padding(x, weight, grad_out, stride, padding, dilation, channels_last),
                 groups,
+                channels_last=channels_last,
             )
         grad_input = convert(grad, out_dtype(0))
     if output_mask[1]:
         params = (stride, padding, dilation, transposed, output_padding, groups)
-        _, vjp = jax.vjp(lambda w: conv_core(x, w, *params, patches=False), weight)
+        _, vjp = jax.vjp(lambda w: conv_core(x, w, *params, patches=False, channels_last=channels_last), weight)
         grad_weight = convert(vjp(convert(grad_out, _acc(x.dtype)))[0], out_dtype(1))
     if output_mask[2]:
-        axes = (0,) + tuple(range(2, grad_out.ndim))
+        channel = grad_out.ndim - 1 if channels_last else 1
+        axes = tuple(d for d in range(grad_out.ndim) if d != channel)
         grad_bias = convert(jnp.sum(convert(grad_out, _acc(x.dtype)), axis=axes), out_dtype(2))
     return grad_input, grad_weight, grad_bias
 
 
-def _output_padding(x, weight, grad_out, stride, padding, dilation) -> tuple[int, ...]:
+def _output_padding(x, weight, grad_out, stride, padding, dilation, channels_last=False) -> tuple[int, ...]:
     """The output_padding that makes the transposed convolution of ``grad_out`` as large as ``x``:
     the input positions a strided convolution never reached get a zero gradient."""
     n = x.ndim - 2
     stride, padding, dilation = (_per_dim(v, n) for v in (stride, padding, dilation))
+    spatial = slice(1, -1) if channels_last else slice(2, None)
     return tuple(
         xs - ((ys - 1) * s - 2 * p + d * (k - 1) + 1)
-        for xs, ys, k, s, p, d in zip(x.shape[2:], grad_out.shape[2:], weight.shape[2:], stride, padding, dilation)
+        for xs, ys, k, s, p, d in zip(
+            x.shape[spatial], grad_out.shape[spatial], weight.shape[2:], stride, padding, dilation
+        )
     )

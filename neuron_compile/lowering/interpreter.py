@@ -26,6 +26,7 @@ from ..runtime.jax_adapter import host_callbacks_of
 from ..graph_checks import check_fx_graph, non_aten_reason, unsupported_inputs, unsupported_tensor_kind
 from .complex import complex_lowering, device_struct, is_complex_node
 from .complex import REFUSAL as COMPLEX_REFUSAL
+from . import layout
 from .kernel_routing import lower_auto_functionalized, route_for, user_kernel_lowering
 from .registry import _CURRENT, NodeContext, Unsupported, lowering_for, refusal_for
 from .semantics import jax_dtype, torch_dtype
@@ -91,9 +92,11 @@ def _check_against_meta(node: torch.fx.Node, result: Any) -> str | None:
     elif isinstance(val, (tuple, list)) and isinstance(result, (tuple, list)):
         pairs = [(v, r) for v, r in zip(val, result) if isinstance(v, torch.Tensor)]
     for v, r in pairs:
+        want_shape, want_dtype = device_struct(tuple(int(s) for s in v.shape), v.dtype)  # complex: as a pair
+        if isinstance(r, layout.ChannelsLast):
+            r, want_shape = r.array, layout.physical_shape(want_shape)
         if r is None or not hasattr(r, "shape"):
             return f"lowering produced {r!r} where torch produces a tensor"
-        want_shape, want_dtype = device_struct(tuple(int(s) for s in v.shape), v.dtype)  # complex: as a pair
         want_dtype = jnp.dtype(want_dtype)
         if tuple(r.shape) != want_shape or jnp.dtype(r.dtype) != want_dtype:
             return (
@@ -165,7 +168,8 @@ class _GraphTracer:
             elif node.op == "call_function":
                 env[node] = self.call(gm, node, env)
             elif node.op == "output":
-                return list(torch.fx.node.map_arg(node.args[0], lambda n: env[n])) + [env[n] for n in extra]
+                outputs = list(torch.fx.node.map_arg(node.args[0], lambda n: env[n])) + [env[n] for n in extra]
+                return layout.materialize(outputs)
             else:
                 self.fail(node, f"FX node kind '{node.op}' is not supported")
                 env[node] = _meta_structs(node.meta.get("val"))
@@ -178,7 +182,7 @@ class _GraphTracer:
             return args[0][args[1]]
         if node.target is torch.ops.higher_order.invoke_subgraph:
             # nested_compile_region: inline the subgraph; its nodes keep their own provenance.
-            subgraph, _identifier, *operands = args
+            subgraph, _identifier, *operands = layout.materialize(args)
             with jax.named_scope(f"invoke_subgraph.{_identifier}"):
                 return tuple(self.run(subgraph, list(operands)))
         name = provenance.op_name(node)
@@ -189,7 +193,8 @@ class _GraphTracer:
             return _meta_structs(node.meta.get("val"))
         lowering = lowering_for(node.target)
         routed = route_for(node.target, self.kernels)
-        if is_complex_node(node):  # complex operands: lowered on (real, imag) pairs, or refused
+        complex_operands = is_complex_node(node)
+        if complex_operands:  # complex operands: lowered on (real, imag) pairs, or refused
             lowering, routed = complex_lowering(node), None
             if lowering is None:
                 self.fail(node, COMPLEX_REFUSAL)
@@ -198,6 +203,11 @@ class _GraphTracer:
             lowering = user_kernel_lowering(node.target)
         if node.target in _AUTO_FUNCTIONALIZED:  # an nki_op kernel that writes an argument in place
             lowering = functools.partial(_lower_auto_functionalized, node.target)
+        handler = None
+        if self.target == "cpu" and not complex_operands:
+            handler = layout.handler_for(node.target, lowering, args, kwargs)
+        if handler is None or routed is not None:
+            args, kwargs, handler = layout.materialize(args), layout.materialize(kwargs), None
         if lowering is None:
             is_aten = isinstance(node.target, OpOverload)
             reason = (refusal_for(node.target) or "no lowering for this op") if is_aten else non_aten_reason(node.target)
@@ -214,6 +224,10 @@ class _GraphTracer:
             }
             with jax.named_scope(scope):
                 result = routed(*args, **kwargs) if routed is not None else None
+                if handler is not None:  # channels-last arguments or result (layout.py)
+                    result = handler(lowering, args, kwargs)
+                    if result is None:
+                        args, kwargs = layout.materialize(args), layout.materialize(kwargs)
                 if result is None:  # not routed to an NKI kernel, or the kernel does not fit this node
                     result = lowering(*args, **kwargs)
         except Unsupported as e:

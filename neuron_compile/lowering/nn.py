@@ -162,20 +162,24 @@ def native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd, weight
 
 
 # ---- batch norm / group norm -----------------------------------------------------------------------
-def _affine(y: Any, weight: Any, bias: Any) -> Any:
-    """y * weight + bias with per-channel (dim 1) weight and bias, either possibly None."""
+def _affine(y: Any, weight: Any, bias: Any, axis: int = 1) -> Any:
+    """y * weight + bias with per-channel (dim ``axis``) weight and bias, either possibly None."""
     if weight is not None:
-        y = lax.mul(y, _along(_up(weight), y.ndim, 1).astype(y.dtype))
+        y = lax.mul(y, _along(_up(weight), y.ndim, axis).astype(y.dtype))
     if bias is not None:
-        y = lax.add(y, _along(_up(bias), y.ndim, 1).astype(y.dtype))
+        y = lax.add(y, _along(_up(bias), y.ndim, axis).astype(y.dtype))
     return y
 
 
-def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps) -> tuple[Any, ...]:
+def _batch_norm(
+    x, weight, bias, running_mean, running_var, training, momentum, eps, channels_last=False
+) -> tuple[Any, ...]:
     """(out, save_mean, save_rstd, new_running_mean, new_running_var); the last two are None when no
-    running stats are given. Eval mode on CPU returns empty save_mean/save_rstd, as eager does."""
+    running stats are given. Eval mode on CPU returns empty save_mean/save_rstd, as eager does.
+    ``channels_last``: ``x`` and ``out`` hold the channels in their last dim (lowering/layout.py)."""
     xf = _up(x)
-    axes = (0,) + tuple(range(2, x.ndim))
+    channel = x.ndim - 1 if channels_last else 1
+    axes = tuple(d for d in range(x.ndim) if d != channel)
     new_mean = new_var = None
     if training:
         y, mean, rstd, biased_var = _normalize(xf, axes, eps)
@@ -186,7 +190,7 @@ def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, 
                 lax.mul(jnp.asarray(1 - momentum, jnp.float32), convert(running_mean, jnp.float32)),
             )
         if running_var is not None:
-            count = x.size // x.shape[1]
+            count = x.size // x.shape[channel]
             unbiased = lax.mul(
                 jnp.reshape(biased_var, (-1,)), jnp.asarray(count / (count - 1) if count > 1 else math.inf, jnp.float32)
             )
@@ -199,10 +203,10 @@ def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, 
             raise Unsupported("batch_norm in eval mode without running statistics")
         mean = convert(running_mean, xf.dtype)
         rstd = lax.rsqrt(lax.add(convert(running_var, xf.dtype), jnp.asarray(eps, xf.dtype)))
-        y = lax.mul(lax.sub(xf, _along(mean, x.ndim, 1)), _along(rstd, x.ndim, 1))
+        y = lax.mul(lax.sub(xf, _along(mean, x.ndim, channel)), _along(rstd, x.ndim, channel))
         save_mean, save_rstd = mean, rstd
         new_mean, new_var = running_mean, running_var
-    out = convert(_affine(y, weight, bias), out_dtype(0))
+    out = convert(_affine(y, weight, bias, channel), out_dtype(0))
     if out_shape(1) == (0,):
         save_mean = save_rstd = jnp.zeros((0,), out_dtype(1))
     results = [out, convert(save_mean, out_dtype(1)), convert(save_rstd, out_dtype(2))]
@@ -212,27 +216,29 @@ def _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, 
 
 
 @register_lowering(aten._native_batch_norm_legit_functional)
-def batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum, eps):
-    return _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)
+def batch_norm_functional(x, weight, bias, running_mean, running_var, training, momentum, eps, *, channels_last=False):
+    return _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps, channels_last)
 
 
 @register_lowering(aten._native_batch_norm_legit_no_training)
-def batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps):
-    return _batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps)
+def batch_norm_no_training(x, weight, bias, running_mean, running_var, momentum, eps, *, channels_last=False):
+    return _batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps, channels_last)
 
 
 @register_lowering(aten._native_batch_norm_legit.no_stats)
-def batch_norm_no_stats(x, weight, bias, training, momentum, eps):
-    return _batch_norm(x, weight, bias, None, None, training, momentum, eps)
+def batch_norm_no_stats(x, weight, bias, training, momentum, eps, *, channels_last=False):
+    return _batch_norm(x, weight, bias, None, None, training, momentum, eps, channels_last)
 
 
 @register_lowering(aten._native_batch_norm_legit.default, aten.native_batch_norm)
-def batch_norm_inplace_stats(x, weight, bias, running_mean, running_var, training, momentum, eps):
+def batch_norm_inplace_stats(
+    x, weight, bias, running_mean, running_var, training, momentum, eps, *, channels_last=False
+):
     if training and (running_mean is not None or running_var is not None):
         # These overloads update the running stats in place; a functionalized graph never holds them,
         # and dropping the update silently would be wrong.
         raise Unsupported("in-place running-stat update of batch_norm outside a functionalized graph")
-    return _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps)
+    return _batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps, channels_last)
 
 
 @register_lowering(aten.native_group_norm)

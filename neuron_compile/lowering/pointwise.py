@@ -19,6 +19,7 @@ from .semantics import (
     Promotion,
     broadcast,
     convert,
+    elementwise,
     is_array,
     is_float,
     pointwise,
@@ -548,6 +549,7 @@ def round_decimals(a, *, decimals=0):
 
 
 @register_lowering(aten.where.self)
+@elementwise
 def where(cond, a, b):
     # Only the two value operands take part in promotion; the condition stays boolean.
     _, result = promote_types([a, b], Promotion.DEFAULT)

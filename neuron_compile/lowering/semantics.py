@@ -156,7 +156,14 @@ def pointwise(
         arrays = broadcast(*[convert(a, compute) if a is not None else None for a in args])
         return convert(fn(*arrays, **kwargs), result)
 
-    return lower
+    return elementwise(lower)
+
+
+def elementwise(lowering: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark ``lowering`` as elementwise with torch's broadcasting and nothing else shape-dependent: it
+    computes the same on its arguments' dims in any order (lowering/layout.py relies on that)."""
+    lowering.elementwise = True  # type: ignore[attr-defined]
+    return lowering
 
 
 def register_pointwise(
