@@ -6,6 +6,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch._prims_common import make_contiguous_strides_for
+
+
+#: ``gm.meta`` key the compiler sets on a forward graph: where its outputs saved for the backward start.
+#: The lowering may return those channels-last (lowering/layout.py); it is part of the cache key.
+SAVED_FOR_BACKWARD_FROM = "neuron_saved_for_backward_from"
+
+
+def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """torch's strides of an (N, C, *spatial) tensor laid out channels-last (C innermost)."""
+    physical = make_contiguous_strides_for((shape[0], *shape[2:], shape[1]))
+    return (physical[0], physical[-1], *physical[1:-1])
 
 
 @dataclass(frozen=True)

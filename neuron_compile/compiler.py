@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
+from torch._prims_common import make_contiguous_strides_for
 
 from . import debug, distributed
-from .artifact import Artifact
+from .artifact import SAVED_FOR_BACKWARD_FROM, Artifact, OutputSpec, channels_last_strides
 from .cache import cache_for
 from .errors import WARNING_CLASSES, NeuronFloat64Warning, NeuronUnsupportedOpError, NeuronWarning
 from .options import Options
@@ -133,6 +134,8 @@ def compile_graph(
         )
     if distributed.has_collectives(gm):
         distributed.annotate_replica_groups(gm)  # the ranks, not a process-local group name, in graph and key
+    if kind == "forward":
+        gm.meta[SAVED_FOR_BACKWARD_FROM] = _saved_for_backward_from()
     t0 = time.perf_counter()
     # A debug dump must show this run's lowering, and an executable that calls back into Python (kernels
     # in the emulator, user kernels) holds live Python objects: both bypass the cache.
@@ -155,4 +158,41 @@ def compile_graph(
     )
     if cache_state == "hit":  # a miss was summarized by build_artifact, with its legality verdict
         debug.log_summary(f"neuron_compile: {name}: {artifact.num_ops} aten nodes, cache hit, loaded in {elapsed:.3f}s")
+    if kind == "forward":
+        _report_output_strides(artifact.outputs, gm.meta[SAVED_FOR_BACKWARD_FROM])
     return CompiledGraph(name, target, executable, artifact.inputs, artifact.outputs, artifact.needs_rng_seed)
+
+
+def _saved_for_backward_from() -> int | None:
+    """Where a forward graph's outputs saved for the backward start (AOTAutograd puts the user-visible
+    outputs and the mutated inputs first), or None when AOTAutograd does not say."""
+    context = torch._guards.TracingContext.try_get()
+    return getattr(getattr(context, "fw_metadata", None), "num_forward_returns", None)
+
+
+def _report_output_strides(outputs: list[OutputSpec], saved_from: int | None) -> None:
+    """Tell AOTAutograd the strides of a forward's outputs when some saved for the backward are not
+    eager's (channels-last, lowering/layout.py): it compiles the backward for the strides it will get,
+    as it does for Inductor's layout choices."""
+    context = torch._guards.TracingContext.try_get()
+    reported = getattr(context, "output_strides", None)
+    if saved_from is None or reported is None:
+        return
+    strides: list[tuple[int, ...] | None] = []
+    for spec in outputs:
+        if spec.kind == "const" or spec.spec is None:
+            strides.append(None)
+        elif spec.stride is not None:
+            strides.append(tuple(spec.stride))
+        elif spec.kind == "input":
+            strides.append(tuple(spec.input_stride) if spec.input_stride is not None else None)
+        else:
+            strides.append(make_contiguous_strides_for(spec.spec.shape))
+    if any(
+        spec.kind == "tensor"
+        and len(spec.spec.shape) in (4, 5)
+        and spec.stride == channels_last_strides(spec.spec.shape)
+        and spec.stride != make_contiguous_strides_for(spec.spec.shape)
+        for spec in outputs[saved_from:]
+    ):
+        reported.extend(strides)

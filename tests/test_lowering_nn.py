@@ -679,6 +679,38 @@ def test_convolution_chain_keeps_channels_last() -> None:
     assert "stablehlo.transpose" not in neuron_text
 
 
+def test_saved_activations_stay_channels_last_into_the_backward() -> None:
+    """The forward hands the backward its channels-last activations with channels-last strides (no
+    transpose out, none back in); what the user sees keeps eager's strides, and the step matches eager."""
+    from neuron_compile.artifact import channels_last_strides
+    from neuron_compile.compiler import HOOKS
+
+    torch.manual_seed(0)
+    model = _ConvThen(lambda m, y: F.relu(m.bn(m.conv2(F.relu(m.bn(y))))), c_in=32, c_out=32)
+    reference = copy.deepcopy(model)
+    x = torch.randn(2, 32, 7, 6)
+    lowered: list[Any] = []
+    HOOKS.on_lowered.append(lowered.append)
+    try:
+        torch._dynamo.reset()
+        out = torch.compile(model, backend="neuron", dynamic=False, options={"cache": False})(x)
+        out.sum().backward()
+    finally:
+        HOOKS.on_lowered.remove(lowered.append)
+    expected = reference(x)
+    expected.sum().backward()
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    for (name, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4, msg=lambda m: f"grad of {name}: {m}")
+    assert out.is_contiguous()
+    forward = next(g for g in lowered if g.name.endswith("forward"))
+    backward = next(g for g in lowered if g.name.endswith("backward"))
+    shape = (2, 32, 7, 6)
+    saved = [o for o in forward.outputs if o.stride == channels_last_strides(shape)]
+    taken = [i for i in backward.inputs if getattr(i, "perm", None) == (0, 2, 3, 1)]
+    assert len(saved) >= 3 and len(taken) >= 3, (forward.outputs, backward.inputs)
+
+
 @pytest.mark.parametrize(
     "channels,cpu_form",
     [((3, 16), "dot_general"), ((16, 32), "convolution")],

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ..artifact import SAVED_FOR_BACKWARD_FROM
 from ..graph_checks import is_symbolic
 from ..options import Options
 
@@ -213,6 +214,8 @@ def cache_key(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options
         "target": opts.target,
         "versions": package_versions(opts.target, opts.generation),
         "tag": str(torch.compiler.config.cache_key_tag),
+        # a forward's outputs saved for the backward may be returned channels-last (lowering/layout.py)
+        "saved_for_backward_from": getattr(gm, "meta", {}).get(SAVED_FOR_BACKWARD_FROM),
         "num_nodes": len(graph),
     }
     h = hashlib.sha256()

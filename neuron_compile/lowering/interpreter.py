@@ -18,9 +18,10 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 from torch._ops import OpOverload
+from torch._prims_common import make_contiguous_strides_for
 
 from .. import provenance
-from ..artifact import OutputSpec, TensorSpec
+from ..artifact import SAVED_FOR_BACKWARD_FROM, OutputSpec, TensorSpec, channels_last_strides
 from ..errors import NeuronUnsupportedOpError, UnsupportedNode
 from ..runtime.jax_adapter import host_callbacks_of
 from ..graph_checks import check_fx_graph, non_aten_reason, unsupported_inputs, unsupported_tensor_kind
@@ -157,7 +158,8 @@ class _GraphTracer:
     def run(
         self, gm: torch.fx.GraphModule, args: list[Any], extra: list[torch.fx.Node] | tuple = ()
     ) -> list[Any]:
-        """The graph's outputs, then the values of the ``extra`` nodes (storage owners of outputs)."""
+        """The graph's outputs (in torch's layout), then the values of the ``extra`` nodes (storage owners
+        of outputs; channels-last where they are, see ``lower_graph``)."""
         env: dict[torch.fx.Node, Any] = {}
         arg_iter = iter(args)
         for node in gm.graph.nodes:
@@ -168,8 +170,8 @@ class _GraphTracer:
             elif node.op == "call_function":
                 env[node] = self.call(gm, node, env)
             elif node.op == "output":
-                outputs = list(torch.fx.node.map_arg(node.args[0], lambda n: env[n])) + [env[n] for n in extra]
-                return layout.materialize(outputs)
+                outputs = layout.materialize(list(torch.fx.node.map_arg(node.args[0], lambda n: env[n])))
+                return outputs + [env[n] for n in extra]
             else:
                 self.fail(node, f"FX node kind '{node.op}' is not supported")
                 env[node] = _meta_structs(node.meta.get("val"))
@@ -377,6 +379,33 @@ def _output_buffers(gm: torch.fx.GraphModule, out_args: list[Any]) -> tuple[list
     return order, plan
 
 
+def _channels_last_buffers(
+    buffers: list[_Buffer], roots: list[Any], placement: list[_Placement], saved_from: int | None
+) -> set[int]:
+    """Buffers returned channels-last: a channels-last value that only the backward reads (outputs from
+    ``saved_from`` on), each output the whole buffer. The tensor handed over is torch's shape with
+    channels-last strides, and the backward, compiled for those strides, takes it as it is; user-visible
+    outputs keep eager's strides."""
+    if saved_from is None:
+        return set()
+    kept = set()
+    for k, (buf, value) in enumerate(zip(buffers, roots)):
+        if not isinstance(value, layout.ChannelsLast) or buf.perm != tuple(range(len(buf.perm))):
+            continue
+        whole = [
+            place is not None
+            and not isinstance(place, OutputSpec)
+            and place[0] == k
+            and place[1] == tuple(value.logical_shape)
+            and place[3] == 0
+            and (place[2] is None or place[2] == make_contiguous_strides_for(place[1]))
+            for place in (placement[i] for i in buf.users)
+        ]
+        if buf.users and all(i >= saved_from for i in buf.users) and all(whole):
+            kept.add(k)
+    return kept
+
+
 def lower_graph(
     gm: torch.fx.GraphModule, example_inputs: list[Any], name: str, target: str = "cpu", kernels: str = "reference"
 ) -> LoweredGraph:
@@ -394,6 +423,7 @@ def lower_graph(
 
     output_plan: list[OutputSpec] = []
     out_args = list(next(n for n in gm.graph.nodes if n.op == "output").args[0])
+    saved_from = gm.meta.get(SAVED_FOR_BACKWARD_FROM)
     buffers, placement = _output_buffers(gm, out_args)
 
     def traced(*arrays: Any) -> tuple[Any, ...]:
@@ -401,7 +431,9 @@ def lower_graph(
         full_args = list(input_specs)
         for pos, arr in zip(tensor_positions, arrays):
             perm = input_specs[pos].perm
-            if perm is not None:  # fed in memory order: back to torch's dim order (a complex pair dim stays last)
+            if target == "cpu" and perm is not None and perm == layout.channels_last_order(arr.ndim):
+                arr = layout.ChannelsLast(arr)  # e.g. a forward's channels-last activation (see below)
+            elif perm is not None:  # fed in memory order: back to torch's dim order (a complex pair dim stays last)
                 arr = jnp.transpose(arr, tuple(perm.index(d) for d in range(len(perm))) + tuple(range(len(perm), arr.ndim)))
             full_args[pos] = arr
         values = tracer.run(gm, full_args, [b.node for b in buffers])
@@ -410,10 +442,16 @@ def lower_graph(
         tensors: list[Any] = []
         index: list[tuple[int, int | None]] = []  # per buffer: executable output, and its copy number
         seen: dict[int, int] = {}
+        kept_channels_last = _channels_last_buffers(buffers, roots, placement, saved_from)
         for k, (buf, value) in enumerate(zip(buffers, roots)):
-            if buf.perm != tuple(range(len(buf.perm))):
+            if k in kept_channels_last:
+                value = value.array  # already in the memory order of its channels-last strides
+            elif buf.perm != tuple(range(len(buf.perm))):
+                value = layout.materialize(value)
                 # memory order of torch's strides (a complex value's trailing pair dim stays last)
                 value = jnp.transpose(value, buf.perm + tuple(range(len(buf.perm), value.ndim)))
+            else:
+                value = layout.materialize(value)
             if id(value) in seen:  # one jax value for two storages (e.g. a clone lowered to itself)
                 index.append((seen[id(value)], k))
                 continue
@@ -433,6 +471,8 @@ def lower_graph(
                 output_plan.append(place)
                 continue
             k, shape, stride, offset = place
+            if k in kept_channels_last:
+                stride = channels_last_strides(shape)
             spec = TensorSpec(shape, torch_dtype(r.dtype))
             i, copy = index[k]
             output_plan.append(

@@ -38,8 +38,20 @@ class ChannelsLast:
     def ndim(self) -> int:
         return self.array.ndim
 
+    @property
+    def logical_shape(self) -> tuple[int, ...]:
+        shape = tuple(int(d) for d in self.array.shape)
+        return (shape[0], shape[-1], *shape[1:-1])
+
     def logical(self) -> Any:
         return jnp.moveaxis(self.array, -1, 1)
+
+
+def channels_last_order(ndim: int) -> tuple[int, ...] | None:
+    """The memory order (outermost dim first) of a channels-last rank-``ndim`` tensor, if kept so here."""
+    return (0, *range(2, ndim), 1) if ndim in _RANKS else None
+
+
 
 
 def materialize(value: Any) -> Any:
