@@ -115,12 +115,23 @@ def build_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Op
 
 
 def compile_graph(
-    gm: torch.fx.GraphModule, example_inputs: list[Any], *, opts: Options, kind: str, name: str
+    gm: torch.fx.GraphModule,
+    example_inputs: list[Any],
+    *,
+    opts: Options,
+    kind: str,
+    name: str,
+    whole: bool = True,
 ) -> CompiledGraph | distributed.SplitGraph:
-    """Compile ``gm`` for ``opts.target`` (or fetch it from the cache) as a boxed callable."""
+    """Compile ``gm`` for ``opts.target`` (or fetch it from the cache) as a boxed callable.
+
+    ``whole``: ``gm`` is AOTAutograd's graph itself, with the outputs AOTAutograd expects (not a piece of
+    it, nor one with extra outputs), so its outputs saved for the backward are known.
+    """
     checks = split_linalg_checks(gm)  # torch.linalg's raise on info != 0 cannot run in the graph
     if checks:
-        return CheckedGraph(compile_graph(gm, example_inputs, opts=opts, kind=kind, name=name), checks)
+        compiled = compile_graph(gm, example_inputs, opts=opts, kind=kind, name=name, whole=False)
+        return CheckedGraph(compiled, checks)
     for hook in HOOKS.on_graph:
         hook(gm)
     # XLA CPU cannot reach torch.distributed: there, collectives run between compiled pieces of the graph.
@@ -128,13 +139,16 @@ def compile_graph(
     if run_collectives or distributed.has_opaque_inputs(example_inputs):
         return distributed.split_graph(
             gm,
-            lambda piece, inputs, i: compile_graph(piece, inputs, opts=opts, kind=kind, name=f"{name}_part{i}"),
+            lambda piece, inputs, i: compile_graph(
+                piece, inputs, opts=opts, kind=kind, name=f"{name}_part{i}", whole=False
+            ),
             name,
             run_collectives=run_collectives,
         )
     if distributed.has_collectives(gm):
         distributed.annotate_replica_groups(gm)  # the ranks, not a process-local group name, in graph and key
-    if kind == "forward":
+    gm.meta.pop(SAVED_FOR_BACKWARD_FROM, None)
+    if kind == "forward" and whole:
         gm.meta[SAVED_FOR_BACKWARD_FROM] = _saved_for_backward_from()
     t0 = time.perf_counter()
     # A debug dump must show this run's lowering, and an executable that calls back into Python (kernels
@@ -158,16 +172,27 @@ def compile_graph(
     )
     if cache_state == "hit":  # a miss was summarized by build_artifact, with its legality verdict
         debug.log_summary(f"neuron_compile: {name}: {artifact.num_ops} aten nodes, cache hit, loaded in {elapsed:.3f}s")
-    if kind == "forward":
+    if kind == "forward" and whole:
         _report_output_strides(artifact.outputs, gm.meta[SAVED_FOR_BACKWARD_FROM])
     return CompiledGraph(name, target, executable, artifact.inputs, artifact.outputs, artifact.needs_rng_seed)
 
 
 def _saved_for_backward_from() -> int | None:
     """Where a forward graph's outputs saved for the backward start (AOTAutograd puts the user-visible
-    outputs and the mutated inputs first), or None when AOTAutograd does not say."""
-    context = torch._guards.TracingContext.try_get()
-    return getattr(getattr(context, "fw_metadata", None), "num_forward_returns", None)
+    outputs, the mutated inputs and its own extras first), or None when AOTAutograd does not say or the
+    graph is of tensor subclasses' insides (whose outputs its metadata does not count)."""
+    metadata = getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
+    if metadata is None:
+        return None
+    from torch._functorch._aot_autograd.schemas import SubclassCreationMeta
+
+    inner = (*getattr(metadata, "subclass_inp_meta", ()), *getattr(metadata, "subclass_fw_graph_out_meta", ()))
+    if any(isinstance(m, SubclassCreationMeta) for m in inner):
+        return None
+    try:
+        return int(metadata.tensors_saved_for_backwards_slice.start)
+    except (AssertionError, AttributeError, TypeError):
+        return None
 
 
 def _report_output_strides(outputs: list[OutputSpec], saved_from: int | None) -> None:

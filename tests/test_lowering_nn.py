@@ -636,6 +636,20 @@ AFTER_CONV = [
     Case("softmax_channels", _conv_then(lambda m, y: y.softmax(dim=1)), F32_ONLY, kind="reduce"),
     Case("two_outputs", _conv_then(lambda m, y: (F.relu(y), m.bn(y).permute(0, 2, 3, 1))), F32_ONLY, kind="reduce"),
     Case(
+        "then_transposed_conv",
+        _conv_then(lambda m, y: F.conv_transpose2d(F.relu(y), m.conv2.weight, stride=2, padding=1)),
+        F32_ONLY,
+        kind="reduce",
+    ),
+    Case(
+        "channels_last_inputs",
+        make=lambda d: (lambda mod, x: (mod.to(memory_format=torch.channels_last), [x[0].contiguous(memory_format=torch.channels_last)]))(
+            *_conv_then(lambda m, y: F.relu(m.bn(m.conv2(y))))(d)
+        ),
+        dtypes=F32_ONLY,
+        kind="reduce",
+    ),
+    Case(
         "eval_bn",
         make=lambda d: (lambda mod, x: (mod.eval(), x))(*_conv_then(lambda m, y: F.relu(m.bn(y)))(d)),
         dtypes=F32_ONLY,

@@ -165,20 +165,20 @@ def _reduce(lowering: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
 
 @_handles(aten.convolution.default, source=True)
 def _convolution(lowering: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    x, weight, *_ = args
-    transposed = args[6]
+    x, transposed = args[0], args[6]
     if x.ndim not in _RANKS or transposed or kwargs:
         return None
-    return ChannelsLast(lowering(_to_channels_last(x), weight, *args[2:], channels_last=True))
+    # The weight (and bias) in torch's layout, even when it came in channels-last.
+    return ChannelsLast(lowering(_to_channels_last(x), *materialize(args[1:]), channels_last=True))
 
 
 @_handles(aten.convolution_backward.default)
 def _convolution_backward(lowering: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    grad_out, x, weight, *rest = args
+    grad_out, x, *rest = args
     if grad_out.ndim not in _RANKS or kwargs:
         return None
     grad_input, grad_weight, grad_bias = lowering(
-        _to_channels_last(grad_out), _to_channels_last(x), weight, *rest, channels_last=True
+        _to_channels_last(grad_out), _to_channels_last(x), *materialize(rest), channels_last=True
     )
     return (None if grad_input is None else ChannelsLast(grad_input)), grad_weight, grad_bias
 
