@@ -52,12 +52,13 @@ def channels_last_order(ndim: int) -> tuple[int, ...] | None:
     return (0, *range(2, ndim), 1) if ndim in _RANKS else None
 
 
-
-
 def materialize(value: Any) -> Any:
-    """``value`` (or a tuple/list/dict of values) with every channels-last value in torch's layout."""
+    """``value`` (or a tuple/list/dict of values) with every channels-last value in torch's layout;
+    ``value`` itself when it holds none."""
     if isinstance(value, ChannelsLast):
         return value.logical()
+    if not has_channels_last(value):
+        return value
     if isinstance(value, (tuple, list)):
         return type(value)(materialize(v) for v in value)
     if isinstance(value, dict):
@@ -124,8 +125,8 @@ def _elementwise(lowering: Callable[..., Any], args: tuple, kwargs: dict) -> Any
     """An elementwise op with torch's broadcasting: every array argument brought to the channels-last
     array's rank and layout (a [C, 1, 1] weight becomes [1, 1, 1, C])."""
     ranks = {a.ndim for a in args if isinstance(a, ChannelsLast)}
-    if len(ranks) != 1:
-        return None
+    if len(ranks) != 1 or any(is_array(v) and v.ndim > 0 for v in kwargs.values()):
+        return None  # a tensor passed by keyword would keep torch's layout: not handled here
     rank = ranks.pop()
     moved = []
     for a in args:
