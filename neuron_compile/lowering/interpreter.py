@@ -396,7 +396,7 @@ def _channels_last_buffers(
             place is not None
             and not isinstance(place, OutputSpec)
             and place[0] == k
-            and place[1] == tuple(value.logical_shape)
+            and place[1] == value.logical_shape
             and place[3] == 0
             and (place[2] is None or place[2] == make_contiguous_strides_for(place[1]))
             for place in (placement[i] for i in buf.users)
