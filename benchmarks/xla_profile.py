@@ -111,12 +111,12 @@ def describe(hlo: str, thunk: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", help="a steady.py model: mlp, decoder, cnn, add")
+    parser.add_argument("model", help="a steady.py model (mlp, decoder, cnn, add) or zoo:NAME (tests/model_zoo.py)")
     parser.add_argument("--mode", default="train", choices=["train", "infer"])
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--hlo", default=None, help="write each graph's optimized HLO into this folder")
     args = parser.parse_args()
-    case = steady.make_case(args.model)
+    case = steady.zoo_case(args.model[4:]) if args.model.startswith("zoo:") else steady.make_case(args.model)
     step = steady.train_step if args.mode == "train" else steady.infer_step
     if args.mode == "infer":
         case.model.eval()
@@ -126,7 +126,7 @@ def main() -> int:
         hlo = graph.executable.hlo_modules()[0].to_string()
         if args.hlo:
             Path(args.hlo).mkdir(parents=True, exist_ok=True)
-            Path(args.hlo, f"{args.model}_{name}.hlo").write_text(hlo)
+            Path(args.hlo, f"{args.model.replace(':', '_')}_{name}.hlo").write_text(hlo)
         wall = median_ms(lambda g=graph, a=graph_args: g(list(a)))
         totals = thunk_times(graph, graph_args)
         kinds: dict[str, float] = collections.defaultdict(float)

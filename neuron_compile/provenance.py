@@ -6,6 +6,7 @@ a complaint about any HLO op can be mapped back to user code.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import re
@@ -56,7 +57,9 @@ def _library_dirs() -> tuple[str, ...]:
 _LIBRARY_DIRS: tuple[str, ...] | None = None
 
 
+@functools.lru_cache(maxsize=4096)
 def is_library_file(path: str) -> bool:
+    # Cached: asked for every frame of every node's stack trace, and realpath is a few stat calls.
     global _LIBRARY_DIRS
     if _LIBRARY_DIRS is None:
         _LIBRARY_DIRS = _library_dirs()

@@ -71,7 +71,9 @@ def aten_universe(results: dict[str, Any]) -> dict[str, str]:
             continue
         packet_name, _, overload = qualified[len("aten::") :].partition(".")
         op = getattr(getattr(torch.ops.aten, packet_name), overload or "default")
-        if torch.Tag.core in op.tags and str(op) not in decomposed:
+        # A CompositeImplicitAutograd op decomposes through its implicit kernel above AOTAutograd's trace.
+        implicit = torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd")
+        if torch.Tag.core in op.tags and str(op) not in decomposed and not implicit:
             why[str(op)] = "core"
     for packet in KEEP_WHOLE:
         for overload in packet.overloads():

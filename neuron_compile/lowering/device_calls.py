@@ -16,6 +16,7 @@ target; the CPU target's numerics come from the reference bodies only.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, Sequence
 
@@ -67,18 +68,35 @@ def device_call(
         )
         return call(*operands)
 
-    def body(*args: Any) -> Any:
-        return reference(*args)
-
-    # The function name becomes the private function's symbol, which the legality pass recognises.
-    body.__name__ = body.__qualname__ = target_name + REFERENCE_SUFFIX
-    out = jax.jit(body)(*operands)
+    out = _reference_function(target_name, reference, ())(*operands)
     got = [out] if single else list(out)
     want = [(tuple(s.shape), jnp.dtype(s.dtype)) for s in structs]
     have = [(tuple(o.shape), jnp.dtype(o.dtype)) for o in got]
     if have != want:
         raise RuntimeError(f"{target_name} reference body produced {have}, the custom call declares {want}")
     return out
+
+
+def reference_call(target_name: str, reference: Callable[..., Any], *operands: Any, consts: tuple[Any, ...] = ()) -> Any:
+    """``target_name``'s CPU-target form, ``reference(*operands, *consts)``, typed by the reference itself.
+
+    ``reference`` must be a module-level function of jax values and ``consts`` (hashable Python values):
+    the jitted body is kept per (call, reference, consts), so jax traces it once per operand shapes and
+    every site alike (the same kernel in each layer of a model) reuses that trace and its private function.
+    """
+    return _cached_reference_function(target_name, reference, consts)(*operands)
+
+
+def _reference_function(target_name: str, reference: Callable[..., Any], consts: tuple[Any, ...]) -> Any:
+    def body(*args: Any) -> Any:
+        return reference(*args, *consts)
+
+    # The function name becomes the private function's symbol, which the legality pass recognises.
+    body.__name__ = body.__qualname__ = target_name + REFERENCE_SUFFIX
+    return jax.jit(body)
+
+
+_cached_reference_function = functools.lru_cache(maxsize=1024)(_reference_function)
 
 
 def _like(x: Any) -> ShapeDtype:

@@ -76,6 +76,10 @@ def kernel_site(name: str, *arrays: Any, consts: tuple[Any, ...] = ()) -> Any:
     spec = KERNELS[name]
     ctx = current()
     reference = spec.reference
+    if ctx.target == "cpu" and ctx.kernels != "emulate":
+        # The reference's own trace types the call: no separate eval_shape trace.
+        ctx.note_kernel_site(name)
+        return device_calls.reference_call(KERNEL_CALL_TARGET, reference, *arrays, consts=consts)
     results = jax.eval_shape(lambda *a: reference(*a, *consts), *arrays)
     single = not isinstance(results, (tuple, list))
     structs = results if single else tuple(results)
@@ -85,21 +89,16 @@ def kernel_site(name: str, *arrays: Any, consts: tuple[Any, ...] = ()) -> Any:
         return device_calls.device_call(
             KERNEL_CALL_TARGET, reference, *arrays, results=structs, backend_config=config, target="neuron"
         )
-    if ctx.kernels == "emulate":
-        from ..kernels import nki_api as nki
+    from ..kernels import nki_api as nki  # kernels="emulate": the kernel itself runs, in the emulator
 
-        kernel = spec.kernel
+    kernel = spec.kernel
 
-        def host(*host_arrays: Any) -> Any:
-            out = nki.simulate(kernel)(*[_to_host(a) for a in host_arrays], *consts)
-            return out if single else tuple(out)
+    def host(*host_arrays: Any) -> Any:
+        out = nki.simulate(kernel)(*[_to_host(a) for a in host_arrays], *consts)
+        return out if single else tuple(out)
 
-        def body(*a: Any) -> Any:
-            return jax.pure_callback(host, structs, *a)
-    else:
-
-        def body(*a: Any) -> Any:
-            return reference(*a, *consts)
+    def body(*a: Any) -> Any:
+        return jax.pure_callback(host, structs, *a)
 
     return device_calls.device_call(KERNEL_CALL_TARGET, body, *arrays, results=structs, target="cpu")
 

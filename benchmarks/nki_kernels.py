@@ -1,6 +1,6 @@
 """Benchmark of the built-in NKI kernels under the emulator's counters and the cost model.
 
-    python benchmarks/kernels.py [--target trn2|trn3] [--emulate-limit N]
+    python benchmarks/nki_kernels.py [--target trn2|trn3] [--emulate-limit N]
 
 For each kernel and shape it prints the instructions per engine, bytes moved between HBM and SBUF, the
 estimated time on one NeuronCore (neuron_compile/kernels/cost.py: published Trn2/Trn3 figures, engines
