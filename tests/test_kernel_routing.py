@@ -182,3 +182,30 @@ def test_every_route_names_a_known_kernel() -> None:
 
     for op, kernels in ROUTED_KERNELS.items():
         assert kernels and all(k in KERNELS for k in kernels), op
+
+
+#: (rows K, output dims of g.t() @ x): a weight gradient over many rows has its transposed operand
+#: written out on the CPU target (XLA CPU's YNNPACK dot refuses a transposed LHS); few rows keep the fold.
+WEIGHT_GRADIENTS = {"many_rows": (512, 64, 48, True), "few_rows": (16, 96, 80, False)}
+
+
+@pytest.mark.parametrize("case", list(WEIGHT_GRADIENTS))
+def test_weight_gradient_lhs_is_written_out_on_cpu_only(case: str) -> None:
+    """``g.t() @ x`` with K >= both output dims: the CPU target's matmul site materializes ``g.t()`` (a
+    barrier inside the site's body, which the legality pass does not inspect: same verdict as the neuron
+    target's custom call); the neuron target's site is unchanged; numerics equal eager."""
+    from neuron_compile import legality
+
+    rows, m, n, written_out = WEIGHT_GRADIENTS[case]
+    inputs = [torch.randn(rows, m), torch.randn(rows, n)]
+    fn = lambda g, x: g.t() @ x  # noqa: E731
+    gm, example_inputs = _aten_graph(fn, inputs)
+    cpu = lower_graph(gm, example_inputs, "wgrad", target="cpu")
+    neuron = lower_graph(gm, example_inputs, "wgrad", target="neuron")
+    assert ("optimization_barrier" in cpu.stablehlo()) == written_out, case
+    assert "optimization_barrier" not in neuron.stablehlo()
+    assert cpu.kernel_sites == neuron.kernel_sites == {"matmul": 1}
+    assert legality.check(cpu, Options()).legal and legality.check(neuron, Options(target="neuron")).legal
+    got, ref = _run(fn, inputs, "neuron"), _run(fn, inputs, None)
+    for name, a, b in zip(["out", "grad g", "grad x"], got, ref):
+        torch.testing.assert_close(a, b, rtol=1.3e-6, atol=1e-4, msg=lambda m, name=name: f"{case} {name}: {m}")

@@ -68,10 +68,13 @@ def _to_host(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def kernel_site(name: str, *arrays: Any, consts: tuple[Any, ...] = ()) -> Any:
+def kernel_site(
+    name: str, *arrays: Any, consts: tuple[Any, ...] = (), cpu_reference: Callable[..., Any] | None = None
+) -> Any:
     """One NKI kernel call: ``KERNELS[name]`` on ``arrays`` (jax values) and ``consts`` (Python values).
 
-    Returns what the kernel's reference returns (one array or a tuple).
+    Returns what the kernel's reference returns (one array or a tuple). ``cpu_reference`` (a module-level
+    function with the reference's signature and results) replaces the reference as the CPU target's body.
     """
     spec = KERNELS[name]
     ctx = current()
@@ -79,7 +82,7 @@ def kernel_site(name: str, *arrays: Any, consts: tuple[Any, ...] = ()) -> Any:
     if ctx.target == "cpu" and ctx.kernels != "emulate":
         # The reference's own trace types the call: no separate eval_shape trace.
         ctx.note_kernel_site(name)
-        return device_calls.reference_call(KERNEL_CALL_TARGET, reference, *arrays, consts=consts)
+        return device_calls.reference_call(KERNEL_CALL_TARGET, cpu_reference or reference, *arrays, consts=consts)
     results = jax.eval_shape(lambda *a: reference(*a, *consts), *arrays)
     single = not isinstance(results, (tuple, list))
     structs = results if single else tuple(results)
@@ -124,7 +127,31 @@ def _same_dtype(x: Any, torch_dtype: torch.dtype) -> bool:
 def mm(a: Any, b: Any) -> Any:
     if not (_same_dtype(a, _out_torch_dtype()) and KERNELS["matmul"].fits(a, b)):
         return None
-    return kernel_site("matmul", a, b)
+    cpu_reference = _matmul_lhs_written_out if _is_weight_gradient(a, b) else None
+    return kernel_site("matmul", a, b, cpu_reference=cpu_reference)
+
+
+def _is_weight_gradient(a: Any, b: Any) -> bool:
+    """``mm(g.t(), x)`` over more rows (K) than either output dim: a linear layer's weight gradient.
+
+    XLA CPU folds the transpose into the dot, whose LHS then contracts its first dim; such a dot runs in
+    Eigen's generic kernel, not YNNPACK's (ynn_support.cc: LHS must be canonical), ~1.5x slower for a
+    small transformer's weight gradients (512 tokens, 64..256 features). Written out first, the dot goes
+    to YNNPACK: decoder training step -4.6% (benchmarks/steady.py). With K small against the output (an
+    MLP at batch 64: K 64, output 2048x512) Eigen's kernel is the faster one, so those are left alone.
+    """
+    source = current().node.args[0]
+    transposed = isinstance(source, torch.fx.Node) and (
+        source.target in (aten.t.default, aten.transpose.int)
+        or (source.target is aten.permute.default and list(source.args[1]) == [1, 0])
+    )
+    return transposed and a.shape[1] >= max(a.shape[0], b.shape[1])
+
+
+def _matmul_lhs_written_out(a: Any, b: Any) -> Any:
+    """matmul's reference, with its LHS materialized in row-major order first (CPU target only: the
+    barrier keeps XLA from folding the transpose into the dot; see ``_is_weight_gradient``)."""
+    return KERNELS["matmul"].reference(jax.lax.optimization_barrier(a), b)
 
 
 @route(aten.addmm.default, "matmul")
