@@ -80,11 +80,15 @@ def device_call(
 def reference_call(target_name: str, reference: Callable[..., Any], *operands: Any, consts: tuple[Any, ...] = ()) -> Any:
     """``target_name``'s CPU-target form, ``reference(*operands, *consts)``, typed by the reference itself.
 
-    ``reference`` must be a module-level function of jax values and ``consts`` (hashable Python values):
-    the jitted body is kept per (call, reference, consts), so jax traces it once per operand shapes and
-    every site alike (the same kernel in each layer of a model) reuses that trace and its private function.
+    ``reference`` must be a module-level function of jax values and ``consts`` (Python values): the jitted
+    body is kept per (call, reference, consts), so jax traces it once per operand shapes and every site
+    alike (the same kernel in each layer of a model) reuses that trace and its private function.
     """
-    return _cached_reference_function(target_name, reference, consts)(*operands)
+    try:
+        function = _cached_reference_function(target_name, reference, consts)
+    except TypeError:  # an unhashable constant: traced for this site alone
+        function = _reference_function(target_name, reference, consts)
+    return function(*operands)
 
 
 def _reference_function(target_name: str, reference: Callable[..., Any], consts: tuple[Any, ...]) -> Any:
