@@ -79,14 +79,13 @@ def kernel_site(
     spec = KERNELS[name]
     ctx = current()
     reference = spec.reference
+    ctx.note_kernel_site(name)
     if ctx.target == "cpu" and ctx.kernels != "emulate":
         # The reference's own trace types the call: no separate eval_shape trace.
-        ctx.note_kernel_site(name)
         return device_calls.reference_call(KERNEL_CALL_TARGET, cpu_reference or reference, *arrays, consts=consts)
     results = jax.eval_shape(lambda *a: reference(*a, *consts), *arrays)
     single = not isinstance(results, (tuple, list))
     structs = results if single else tuple(results)
-    ctx.note_kernel_site(name)
     if ctx.target == "neuron":
         config = json.dumps({"kernel": f"neuron_compile.kernels.{spec.module}.{spec.kernel_name}", "consts": consts})
         return device_calls.device_call(
