@@ -203,21 +203,20 @@ def _report_output_strides(outputs: list[OutputSpec], saved_from: int | None) ->
     reported = getattr(context, "output_strides", None)
     if saved_from is None or reported is None:
         return
-    strides: list[tuple[int, ...] | None] = []
-    for spec in outputs:
-        if spec.kind == "const" or spec.spec is None:
-            strides.append(None)
-        elif spec.stride is not None:
-            strides.append(tuple(spec.stride))
-        elif spec.kind == "input":
-            strides.append(tuple(spec.input_stride) if spec.input_stride is not None else None)
-        else:
-            strides.append(make_contiguous_strides_for(spec.spec.shape))
-    if any(
+    if not any(
         spec.kind == "tensor"
         and len(spec.spec.shape) in (4, 5)
         and spec.stride == channels_last_strides(spec.spec.shape)
         and spec.stride != make_contiguous_strides_for(spec.spec.shape)
         for spec in outputs[saved_from:]
     ):
-        reported.extend(strides)
+        return
+    for spec in outputs:
+        if spec.kind == "const" or spec.spec is None:
+            reported.append(None)
+        elif spec.stride is not None:
+            reported.append(tuple(spec.stride))
+        elif spec.kind == "input":
+            reported.append(tuple(spec.input_stride) if spec.input_stride is not None else None)
+        else:
+            reported.append(make_contiguous_strides_for(spec.spec.shape))

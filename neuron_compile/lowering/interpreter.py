@@ -446,12 +446,11 @@ def lower_graph(
         for k, (buf, value) in enumerate(zip(buffers, roots)):
             if k in kept_channels_last:
                 value = value.array  # already in the memory order of its channels-last strides
-            elif buf.perm != tuple(range(len(buf.perm))):
-                value = layout.materialize(value)
-                # memory order of torch's strides (a complex value's trailing pair dim stays last)
-                value = jnp.transpose(value, buf.perm + tuple(range(len(buf.perm), value.ndim)))
             else:
                 value = layout.materialize(value)
+                if buf.perm != tuple(range(len(buf.perm))):
+                    # memory order of torch's strides (a complex value's trailing pair dim stays last)
+                    value = jnp.transpose(value, buf.perm + tuple(range(len(buf.perm), value.ndim)))
             if id(value) in seen:  # one jax value for two storages (e.g. a clone lowered to itself)
                 index.append((seen[id(value)], k))
                 continue

@@ -135,8 +135,7 @@ def _elementwise(lowering: Callable[..., Any], args: tuple, kwargs: dict) -> Any
         elif is_array(a) and a.ndim > 0:
             if a.ndim > rank:
                 return None
-            a = jnp.reshape(a, (1,) * (rank - a.ndim) + tuple(a.shape))
-            moved.append(jnp.moveaxis(a, 1, -1))
+            moved.append(_to_channels_last(jnp.reshape(a, (1,) * (rank - a.ndim) + tuple(a.shape))))
         else:
             moved.append(a)
     result = lowering(*moved, **kwargs)
