@@ -101,6 +101,13 @@ def child(backend: str, layers: int) -> dict:
                 finally:
                     phase["seconds"] += time.perf_counter() - t0
 
+            def load(self, digest, opts):  # a hit of AOTAutograd's cache names our entry (aot_cache.py)
+                t0 = time.perf_counter()
+                try:
+                    return self.inner.load(digest, opts)
+                finally:
+                    phase["seconds"] += time.perf_counter() - t0
+
         C.cache_for = lambda opts: Timed(real_cache_for(opts))
     torch.manual_seed(0)
     model = build_model(layers)

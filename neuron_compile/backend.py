@@ -6,6 +6,7 @@ import of this package.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 from typing import Any, Callable, Mapping
@@ -56,6 +57,7 @@ def neuron_backend(
     check_tensor_kinds(gm, example_inputs)
     check_static_shapes(gm, example_inputs)
     # Imported on first compile: resolving backend="neuron" must not pay for jax and every lowering.
+    from . import aot_cache
     from .compiler import compile_graph
     from .decompositions import decomposition_table
 
@@ -65,15 +67,20 @@ def neuron_backend(
         rewrite_sdpa(gm, opts.kernels)
     graph_id = next(_graph_ids)
 
+    no_aot_cache = aot_cache.enabled(opts)
+
     def compiler(kind: str) -> Callable[..., Any]:
-        return functools.partial(compile_graph, opts=opts, kind=kind, name=f"graph{graph_id}_{kind}")
+        name = f"graph{graph_id}_{kind}"
+        compile_fn = functools.partial(compile_graph, opts=opts, kind=kind, name=name)
+        return compile_fn if no_aot_cache else aot_cache.serializable(compile_fn, opts, kind, name)
 
     try:
-        return aot_autograd(
-            fw_compiler=compiler("forward"),
-            bw_compiler=compiler("backward"),
-            inference_compiler=compiler("inference"),
-            decompositions=decomposition_table(),
-        )(gm, example_inputs)
+        with contextlib.nullcontext() if no_aot_cache else aot_cache.storing(gm, opts):
+            return aot_autograd(
+                fw_compiler=compiler("forward"),
+                bw_compiler=compiler("backward"),
+                inference_compiler=compiler("inference"),
+                decompositions=decomposition_table(),
+            )(gm, example_inputs)
     except DATA_DEPENDENT_ERRORS as e:
         raise data_dependent_error(gm, e) from e

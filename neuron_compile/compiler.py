@@ -158,6 +158,15 @@ def compile_graph(
     artifact, cache_state = cache_for(cache_opts).get_or_build(
         gm, example_inputs, cache_opts, lambda: build_artifact(gm, example_inputs, opts, name)
     )
+    if kind == "forward" and whole:
+        _report_output_strides(artifact.outputs, gm.meta[SAVED_FOR_BACKWARD_FROM])
+    return compiled_graph(artifact, cache_state, opts, kind, name, t0)
+
+
+def compiled_graph(
+    artifact: Artifact, cache_state: str, opts: Options, kind: str, name: str, t0: float
+) -> CompiledGraph:
+    """The callable of an artifact, its warnings replayed and its use recorded (``neuron_compile.stats``)."""
     _replay(artifact)
     target = target_for(opts)
     executable = artifact.loaded
@@ -171,10 +180,12 @@ def compile_graph(
         )
     )
     if cache_state == "hit":  # a miss was summarized by build_artifact, with its legality verdict
-        debug.log_summary(f"neuron_compile: {name}: {artifact.num_ops} aten nodes, cache hit, loaded in {elapsed:.3f}s")
-    if kind == "forward" and whole:
-        _report_output_strides(artifact.outputs, gm.meta[SAVED_FOR_BACKWARD_FROM])
-    return CompiledGraph(name, target, executable, artifact.inputs, artifact.outputs, artifact.needs_rng_seed)
+        debug.log_summary(
+            f"neuron_compile: {name}: {artifact.num_ops} aten nodes, cache hit, loaded in {elapsed:.3f}s"
+        )
+    return CompiledGraph(
+        name, target, executable, artifact.inputs, artifact.outputs, artifact.needs_rng_seed, artifact.cache_digest
+    )
 
 
 def _saved_for_backward_from() -> int | None:

@@ -6,6 +6,8 @@ import torch
 
 # Tests never touch the user's real cache; each session gets a fresh one unless a test sets its own.
 os.environ.setdefault("NEURON_COMPILE_CACHE_DIR", tempfile.mkdtemp(prefix="neuron_compile_test_cache_"))
+# PyTorch's cache directory holds AOTAutograd's entries (neuron_compile/aot_cache.py): private too.
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="neuron_compile_test_torch_cache_"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 

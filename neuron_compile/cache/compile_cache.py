@@ -121,22 +121,37 @@ class CompileCache:
     def get_or_build(
         self, gm: Any, example_inputs: list[Any], opts: Options, build: Callable[[], Artifact]
     ) -> tuple[Artifact, str]:
+        """The graph's artifact (``cache_digest`` set when keyed) and how it was found: "hit", "miss" or
+        "off" (not cached)."""
         if not opts.cache:
             return build(), "off"
-        t0 = time.perf_counter()
         try:
             key = cache_key(gm, example_inputs, opts)
         except NotCacheable as e:
             log.debug("neuron cache: graph not cacheable (%s); compiling without the cache", e)
             self.counters.count(None, uncached=1)
             return build(), "off"
+        artifact, state = self._get_or_build(key, opts, build)
+        artifact.cache_digest = key.digest
+        return artifact, state
 
-        hit = self.memory.get(key.digest)
+    def load(self, digest: str, opts: Options) -> Artifact | None:
+        """The entry ``digest`` (memory, then disk), loaded and verified; None when it is not there (or is
+        damaged, untrusted). Never builds: for AOTAutograd's cache hits (``aot_cache``), which name ours."""
+        hit = self._memory_hit(digest, opts)
         if hit is not None:
-            root = self.directory(opts)
-            counted_root = root if root in self._trusted_roots else None
-            saved = hit.lower_seconds + hit.compile_seconds
-            self.counters.count(counted_root, hits=1, memory_hits=1, compile_seconds_saved=saved)
+            return hit
+        store = self.store_for(opts)
+        found = self._read(store, CacheKey(digest, {}), opts) if store is not None else None
+        if found is not None:
+            found.cache_digest = digest
+            log.info("neuron cache: hit %s %s (named by AOTAutograd's cache)", digest[:12], found.name)
+        return found
+
+    def _get_or_build(self, key: CacheKey, opts: Options, build: Callable[[], Artifact]) -> tuple[Artifact, str]:
+        t0 = time.perf_counter()
+        hit = self._memory_hit(key.digest, opts)
+        if hit is not None:
             log.info("neuron cache: hit (memory) %s %s in %.4fs", key.digest[:12], hit.name, time.perf_counter() - t0)
             if key.digest not in self.recorded:
                 self._record_megacache(key.digest, E.encode(hit, key.digest, key.summary))
@@ -179,6 +194,15 @@ class CompileCache:
         self._publish(remote, key, parts, damaged, store.root)  # after the release: local waiters go on
         self.counters.flush(store.root)
         return artifact, "miss"
+
+    def _memory_hit(self, digest: str, opts: Options) -> Artifact | None:
+        hit = self.memory.get(digest)
+        if hit is not None:
+            root = self.directory(opts)
+            counted_root = root if root in self._trusted_roots else None
+            saved = hit.lower_seconds + hit.compile_seconds
+            self.counters.count(counted_root, hits=1, memory_hits=1, compile_seconds_saved=saved)
+        return hit
 
     def _build_uncached(self, key: CacheKey, build: Callable[[], Artifact], opts: Options) -> tuple[Artifact, str]:
         remote = self.remote_for(opts)

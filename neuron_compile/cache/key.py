@@ -203,17 +203,25 @@ def package_versions(target: str, generation: str) -> dict[str, str]:
     return versions
 
 
+def environment(opts: Options) -> dict[str, Any]:
+    """What shapes every artifact besides its graph and inputs: options, target, versions, the user tag.
+    Also in the key of our entries in AOTAutograd's cache (``aot_cache.fingerprint``)."""
+    return {
+        "format": KEY_FORMAT,
+        "options": opts.cache_relevant(),
+        "target": opts.target,
+        "versions": package_versions(opts.target, opts.generation),
+        "tag": str(torch.compiler.config.cache_key_tag),
+    }
+
+
 def cache_key(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options) -> CacheKey:
     """THE key of a compiled graph. Raises ``NotCacheable`` when the graph cannot be keyed faithfully."""
     graph = canonical_graph(gm)
     signature = input_signature(example_inputs)
     summary = {
-        "format": KEY_FORMAT,
+        **environment(opts),
         "inputs": signature,
-        "options": opts.cache_relevant(),
-        "target": opts.target,
-        "versions": package_versions(opts.target, opts.generation),
-        "tag": str(torch.compiler.config.cache_key_tag),
         # a forward's outputs saved for the backward may be returned channels-last (lowering/layout.py)
         "saved_for_backward_from": getattr(gm, "meta", {}).get(SAVED_FOR_BACKWARD_FROM),
         "num_nodes": len(graph),

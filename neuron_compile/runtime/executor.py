@@ -28,10 +28,13 @@ class CompiledGraph:
         inputs: list[Any],
         outputs: list[OutputSpec],
         needs_rng_seed: bool,
+        cache_digest: str | None = None,
     ) -> None:
         # An instance attribute, so that functools.wraps (used by Dynamo's disable) carries it over.
         self._boxed_call = True
         self.name = name
+        #: Its compile-cache entry (None: not cached), which AOTAutograd's cache names (``aot_cache``).
+        self.cache_digest = cache_digest
         self.target = target
         self.executable = executable
         self.inputs = inputs

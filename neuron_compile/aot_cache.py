@@ -1,0 +1,172 @@
+"""Warm start without AOTAutograd's retracing: our compiled graphs in PyTorch's AOTAutograd cache.
+
+A first compile traces the joint graph, partitions it and lowers the forward and backward: that tracing is
+most of a warm start once our own cache holds the executables. PyTorch's AOTAutograd cache (the one
+Inductor uses) stores, per Dynamo graph, the runtime wrappers AOTAutograd built around the compiled
+graphs; here each compiled graph is a ``NeuronOutputCode`` that pickles to the digest of our cache entry,
+never to the executable. On a hit AOTAutograd skips its tracing and each ``NeuronOutputCode`` loads its
+executable from our cache (integrity, versions and trust checked there, as for any hit); an entry missing
+from our cache turns the hit into a plain compile (PyTorch catches the error of ``post_compile``).
+
+What keys a hit: PyTorch's key (the Dynamo graph's code, the inputs' metadata, grad and autocast state,
+torch's versions and configs) plus ``fingerprint(opts)``, carried into it as an attribute of the Dynamo
+graph: our options, our cache directory, and the versions of ``cache.key.environment`` (neuron_compile's
+source fingerprint among them, so an edited lowering never reuses old wrappers).
+
+Where and when: PyTorch keeps the entries under ``TORCHINDUCTOR_CACHE_DIR`` (``<dir>/aotautograd``); they
+are used when our cache is on, PyTorch's own switches allow it (``TORCHINDUCTOR_AUTOGRAD_CACHE``,
+``TORCHINDUCTOR_FX_GRAPH_CACHE``, ``torch.compiler.config.force_disable_caches``) and that directory passes
+the trust rule of ours (entries are pickles). Storing a training graph's entry needs its backward at
+hand, so with this cache on the backward is compiled with the forward, not at the first ``backward()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import unittest.mock
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch._functorch._aot_autograd import autograd_cache
+from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+from torch._inductor.output_code import OutputCode
+
+from .options import Options
+
+#: The attribute of the Dynamo graph that carries ``fingerprint`` into AOTAutograd's cache key (which
+#: hashes the graph module's ``__dict__``).
+FINGERPRINT_ATTR = "_neuron_compile_fingerprint"
+
+
+def aot_cache_dir() -> str:
+    return autograd_cache.AOTAutogradCache._get_tmp_dir()
+
+
+def enabled(opts: Options) -> str | None:
+    """None if AOTAutograd's cache may hold this compile's graphs, else why not."""
+    from .cache.trust import dir_untrusted_reason
+    from .compiler import HOOKS
+
+    if not opts.cache:
+        return "the compile cache is off"
+    if opts.debug_dir:
+        return "a debug dump must show this run's lowering"
+    if opts.kernels == "emulate":
+        return "emulated kernels call back into Python"
+    if HOOKS.on_graph or HOOKS.on_lowered:
+        return "a tool observes every graph AOTAutograd hands over (compiler.HOOKS)"
+    if not autograd_cache.should_use_local_autograd_cache() or not torch._inductor.config.fx_graph_cache:
+        return "PyTorch's AOTAutograd/FX graph cache is disabled"
+    if not opts.trust_cache_dir:
+        reason = dir_untrusted_reason(aot_cache_dir())
+        if reason is not None:
+            return reason
+    return None
+
+
+def fingerprint(opts: Options) -> str:
+    """What of ours a hit must match besides the Dynamo graph and inputs (which PyTorch keys)."""
+    from .cache.key import environment
+    from .cache.paths import resolve_cache_dir
+
+    return json.dumps(
+        {"environment": environment(opts), "options": repr(opts), "cache_dir": resolve_cache_dir(opts.cache_dir)},
+        sort_keys=True,
+    )
+
+
+class _KeyDetails(autograd_cache.AOTAutogradCacheDetails):
+    """What AOTAutograd's own key records (its config, grad/autocast/determinism state, the graph and the
+    inputs' metadata), without Inductor's part: its config, passes and source hash say nothing about our
+    graphs, and gathering them imports Inductor's code generators (~1 s, more than a hit saves)."""
+
+    def _init_fx_graph_hash_details(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], fx_config: Any
+    ) -> None:
+        if not all(isinstance(x, (torch.Tensor, int, float, bool, type(None))) for x in example_inputs):
+            raise autograd_cache.BypassAOTAutogradCache("neuron_compile: graph input that is not a tensor or number")
+        self.gm = gm
+        self.example_inputs = list(example_inputs)
+        self.torch_version = torch.__version__
+        self.default_dtype = torch.get_default_dtype()  # factory calls without a dtype trace to it
+
+
+def _autograd_cache_key(
+    mod: Any, example_inputs: Sequence[Any], config: Any, compiler_config_extra: Any = None
+) -> tuple[str, list[str]]:
+    """``autograd_cache.autograd_cache_key`` with ``_KeyDetails``."""
+    gm = mod.gm if isinstance(mod, torch._dynamo.utils.GmWrapper) else mod
+    with autograd_cache.sanitize_gm_for_cache(gm):
+        autograd_cache.check_cacheable(gm)
+        details = _KeyDetails(gm, example_inputs, config, {})
+        digest = autograd_cache.AOTAutogradCachePickler(gm).get_hash(details)
+        return autograd_cache.AOTAUTOGRAD_CACHE_PREFIX + digest, []
+
+
+class NeuronOutputCode(OutputCode):
+    """One compiled graph as AOTAutograd's cache holds it: the digest of our entry, not the executable."""
+
+    def __init__(self, graph: Any, opts: Options, kind: str, name: str) -> None:
+        self._boxed_call = True
+        self.graph = graph
+        self.opts = opts
+        self.kind = kind
+        self.name = name
+        self.cache_digest: str | None = getattr(graph, "cache_digest", None)
+
+    def __call__(self, inputs: Sequence[Any]) -> Any:
+        return self.graph(inputs)
+
+    def prepare_for_serialization(self) -> None:
+        if self.cache_digest is None:  # split, checked or uncacheable graphs: recompiled each time
+            raise autograd_cache.BypassAOTAutogradCache(f"neuron_compile: {self.name} is not in the compile cache")
+        self.graph = None
+
+    def post_compile(self, example_inputs: Sequence[Any], constants: Any, graph_kwargs: Any) -> None:
+        if self.graph is not None:
+            return
+        from . import compiler
+
+        t0 = time.perf_counter()
+        artifact = compiler.cache_for(self.opts).load(self.cache_digest, self.opts)
+        if artifact is None:
+            raise LookupError(f"neuron_compile: {self.name}'s entry {self.cache_digest} is not in the compile cache")
+        self.graph = compiler.compiled_graph(artifact, "hit", self.opts, self.kind, self.name, t0)
+
+    def set_triton_bundle(self, triton_bundle: Any) -> None:
+        pass
+
+
+def serializable(
+    compile_fn: Callable[..., Any], opts: Options, kind: str, name: str
+) -> SerializableAOTDispatchCompiler:
+    """``compile_fn(gm, example_inputs)`` as a compiler whose results AOTAutograd's cache can store."""
+
+    def compile_to_output_code(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> NeuronOutputCode:
+        return NeuronOutputCode(compile_fn(gm, example_inputs), opts, kind, name)
+
+    return SerializableAOTDispatchCompiler(NeuronOutputCode, compile_to_output_code)
+
+
+@contextlib.contextmanager
+def storing(gm: torch.fx.GraphModule, opts: Options) -> Iterator[None]:
+    """Around ``aot_autograd(...)(gm, ...)``: key ``gm`` with our fingerprint and have AOTAutograd store
+    bundled entries (our ``NeuronOutputCode`` pickled in them), the backward compiled before it stores."""
+    from .cache.key import source_fingerprint
+    from .kernels.sdpa import sdpa_flash, sdpa_math
+
+    setattr(gm, FINGERPRINT_ATTR, fingerprint(opts))
+    # rewrite_sdpa's targets are ours; PyTorch caches graphs that call only functions it knows to be pure,
+    # or ones marked so with a version (here our source's, also in the fingerprint).
+    marked = dict(torch._inductor.config.unsafe_marked_cacheable_functions)
+    for fn in (sdpa_flash, sdpa_math):
+        marked[f"{fn.__module__}.{fn.__name__}"] = source_fingerprint()
+    with (
+        torch._functorch.config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True),
+        torch._inductor.config.patch(unsafe_marked_cacheable_functions=marked),
+        unittest.mock.patch.object(autograd_cache, "autograd_cache_key", _autograd_cache_key),
+    ):
+        yield
