@@ -164,6 +164,8 @@ def storing(gm: torch.fx.GraphModule, opts: Options) -> Iterator[None]:
     marked = dict(torch._inductor.config.unsafe_marked_cacheable_functions)
     for fn in (sdpa_flash, sdpa_math):
         marked[f"{fn.__module__}.{fn.__name__}"] = source_fingerprint()
+    # Process-wide patches, for the length of one backend call: Dynamo compiles one frame at a time
+    # (convert_frame's compile lock), so no other AOTAutograd lookup runs meanwhile.
     with (
         torch._functorch.config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True),
         torch._inductor.config.patch(unsafe_marked_cacheable_functions=marked),
