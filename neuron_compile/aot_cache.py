@@ -17,7 +17,8 @@ Where and when: PyTorch keeps the entries under ``TORCHINDUCTOR_CACHE_DIR`` (``<
 are used when our cache is on, PyTorch's own switches allow it (``TORCHINDUCTOR_AUTOGRAD_CACHE``,
 ``TORCHINDUCTOR_FX_GRAPH_CACHE``, ``torch.compiler.config.force_disable_caches``) and that directory passes
 the trust rule of ours (entries are pickles). Storing a training graph's entry needs its backward at
-hand, so with this cache on the backward is compiled with the forward, not at the first ``backward()``.
+hand, so with this cache on the backward is compiled with the forward, not at the first ``backward()``
+(a failure to compile it is still raised by ``backward()``).
 """
 
 from __future__ import annotations
@@ -140,13 +141,35 @@ class NeuronOutputCode(OutputCode):
         pass
 
 
+class _FailedBackward:
+    """A backward that ``storing`` compiled ahead of its first use and that failed: its error belongs to
+    ``backward()``, as with AOTAutograd's lazy backward, so that a forward-only run under grad still works."""
+
+    def __init__(self, error: Exception) -> None:
+        self._boxed_call = True
+        self.error = error
+        self.traceback = error.__traceback__  # where it failed, not where each backward() re-raised it
+
+    def __call__(self, inputs: list[Any]) -> Any:
+        raise self.error.with_traceback(self.traceback)
+
+
 def serializable(
     compile_fn: Callable[..., Any], opts: Options, kind: str, name: str
 ) -> SerializableAOTDispatchCompiler:
     """``compile_fn(gm, example_inputs)`` as a compiler whose results AOTAutograd's cache can store."""
+    # Read before ``storing`` forces the backward's compile: a caller that forces it itself (``evaluate``)
+    # wants its errors at compile time.
+    defer_error = kind == "backward" and not torch._functorch.config.force_non_lazy_backward_lowering
 
     def compile_to_output_code(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> NeuronOutputCode:
-        return NeuronOutputCode(compile_fn(gm, example_inputs), opts, kind, name)
+        try:
+            graph = compile_fn(gm, example_inputs)
+        except Exception as e:
+            if not defer_error:
+                raise
+            graph = _FailedBackward(e)
+        return NeuronOutputCode(graph, opts, kind, name)
 
     return SerializableAOTDispatchCompiler(NeuronOutputCode, compile_to_output_code)
 

@@ -74,13 +74,14 @@ def neuron_backend(
         compile_fn = functools.partial(compile_graph, opts=opts, kind=kind, name=name)
         return compile_fn if no_aot_cache else aot_cache.serializable(compile_fn, opts, kind, name)
 
+    compile_with = aot_autograd(
+        fw_compiler=compiler("forward"),
+        bw_compiler=compiler("backward"),
+        inference_compiler=compiler("inference"),
+        decompositions=decomposition_table(),
+    )
     try:
         with contextlib.nullcontext() if no_aot_cache else aot_cache.storing(gm, opts):
-            return aot_autograd(
-                fw_compiler=compiler("forward"),
-                bw_compiler=compiler("backward"),
-                inference_compiler=compiler("inference"),
-                decompositions=decomposition_table(),
-            )(gm, example_inputs)
+            return compile_with(gm, example_inputs)
     except DATA_DEPENDENT_ERRORS as e:
         raise data_dependent_error(gm, e) from e

@@ -18,6 +18,7 @@ import neuron_compile.cache as nc
 import neuron_compile.cache.key as key_mod
 import neuron_compile.compiler as compiler_mod
 from neuron_compile import aot_cache
+from neuron_compile.errors import NeuronCompileError
 from neuron_compile.options import Options
 from neuron_compile.stats import STATS
 
@@ -155,6 +156,29 @@ def test_what_the_wrappers_depend_on_misses(caches, builds, monkeypatch, change)
     else:
         train_step(model, x, options)
     assert aot("autograd_cache_hit") == 0 and aot("autograd_cache_miss") == 2, dict(counters["aot_autograd"])
+
+
+def test_backward_that_fails_to_compile_fails_in_backward(caches, monkeypatch):
+    """The cache compiles the backward with the forward; its failure still belongs to backward(), so a
+    forward under grad that never calls backward() runs (as with AOTAutograd's lazy backward)."""
+    real = compiler_mod.build_artifact
+
+    def refuse_backward(gm, example_inputs, opts, name):
+        if name.endswith("_backward"):
+            raise NeuronCompileError(f"{name}: refused for this test")
+        return real(gm, example_inputs, opts, name)
+
+    monkeypatch.setattr(compiler_mod, "build_artifact", refuse_backward)
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(4, 16)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="neuron", dynamic=False)
+    for _ in range(2):
+        out = compiled(x)
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+        with pytest.raises(NeuronCompileError, match="_backward: refused for this test"):
+            out.sum().backward()
+    assert aot("autograd_cache_saved") == 0, dict(counters["aot_autograd"])
 
 
 def test_entry_gone_from_our_cache_recompiles(caches, builds):
