@@ -8,10 +8,11 @@ never to the executable. On a hit AOTAutograd skips its tracing and each ``Neuro
 executable from our cache (integrity, versions and trust checked there, as for any hit); an entry missing
 from our cache turns the hit into a plain compile (PyTorch catches the error of ``post_compile``).
 
-What keys a hit: PyTorch's key (the Dynamo graph's code, the inputs' metadata, grad and autocast state,
-torch's versions and configs) plus ``fingerprint(opts)``, carried into it as an attribute of the Dynamo
-graph: our options, our cache directory, and the versions of ``cache.key.environment`` (neuron_compile's
-source fingerprint among them, so an edited lowering never reuses old wrappers).
+What keys a hit: AOTAutograd's part of PyTorch's key (the Dynamo graph's code, the inputs' metadata,
+grad/autocast/determinism state, AOTAutograd's config) with torch's version, not Inductor's part
+(``_KeyDetails``), plus ``fingerprint(opts)``, carried into it as an attribute of the Dynamo graph: our
+options, our cache directory, and the versions of ``cache.key.environment`` (neuron_compile's source
+fingerprint among them, so an edited lowering never reuses old wrappers).
 
 Where and when: PyTorch keeps the entries under ``TORCHINDUCTOR_CACHE_DIR`` (``<dir>/aotautograd``); they
 are used when our cache is on, PyTorch's own switches allow it (``TORCHINDUCTOR_AUTOGRAD_CACHE``,
@@ -43,6 +44,7 @@ FINGERPRINT_ATTR = "_neuron_compile_fingerprint"
 
 
 def aot_cache_dir() -> str:
+    """Where PyTorch keeps AOTAutograd's entries."""
     return autograd_cache.AOTAutogradCache._get_tmp_dir()
 
 
