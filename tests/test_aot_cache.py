@@ -123,6 +123,20 @@ def test_hit_skips_aot_autograd_and_matches_eager(caches, builds, make):
         torch.testing.assert_close(b, e, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_hit_reproduces_the_compile_bit_for_bit(caches, builds, dtype):
+    """A hit runs the very executables the compile made, behind the wrappers AOTAutograd stored: the
+    loss and every gradient are identical, not just close (eager is the other tests' reference)."""
+    torch.manual_seed(0)
+    model, x = Net().to(dtype), torch.randn(2, 8, 16, dtype=dtype)
+    first = train_step(model, x)
+    nc.clear_memory()
+    second = train_step(model, x)
+    assert aot("autograd_cache_hit") == 1 and len(builds) == 2, (dict(counters["aot_autograd"]), builds)
+    for a, b in zip([first[0], *first[1]], [second[0], *second[1]]):
+        assert a.dtype == dtype and torch.equal(a, b)
+
+
 def test_inference_hit(caches, builds):
     torch.manual_seed(0)
     model, x = Net(), torch.randn(4, 16)
