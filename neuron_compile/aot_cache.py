@@ -48,7 +48,7 @@ def aot_cache_dir() -> str:
     return autograd_cache.AOTAutogradCache._get_tmp_dir()
 
 
-def enabled(opts: Options) -> str | None:
+def reason_not_used(opts: Options) -> str | None:
     """None if AOTAutograd's cache may hold this compile's graphs, else why not."""
     from .cache.trust import dir_untrusted_reason
     from .compiler import HOOKS

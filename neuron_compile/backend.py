@@ -67,12 +67,12 @@ def neuron_backend(
         rewrite_sdpa(gm, opts.kernels)
     graph_id = next(_graph_ids)
 
-    no_aot_cache = aot_cache.enabled(opts)
+    aot_cache_off = aot_cache.reason_not_used(opts)
 
     def compiler(kind: str) -> Callable[..., Any]:
         name = f"graph{graph_id}_{kind}"
         compile_fn = functools.partial(compile_graph, opts=opts, kind=kind, name=name)
-        return compile_fn if no_aot_cache else aot_cache.serializable(compile_fn, opts, kind, name)
+        return compile_fn if aot_cache_off else aot_cache.serializable(compile_fn, opts, kind, name)
 
     compile_with = aot_autograd(
         fw_compiler=compiler("forward"),
@@ -81,7 +81,7 @@ def neuron_backend(
         decompositions=decomposition_table(),
     )
     try:
-        with contextlib.nullcontext() if no_aot_cache else aot_cache.storing(gm, opts):
+        with contextlib.nullcontext() if aot_cache_off else aot_cache.storing(gm, opts):
             return compile_with(gm, example_inputs)
     except DATA_DEPENDENT_ERRORS as e:
         raise data_dependent_error(gm, e) from e

@@ -218,7 +218,7 @@ def test_untrusted_directory_is_not_used(caches, builds):
     shared = caches / "inductor" / "aotautograd"
     shared.mkdir(parents=True)
     shared.chmod(0o777)
-    assert "writable by other users" in aot_cache.enabled(Options())
+    assert "writable by other users" in aot_cache.reason_not_used(Options())
     torch.manual_seed(0)
     train_step(Net(), torch.randn(4, 16))
     assert aot("autograd_cache_saved") == 0 and not os.listdir(shared)
@@ -226,9 +226,9 @@ def test_untrusted_directory_is_not_used(caches, builds):
 
 def test_switched_off_with_pytorch_cache_switches(caches, monkeypatch):
     monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
-    assert "disabled" in aot_cache.enabled(Options())
+    assert "disabled" in aot_cache.reason_not_used(Options())
     monkeypatch.undo()
-    assert aot_cache.enabled(Options(cache=False)) == "the compile cache is off"
+    assert aot_cache.reason_not_used(Options(cache=False)) == "the compile cache is off"
 
 
 _CHILD = """
