@@ -51,7 +51,6 @@ def aot_cache_dir() -> str:
 def reason_not_used(opts: Options) -> str | None:
     """None if AOTAutograd's cache may hold this compile's graphs, else why not."""
     from .cache.trust import dir_untrusted_reason
-    from .compiler import HOOKS
 
     if not opts.cache:
         return "the compile cache is off"
@@ -59,8 +58,6 @@ def reason_not_used(opts: Options) -> str | None:
         return "a debug dump must show this run's lowering"
     if opts.kernels == "emulate":
         return "emulated kernels call back into Python"
-    if HOOKS.on_graph or HOOKS.on_lowered:
-        return "a tool observes every graph AOTAutograd hands over (compiler.HOOKS)"
     if not autograd_cache.should_use_local_autograd_cache() or not torch._inductor.config.fx_graph_cache:
         return "PyTorch's AOTAutograd/FX graph cache is disabled"
     if not opts.trust_cache_dir:

@@ -507,7 +507,9 @@ def _compile_and_run(preps: list[_Prepared], recorder: _Recorder) -> list[tuple[
     compiled = torch.compile(fn, backend="neuron", fullgraph=True, dynamic=False)
     _RECORDER = recorder
     try:
-        with warnings.catch_warnings():
+        # A hit of AOTAutograd's cache (neuron_compile/aot_cache.py) would not reach the backend at all,
+        # and the recorder must see every graph.
+        with torch._functorch.config.patch(enable_autograd_cache=False), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.manual_seed(preps[0].seed)
             flat = [t for ts in inputs for t in ts]

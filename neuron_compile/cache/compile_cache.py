@@ -140,12 +140,13 @@ class CompileCache:
         damaged, untrusted). Never builds: for AOTAutograd's cache hits (``aot_cache``), which name ours."""
         hit = self._memory_hit(digest, opts)
         if hit is not None:
+            log.info("neuron cache: hit (memory) %s %s, named by AOTAutograd's cache", digest[:12], hit.name)
             return hit
         store = self.store_for(opts)
         found = self._read(store, CacheKey(digest, {}), opts) if store is not None else None
         if found is not None:
             found.cache_digest = digest
-            log.info("neuron cache: hit %s %s (named by AOTAutograd's cache)", digest[:12], found.name)
+            log.info("neuron cache: hit %s %s, named by AOTAutograd's cache", digest[:12], found.name)
         return found
 
     def _get_or_build(self, key: CacheKey, opts: Options, build: Callable[[], Artifact]) -> tuple[Artifact, str]:
