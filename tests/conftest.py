@@ -16,3 +16,19 @@ def _fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def builds(monkeypatch):
+    """Counts real compiles (cache misses that lower and compile): the names of the graphs built."""
+    import neuron_compile.compiler as compiler_mod
+
+    calls = []
+    real = compiler_mod.build_artifact
+
+    def counting(gm, example_inputs, opts, name):
+        calls.append(name)
+        return real(gm, example_inputs, opts, name)
+
+    monkeypatch.setattr(compiler_mod, "build_artifact", counting)
+    return calls

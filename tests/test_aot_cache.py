@@ -70,19 +70,6 @@ def caches(tmp_path, monkeypatch):
     nc.clear_memory()
 
 
-@pytest.fixture
-def builds(monkeypatch):
-    calls = []
-    real = compiler_mod.build_artifact
-
-    def counting(gm, example_inputs, opts, name):
-        calls.append(name)
-        return real(gm, example_inputs, opts, name)
-
-    monkeypatch.setattr(compiler_mod, "build_artifact", counting)
-    return calls
-
-
 def train_step(model, x, options=None):
     """Loss and gradients of one compiled step, after a Dynamo reset (so AOTAutograd runs again)."""
     torch._dynamo.reset()

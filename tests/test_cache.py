@@ -15,7 +15,6 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import neuron_compile.cache as nc
-import neuron_compile.compiler as compiler_mod
 from neuron_compile import cli
 import neuron_compile.cache.key as key_mod
 from neuron_compile.cache.key import cache_key
@@ -53,20 +52,6 @@ def cache_dir(tmp_path, monkeypatch):
     STATS.reset()
     yield d
     nc.clear_memory()
-
-
-@pytest.fixture
-def builds(monkeypatch):
-    """Counts real compiles (cache misses that lower and compile)."""
-    calls = []
-    real = compiler_mod.build_artifact
-
-    def counting(gm, example_inputs, opts, name):
-        calls.append(name)
-        return real(gm, example_inputs, opts, name)
-
-    monkeypatch.setattr(compiler_mod, "build_artifact", counting)
-    return calls
 
 
 def run_train_step(model, x, options=None):
