@@ -34,7 +34,7 @@ from neuron_compile.cache import entry as E
 from neuron_compile.cache.megacache import NeuronCacheArtifact
 from neuron_compile.cache.store import STALE_SECONDS, DiskStore
 from neuron_compile.options import Options
-from tests.test_cache import ATOL, RTOL, Block, _result, _run, builds, cache_dir, run_train_step, states  # noqa: F401
+from tests.test_cache import ATOL, RTOL, Block, _result, _run, cache_dir, run_train_step, states  # noqa: F401
 
 
 # ----------------------------------------------------------------------------------------- helpers
