@@ -74,6 +74,7 @@ def neuron_backend(
         compile_fn = functools.partial(compile_graph, opts=opts, kind=kind, name=name)
         return compile_fn if aot_cache_off else aot_cache.serializable(compile_fn, opts, kind, name)
 
+    # Built outside ``storing``: serializable() reads whether the caller itself forces the eager backward.
     compile_with = aot_autograd(
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
