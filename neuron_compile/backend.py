@@ -22,6 +22,7 @@ from .graph_checks import (
     refuse_silent_eager_fallback,
     warn_mode,
 )
+from .heap import old_objects_frozen
 from .options import Options
 
 _graph_ids = itertools.count()
@@ -43,6 +44,7 @@ def _calls_sdpa(gm: torch.fx.GraphModule) -> bool:
     )
 
 
+@old_objects_frozen()  # the compile's garbage collections walk only what it allocates (heap.py)
 def neuron_backend(
     gm: torch.fx.GraphModule,
     example_inputs: list[Any],

@@ -18,6 +18,7 @@ from torch._prims_common import make_contiguous_strides_for
 from . import debug, distributed
 from .artifact import SAVED_FOR_BACKWARD_FROM, Artifact, OutputSpec, channels_last_strides
 from .cache import cache_for
+from .heap import old_objects_frozen
 from .errors import WARNING_CLASSES, NeuronFloat64Warning, NeuronUnsupportedOpError, NeuronWarning
 from .options import Options
 from .runtime.executor import CompiledGraph
@@ -114,6 +115,7 @@ def build_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Op
     )
 
 
+@old_objects_frozen()  # a backward compiled lazily, at its first call, runs outside the backend's freeze
 def compile_graph(
     gm: torch.fx.GraphModule,
     example_inputs: list[Any],

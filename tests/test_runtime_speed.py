@@ -82,6 +82,73 @@ def test_dense_permuted_inputs_are_fed_without_a_copy(make, monkeypatch: pytest.
         assert x.data_ptr() in fed, "the input was copied before the call"
 
 
+def _views(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return x.t(), x[1:], x
+
+
+@pytest.mark.parametrize(
+    "fn, make",
+    [(_add, lambda: (torch.randn(4, 4, requires_grad=True), torch.randn(4, 4))),  # backward: grad passes through
+     (_views, lambda: (torch.randn(3, 5),))],  # forward: views of the input only
+    ids=["add-backward", "views-only"],
+)  # fmt: skip
+def test_graphs_that_compute_nothing_are_not_run(fn, make, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A graph whose outputs are all inputs, views of them or constants has nothing to execute: its
+    outputs are made from its arguments, with eager's values, strides and aliasing."""
+    from neuron_compile import STATS
+    from neuron_compile.runtime.cpu import CpuTarget
+
+    runs: list[int] = []
+    run = CpuTarget.run
+    monkeypatch.setattr(CpuTarget, "run", lambda self, exe, bufs: runs.append(1) or run(self, exe, bufs))
+    STATS.reset()
+    args = make()
+    want = fn(*[a.detach().clone().requires_grad_(a.requires_grad) for a in args])
+    got = torch.compile(fn, backend="neuron", dynamic=False)(*args)
+    want, got = (want, got) if isinstance(got, tuple) else ((want,), (got,))
+    for i, (w, g) in enumerate(zip(want, got)):
+        assert g.stride() == w.stride(), f"output {i}"
+        torch.testing.assert_close(g, w)
+    if fn is _views:
+        assert all(g.untyped_storage().data_ptr() == args[0].untyped_storage().data_ptr() for g in got)
+        assert runs == []
+    else:
+        runs.clear()
+        got[0].sum().backward()
+        assert runs == [], "the backward of an add was executed"
+        torch.testing.assert_close(args[0].grad, torch.ones(4, 4))
+    assert [g.kind for g in STATS.graphs] == (["inference"] if fn is _views else ["forward", "backward"])
+
+
+def test_compiles_keep_old_objects_out_of_garbage_collections(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Full collections during a compile walk only the objects it made (neuron_compile/heap.py), and the
+    frozen objects are handed back when it ends; a caller's own freeze is left alone."""
+    import gc
+
+    frozen_during: list[int] = []
+    from neuron_compile.runtime import executor
+
+    init = executor.CompiledGraph.__init__
+
+    def recording(self, *args, **kwargs):
+        frozen_during.append(gc.get_freeze_count())
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(executor.CompiledGraph, "__init__", recording)
+    x = torch.randn(4, 4)
+    torch.compile(lambda a: a * 3, backend="neuron", dynamic=False)(x)
+    assert frozen_during and all(n > 10_000 for n in frozen_during), frozen_during
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        mine = gc.get_freeze_count()
+        torch.compile(lambda a: a * 4, backend="neuron", dynamic=False)(x)
+        # Frozen objects still die by reference counting, so the count may drop a little, not to zero.
+        assert gc.get_freeze_count() > 0.9 * mine, "the caller's frozen objects were unfrozen"
+    finally:
+        gc.unfreeze()
+
+
 def test_outputs_of_successive_calls_do_not_share_memory() -> None:
     compiled = torch.compile(_add, backend="neuron", dynamic=False)
     x, y = torch.randn(4, 4), torch.randn(4, 4)

@@ -53,6 +53,10 @@ class CompiledGraph:
         # Outputs that are inputs (or views of them) are taken from the call's arguments.
         self._aliased_inputs = sorted({s.index for s in outputs if s.kind == "input"})
         self._direct_checked = False
+        # Nothing to compute when every output is an input, a view of one or a constant (the backward of
+        # an add, a graph of views) and no random draw must advance torch's generator: the executable
+        # has no results and no effects, so it is not run (eager launches no kernel there either).
+        self._runs = needs_rng_seed or any(s.kind == "tensor" for s in outputs)
         self.calls = 0
 
     def _seed(self) -> Any:
@@ -63,8 +67,9 @@ class CompiledGraph:
         # Drawn from torch's default generator: torch.manual_seed makes compiled random ops reproducible.
         return jax_adapter.torch_to_device(torch.randint(-(2**31), 2**31 - 1, (2,), dtype=torch.int32))
 
-    def _meta_outputs(self, args: list[Any]) -> list[Any]:
-        """What eager gives for meta inputs: outputs with the shapes, dtypes and strides torch computed."""
+    def _outputs_without_running(self, args: list[Any]) -> list[Any]:
+        """Outputs with the shapes, dtypes and strides torch computed, built without running the executable:
+        what eager gives for meta inputs, and all of a graph whose outputs are inputs or constants."""
         out: list[Any] = []
         for spec in self.outputs:
             if spec.kind == "const":
@@ -79,13 +84,17 @@ class CompiledGraph:
 
     def __call__(self, args: list[Any]) -> list[Any]:
         self.calls += 1
+        if not self._runs:
+            out = self._outputs_without_running(args)
+            args.clear()
+            return out
         to_device = jax_adapter.torch_to_device
         buffers = []
         for i, f64, perm in self._feed:
             t = args[i]
             if t.is_meta:
                 # Dynamo traced these inputs with fake tensors, so devices are consistent: nothing to run.
-                out = self._meta_outputs(args)
+                out = self._outputs_without_running(args)
                 args.clear()
                 return out
             if f64:
