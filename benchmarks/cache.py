@@ -94,19 +94,18 @@ def child(backend: str, layers: int) -> dict:
             def __init__(self, inner):
                 self.inner = inner
 
-            def get_or_build(self, gm, example_inputs, opts, build):
+            def _timed(self, method, *args):
                 t0 = time.perf_counter()
                 try:
-                    return self.inner.get_or_build(gm, example_inputs, opts, build)
+                    return getattr(self.inner, method)(*args)
                 finally:
                     phase["seconds"] += time.perf_counter() - t0
 
+            def get_or_build(self, gm, example_inputs, opts, build):
+                return self._timed("get_or_build", gm, example_inputs, opts, build)
+
             def load(self, digest, opts):  # a hit of AOTAutograd's cache names our entry (aot_cache.py)
-                t0 = time.perf_counter()
-                try:
-                    return self.inner.load(digest, opts)
-                finally:
-                    phase["seconds"] += time.perf_counter() - t0
+                return self._timed("load", digest, opts)
 
         C.cache_for = lambda opts: Timed(real_cache_for(opts))
     torch.manual_seed(0)

@@ -17,6 +17,9 @@ import gc
 from collections.abc import Iterator
 
 
+_freezing = False  # set while a compile (of any thread) holds the freeze
+
+
 @contextlib.contextmanager
 def old_objects_frozen() -> Iterator[None]:
     """Keep the objects that exist now out of the collector's sweeps until the block ends.
@@ -24,11 +27,15 @@ def old_objects_frozen() -> Iterator[None]:
     A no-op when something else already froze objects (the user before a fork, or an enclosing compile:
     unfreezing would undo theirs) or when the collector is off.
     """
-    if gc.get_freeze_count() or not gc.isenabled():
+    global _freezing
+    # The flag first: inside our own freeze, get_freeze_count() would walk every frozen object.
+    if _freezing or not gc.isenabled() or gc.get_freeze_count():
         yield
         return
+    _freezing = True
     gc.freeze()
     try:
         yield
     finally:
         gc.unfreeze()
+        _freezing = False

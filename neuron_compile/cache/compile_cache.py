@@ -125,13 +125,14 @@ class CompileCache:
         "off" (not cached)."""
         if not opts.cache:
             return build(), "off"
+        t0 = time.perf_counter()  # a hit's logged time includes the key's
         try:
             key = cache_key(gm, example_inputs, opts)
         except NotCacheable as e:
             log.debug("neuron cache: graph not cacheable (%s); compiling without the cache", e)
             self.counters.count(None, uncached=1)
             return build(), "off"
-        artifact, state = self._get_or_build(key, opts, build)
+        artifact, state = self._get_or_build(key, opts, build, t0)
         artifact.cache_digest = key.digest
         return artifact, state
 
@@ -149,8 +150,9 @@ class CompileCache:
             log.info("neuron cache: hit %s %s, named by AOTAutograd's cache", digest[:12], found.name)
         return found
 
-    def _get_or_build(self, key: CacheKey, opts: Options, build: Callable[[], Artifact]) -> tuple[Artifact, str]:
-        t0 = time.perf_counter()
+    def _get_or_build(
+        self, key: CacheKey, opts: Options, build: Callable[[], Artifact], t0: float
+    ) -> tuple[Artifact, str]:
         hit = self._memory_hit(key.digest, opts)
         if hit is not None:
             log.info("neuron cache: hit (memory) %s %s in %.4fs", key.digest[:12], hit.name, time.perf_counter() - t0)
