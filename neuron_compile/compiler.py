@@ -18,8 +18,8 @@ from torch._prims_common import make_contiguous_strides_for
 from . import debug, distributed
 from .artifact import SAVED_FOR_BACKWARD_FROM, Artifact, OutputSpec, channels_last_strides
 from .cache import cache_for
-from .heap import old_objects_frozen
 from .errors import WARNING_CLASSES, NeuronFloat64Warning, NeuronUnsupportedOpError, NeuronWarning
+from .heap import old_objects_frozen
 from .options import Options
 from .runtime.executor import CompiledGraph
 from .kernels.user_ops import has_user_kernels

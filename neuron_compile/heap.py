@@ -7,7 +7,8 @@ such collections, 0.3-0.6 s of a decoder's ~4 s first step (``benchmarks/steady.
 find almost no garbage among the old objects. ``gc.freeze()`` moves the existing objects to CPython's
 permanent generation for the length of the compile, so those collections walk only what the compile
 itself made; ``gc.unfreeze()`` hands them back. Nothing is freed later than it would have been otherwise,
-except garbage among the pre-existing objects, which waits until the compile ends.
+except garbage among the pre-existing objects, which waits until the compile ends. One full walk remains:
+CPython counts the unfrozen objects as newly long-lived, so its next full collection comes soon after.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Iterator
-
 
 _freezing = False  # set while a compile (of any thread) holds the freeze
 
