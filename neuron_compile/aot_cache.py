@@ -134,7 +134,7 @@ class NeuronOutputCode(OutputCode):
         artifact = compiler.cache_for(self.opts).load(self.cache_digest, self.opts)
         if artifact is None:
             raise LookupError(f"neuron_compile: {self.name}'s entry {self.cache_digest} is not in the compile cache")
-        self.graph = compiler.compiled_graph(artifact, "hit", self.opts, self.kind, self.name, t0)
+        self.graph = compiler.compiled_graph(artifact, "hit", self.cache_digest, self.opts, self.kind, self.name, t0)
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:
         pass

@@ -85,5 +85,3 @@ class Artifact:
     #: (warning class name, message) raised while building; replayed on every use, hits included.
     warnings: list[tuple[str, str]] = field(default_factory=list)
     loaded: Any = field(default=None, repr=False, compare=False)
-    #: The digest of its cache entry (None: not keyed); set by the cache, never persisted.
-    cache_digest: str | None = field(default=None, repr=False, compare=False)

@@ -157,18 +157,19 @@ def compile_graph(
     # in the emulator, user kernels) holds live Python objects: both bypass the cache.
     uncacheable = opts.debug_dir or opts.kernels == "emulate" or has_user_kernels(gm)
     cache_opts = dataclasses.replace(opts, cache=False) if uncacheable else opts
-    artifact, cache_state = cache_for(cache_opts).get_or_build(
+    artifact, cache_state, digest = cache_for(cache_opts).get_or_build(
         gm, example_inputs, cache_opts, lambda: build_artifact(gm, example_inputs, opts, name)
     )
     if kind == "forward" and whole:
         _report_output_strides(artifact.outputs, gm.meta[SAVED_FOR_BACKWARD_FROM])
-    return compiled_graph(artifact, cache_state, opts, kind, name, t0)
+    return compiled_graph(artifact, cache_state, digest, opts, kind, name, t0)
 
 
 def compiled_graph(
-    artifact: Artifact, cache_state: str, opts: Options, kind: str, name: str, t0: float
+    artifact: Artifact, cache_state: str, cache_digest: str | None, opts: Options, kind: str, name: str, t0: float
 ) -> CompiledGraph:
-    """The callable of an artifact, its warnings replayed and its use recorded (``neuron_compile.stats``)."""
+    """The callable of an artifact, its warnings replayed and its use recorded (``neuron_compile.stats``);
+    ``cache_digest`` names its cache entry (None: not cached), for AOTAutograd's cache (``aot_cache``)."""
     _replay(artifact)
     target = target_for(opts)
     executable = artifact.loaded
@@ -186,7 +187,7 @@ def compiled_graph(
             f"neuron_compile: {name}: {artifact.num_ops} aten nodes, cache hit, loaded in {elapsed:.3f}s"
         )
     return CompiledGraph(
-        name, target, executable, artifact.inputs, artifact.outputs, artifact.needs_rng_seed, artifact.cache_digest
+        name, target, executable, artifact.inputs, artifact.outputs, artifact.needs_rng_seed, cache_digest
     )
 
 

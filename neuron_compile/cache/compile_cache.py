@@ -1,6 +1,6 @@
 """``CompileCache``: the one process-wide cache object (``CACHE``) the compiler asks for every graph.
 
-``CACHE.get_or_build(gm, example_inputs, opts, build)`` returns ``(Artifact, state)``:
+``CACHE.get_or_build(gm, example_inputs, opts, build)`` returns ``(Artifact, state, digest)``:
 
 1. key the graph (``key.cache_key``: canonical graph + input metadata + options + versions + tag);
 2. in-process layer (``memory.MemoryLRU``): a hit returns the already loaded executable (no file read);
@@ -120,21 +120,20 @@ class CompileCache:
     # ----------------------------------------------------------------- lookup
     def get_or_build(
         self, gm: Any, example_inputs: list[Any], opts: Options, build: Callable[[], Artifact]
-    ) -> tuple[Artifact, str]:
-        """The graph's artifact (``cache_digest`` set when keyed) and how it was found: "hit", "miss" or
-        "off" (not cached)."""
+    ) -> tuple[Artifact, str, str | None]:
+        """The graph's artifact, how it was found ("hit", "miss" or "off": not cached) and the digest of
+        its entry (None when not cached)."""
         if not opts.cache:
-            return build(), "off"
+            return build(), "off", None
         t0 = time.perf_counter()  # a hit's logged time includes the key's
         try:
             key = cache_key(gm, example_inputs, opts)
         except NotCacheable as e:
             log.debug("neuron cache: graph not cacheable (%s); compiling without the cache", e)
             self.counters.count(None, uncached=1)
-            return build(), "off"
+            return build(), "off", None
         artifact, state = self._get_or_build(key, opts, build, t0)
-        artifact.cache_digest = key.digest
-        return artifact, state
+        return artifact, state, key.digest
 
     def load(self, digest: str, opts: Options) -> Artifact | None:
         """The entry ``digest`` (memory, then disk), loaded and verified; None when it is not there (or is
@@ -146,7 +145,6 @@ class CompileCache:
         store = self.store_for(opts)
         found = self._read(store, CacheKey(digest, {}), opts) if store is not None else None
         if found is not None:
-            found.cache_digest = digest
             log.info("neuron cache: hit %s %s, named by AOTAutograd's cache", digest[:12], found.name)
         return found
 
