@@ -8,6 +8,7 @@ form (gelu, silu).
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable
 
 import torch
@@ -115,6 +116,54 @@ def _exact_integral_linspace(reference: Callable[..., Any]) -> Callable[..., Any
     return decomposition
 
 
+def _sdpa_flash_for_cpu_backward(
+    grad_out: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    out: torch.Tensor,
+    logsumexp: torch.Tensor,
+    dropout_p: float,
+    is_causal: bool,
+    *,
+    attn_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The backward autograd records for SDPA's CPU flash kernel, as attention math.
+
+    ``rewrite_sdpa`` replaces the SDPA calls Dynamo puts in a graph, but not those inside functions Dynamo
+    keeps whole, such as ``F.multi_head_attention_forward`` (``nn.MultiheadAttention`` with
+    ``need_weights=False``, hence every ``nn.TransformerEncoderLayer``). The weights are recomputed from
+    ``query`` and ``key``: ``logsumexp`` is not used because torch's decomposition of the forward puts the
+    attention weights in its place. Computed in float32 for 16-bit inputs, as the CPU kernel accumulates.
+    The forward's mask is already additive (SDPA converts a boolean one before choosing this kernel), and
+    the kernel takes no dropout."""
+    torch._check(dropout_p == 0.0, lambda: f"CPU flash attention takes no dropout, got {dropout_p}")
+    q, k, v, do, o = (t.float() for t in (query, key, value, grad_out, out))
+    groups = q.size(-3) // k.size(-3)  # grouped-query attention: each key/value head serves `groups` heads
+    k, v = (t.repeat_interleave(groups, -3) for t in (k, v))
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    scores = q @ k.transpose(-2, -1) * scale
+    if is_causal:
+        causal = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+    if attn_mask is not None:
+        scores = scores + attn_mask.float()
+    weights = torch.softmax(scores, dim=-1)
+    grad_v = weights.transpose(-2, -1) @ do
+    grad_scores = weights * (do @ v.transpose(-2, -1) - (do * o).sum(-1, keepdim=True))
+    grad_q = grad_scores @ k * scale
+    grad_k = grad_scores.transpose(-2, -1) @ q * scale
+    grad_k, grad_v = (g.unflatten(-3, (-1, groups)).sum(-3) for g in (grad_k, grad_v))
+    return grad_q.to(query.dtype), grad_k.to(key.dtype), grad_v.to(value.dtype)
+
+
+#: Decompositions written here, for ops torch has none for.
+OWN_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _sdpa_flash_for_cpu_backward,
+}
+
+
 def _core_aten() -> dict[Any, Callable[..., Any]]:
     """torch's core-ATen decompositions, without the entries ``core_aten_decompositions()`` adds for
     CompositeImplicitAutograd ops: those are for torch.export, whose graphs may hold such ops; AOTAutograd
@@ -128,6 +177,7 @@ def _core_aten() -> dict[Any, Callable[..., Any]]:
 def _table() -> dict[Any, Callable[..., Any]]:
     table = _core_aten()
     table.update(get_decompositions(EXTRA_DECOMPOSITIONS))
+    table.update(OWN_DECOMPOSITIONS)
     keep = set()
     for packet in KEEP_WHOLE:
         for name in packet.overloads():

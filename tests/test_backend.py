@@ -3,6 +3,7 @@ input mutation and aliasing."""
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from torch._dynamo.exc import BackendCompilerFailed
 
 import neuron_compile
 from neuron_compile import STATS, NeuronDynamicShapeError, NeuronOptionsError, NeuronUnsupportedOpError
+from neuron_compile.decompositions import decomposition_table
+from neuron_compile.evaluate import compare_to_reference
 
 from .models import TinyLM
 from .util import root_cause
@@ -294,6 +297,80 @@ def test_sdpa_with_mask_forward_and_backward() -> None:
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize(("causal", "masked"), [(False, False), (True, False), (False, True)], ids=["plain", "causal", "mask"])
+@pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
+def test_cpu_flash_attention_backward_decomposition_matches_the_kernel(kv_heads, causal, masked, dtype) -> None:
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 5, 8, generator=g)
+    k, v = (torch.randn(2, kv_heads, 7, 8, generator=g) for _ in range(2))
+    mask = torch.randn(5, 7, generator=g) * 2 if masked else None
+    grad_out = torch.randn(2, 4, 5, 8, generator=g)
+
+    def backward(fn, dt):
+        q_, k_, v_, do = (t.to(dt) for t in (q, k, v, grad_out))
+        m = None if mask is None else mask.to(dt)
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q_, k_, v_, 0.0, causal, attn_mask=m, scale=0.3)
+        return fn(do, q_, k_, v_, out, lse, 0.0, causal, attn_mask=m, scale=0.3)
+
+    kernel = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+    ours = decomposition_table()[kernel]
+    names = ["grad_query", "grad_key", "grad_value"]
+    verdict = compare_to_reference(backward(kernel, torch.float64), backward(kernel, dtype), backward(ours, dtype), names=names)
+    assert verdict.ok, verdict.failures()
+    if dtype == torch.float32:
+        for name, got, want in zip(names, backward(ours, dtype), backward(kernel, dtype)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+class _SelfAttention(torch.nn.Module):
+    """nn.MultiheadAttention without weights (its SDPA path) under a causal and a key-padding mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        causal = torch.ones(x.size(1), x.size(1), dtype=torch.bool).triu(1)
+        padding = torch.zeros(x.size(0), x.size(1), dtype=torch.bool)
+        padding[0, -2:] = True
+        return self.attn(x, x, x, attn_mask=causal, key_padding_mask=padding, need_weights=False)[0]
+
+
+ATTENTION_MODULES = {
+    "encoder-layer": lambda: torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True),
+    "encoder-layer-norm-first": lambda: torch.nn.TransformerEncoderLayer(
+        32, 4, 64, dropout=0.0, batch_first=True, norm_first=True
+    ),
+    "multihead-attention-masks": _SelfAttention,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("name", list(ATTENTION_MODULES))
+def test_torch_attention_modules_train_like_eager(name: str, dtype: torch.dtype) -> None:
+    """Dynamo keeps ``F.multi_head_attention_forward`` whole, so its SDPA reaches AOTAutograd as the CPU
+    flash kernel, whose backward is lowered through our decomposition."""
+    torch.manual_seed(0)
+    model = ATTENTION_MODULES[name]().train()
+    x = torch.randn(2, 8, 32)
+
+    def step(module: torch.nn.Module, dt: torch.dtype, compiled: bool = False) -> list[torch.Tensor]:
+        module = copy.deepcopy(module).to(dt)
+        run = torch.compile(module, backend="neuron", dynamic=False) if compiled else module
+        out = run(x.to(dt))
+        grads = torch.autograd.grad(out.float().pow(2).mean(), list(module.parameters()))
+        return [out.detach(), *grads]
+
+    names = ["output"] + [n for n, _ in model.named_parameters()]
+    verdict = compare_to_reference(step(model, torch.float64), step(model, dtype), step(model, dtype, True), names=names)
+    assert verdict.ok, verdict.failures()
+    if dtype == torch.float32:
+        for n, got, want in zip(names, step(model, dtype, True), step(model, dtype)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name} {n}: {m}")
 
 
 def test_size_given_as_tensor_is_refused_with_its_line() -> None:
