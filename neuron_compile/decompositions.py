@@ -12,6 +12,7 @@ import math
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 from torch._decomp import core_aten_decompositions, get_decompositions
 
 aten = torch.ops.aten
@@ -158,9 +159,91 @@ def _sdpa_flash_for_cpu_backward(
     return grad_q.to(query.dtype), grad_k.to(key.dtype), grad_v.to(value.dtype)
 
 
+def _native_multi_head_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    embed_dim: int,
+    num_head: int,
+    qkv_weight: torch.Tensor,
+    qkv_bias: torch.Tensor,
+    proj_weight: torch.Tensor,
+    proj_bias: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    need_weights: bool = True,
+    average_attn_weights: bool = True,
+    mask_type: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``nn.MultiheadAttention``'s inference fast path (eval mode, no autograd), as attention math.
+
+    The kernel's mask rule, which is not SDPA's: any nonzero element hides its key, whatever the mask's
+    dtype (the module has turned boolean masks into 0/-inf floats by then); ``mask_type`` 1 is a key
+    padding mask ``[B, S]``, 0 and 2 broadcast as ``[L, S]`` and ``[B, H, L, S]``. A row with every key
+    hidden is NaN, as in eager. The query is scaled before the product, as the kernel does."""
+    q_w, k_w, v_w = qkv_weight.chunk(3)
+    q_b, k_b, v_b = qkv_bias.chunk(3)
+
+    def heads(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, weight, bias).unflatten(-1, (num_head, -1)).transpose(1, 2)
+
+    q, k, v = heads(query, q_w, q_b), heads(key, k_w, k_b), heads(value, v_w, v_b)
+    scores = (q * (1.0 / math.sqrt(q.size(-1)))) @ k.transpose(-2, -1)
+    if mask is not None:
+        hidden = mask != 0
+        scores = scores.masked_fill(hidden[:, None, None, :] if mask_type == 1 else hidden, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    out = F.linear((weights @ v).transpose(1, 2).flatten(2), proj_weight, proj_bias)
+    if not need_weights:
+        return out, None
+    return out, weights.mean(1) if average_attn_weights else weights
+
+
+def _transformer_encoder_layer_fwd(
+    src: torch.Tensor,
+    embed_dim: int,
+    num_heads: int,
+    qkv_weight: torch.Tensor,
+    qkv_bias: torch.Tensor,
+    proj_weight: torch.Tensor,
+    proj_bias: torch.Tensor,
+    use_gelu: bool,
+    norm_first: bool,
+    eps: float,
+    norm_weight_1: torch.Tensor,
+    norm_bias_1: torch.Tensor,
+    norm_weight_2: torch.Tensor,
+    norm_bias_2: torch.Tensor,
+    ffn_weight_1: torch.Tensor,
+    ffn_bias_1: torch.Tensor,
+    ffn_weight_2: torch.Tensor,
+    ffn_bias_2: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    mask_type: int | None = None,
+) -> torch.Tensor:
+    """``nn.TransformerEncoderLayer``'s inference fast path: the layer's own math (attention as
+    ``_native_multi_head_attention``, residuals, the two layer norms before or after, a ReLU/GELU MLP)."""
+
+    def norm1(x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (embed_dim,), norm_weight_1, norm_bias_1, eps)
+
+    def norm2(x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (embed_dim,), norm_weight_2, norm_bias_2, eps)
+
+    x = norm1(src) if norm_first else src
+    args = (embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, False, True, mask_type)
+    x = _native_multi_head_attention(x, x, x, *args)[0] + src
+    if not norm_first:
+        x = norm1(x)
+    hidden = F.linear(norm2(x) if norm_first else x, ffn_weight_1, ffn_bias_1)
+    x = F.linear(F.gelu(hidden) if use_gelu else F.relu(hidden), ffn_weight_2, ffn_bias_2) + x
+    return x if norm_first else norm2(x)
+
+
 #: Decompositions written here, for ops torch has none for.
 OWN_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _sdpa_flash_for_cpu_backward,
+    aten._native_multi_head_attention.default: _native_multi_head_attention,
+    aten._transformer_encoder_layer_fwd.default: _transformer_encoder_layer_fwd,
 }
 
 

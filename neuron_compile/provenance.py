@@ -78,9 +78,28 @@ def user_frame(node: torch.fx.Node) -> tuple[str, int] | None:
     return path, int(line)
 
 
+def module_path(node: torch.fx.Node) -> str | None:
+    """``module layers.0 (TransformerEncoderLayer)``: the innermost ``nn.Module`` the node was traced in.
+
+    Dynamo records no stack trace for code that runs entirely inside torch (a compiled
+    ``nn.TransformerEncoder``), but it does record the module path."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    path, cls = list(stack.values())[-1]
+    path = _DYNAMO_ROOT.sub("", path)  # L['self'] / L['fn']: the compiled module itself
+    name = cls.__name__ if isinstance(cls, type) else str(cls).rsplit(".", 1)[-1]
+    return f"module {path or '<root>'} ({name})"
+
+
+_DYNAMO_ROOT = re.compile(r"^L\['[^']*'\]\.?")
+
+
 def user_source(node: torch.fx.Node) -> str:
     frame = user_frame(node)
-    return f"{frame[0]}:{frame[1]}" if frame else "<unknown source line>"
+    if frame:
+        return f"{frame[0]}:{frame[1]}"
+    return module_path(node) or "<unknown source line>"
 
 
 def scope_name(node: torch.fx.Node) -> str:

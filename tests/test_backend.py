@@ -128,6 +128,24 @@ def test_unsupported_ops_are_all_listed_with_source_lines() -> None:
     assert len(err.nodes) == 2
 
 
+@pytest.mark.parametrize(
+    ("path", "cls", "expected"),
+    [
+        ("L['self'].layers.0", torch.nn.TransformerEncoderLayer, "module layers.0 (TransformerEncoderLayer)"),
+        ("L['fn']", "torch.nn.modules.transformer.TransformerEncoder", "module <root> (TransformerEncoder)"),
+    ],
+)
+def test_source_without_stack_trace_names_the_module(path: str, cls: object, expected: str) -> None:
+    """Dynamo records no stack trace for code entirely inside torch (a compiled nn.TransformerEncoder):
+    errors name the module the node came from instead."""
+    from neuron_compile import provenance
+
+    node = torch.fx.Graph().placeholder("x")
+    assert provenance.user_source(node) == "<unknown source line>"
+    node.meta["nn_module_stack"] = {"outer": ("L['self']", torch.nn.Module), "inner": (path, cls)}
+    assert provenance.user_source(node) == expected
+
+
 def test_dynamic_true_is_refused_with_the_fix() -> None:
     with pytest.raises(BackendCompilerFailed) as info:
         torch.compile(lambda x: x * 2, backend="neuron", dynamic=True)(torch.randn(3, 4))
@@ -326,51 +344,112 @@ def test_cpu_flash_attention_backward_decomposition_matches_the_kernel(kv_heads,
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
 
 
-class _SelfAttention(torch.nn.Module):
-    """nn.MultiheadAttention without weights (its SDPA path) under a causal and a key-padding mask."""
+class _Attention(torch.nn.Module):
+    """``nn.MultiheadAttention`` or ``nn.TransformerEncoderLayer`` called with a causal and/or a key-padding
+    mask; returns a tuple of its outputs (MultiheadAttention's weights too, when asked for)."""
 
-    def __init__(self) -> None:
+    def __init__(self, module: torch.nn.Module, causal: bool = False, padding: bool = False, **kwargs) -> None:
         super().__init__()
-        self.attn = torch.nn.MultiheadAttention(32, 4, batch_first=True)
+        self.module, self.causal, self.padding, self.kwargs = module, causal, padding, kwargs
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        causal = torch.ones(x.size(1), x.size(1), dtype=torch.bool).triu(1)
-        padding = torch.zeros(x.size(0), x.size(1), dtype=torch.bool)
-        padding[0, -2:] = True
-        return self.attn(x, x, x, attn_mask=causal, key_padding_mask=padding, need_weights=False)[0]
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        causal = torch.ones(x.size(1), x.size(1), dtype=torch.bool).triu(1) if self.causal else None
+        padding = None
+        if self.padding:
+            padding = torch.zeros(x.size(0), x.size(1), dtype=torch.bool)
+            padding[0, -2:] = True
+        if isinstance(self.module, torch.nn.MultiheadAttention):
+            out, weights = self.module(x, x, x, attn_mask=causal, key_padding_mask=padding, **self.kwargs)
+            return (out,) if weights is None else (out, weights)
+        return (self.module(x, src_mask=causal, src_key_padding_mask=padding),)
 
 
+def _mha(**kwargs) -> torch.nn.MultiheadAttention:
+    return torch.nn.MultiheadAttention(32, 4, batch_first=True, **kwargs)
+
+
+def _encoder_layer(**kwargs) -> torch.nn.TransformerEncoderLayer:
+    return torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True, **kwargs)
+
+
+# In training they reach SDPA's CPU flash kernel (need_weights=False) or plain math; in eval mode without
+# autograd, the fused fast-path kernels _native_multi_head_attention / _transformer_encoder_layer_fwd.
 ATTENTION_MODULES = {
-    "encoder-layer": lambda: torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True),
-    "encoder-layer-norm-first": lambda: torch.nn.TransformerEncoderLayer(
-        32, 4, 64, dropout=0.0, batch_first=True, norm_first=True
+    "encoder-layer": lambda: _Attention(_encoder_layer()),
+    "encoder-layer-norm-first-gelu-masks": lambda: _Attention(
+        _encoder_layer(norm_first=True, activation="gelu"), causal=True, padding=True
     ),
-    "multihead-attention-masks": _SelfAttention,
+    "encoder-layer-padding": lambda: _Attention(_encoder_layer(), padding=True),
+    "multihead-attention-masks": lambda: _Attention(_mha(), causal=True, padding=True, need_weights=False),
+    "multihead-attention-weights-per-head": lambda: _Attention(
+        _mha(), causal=True, need_weights=True, average_attn_weights=False
+    ),
+    "multihead-attention-mean-weights-padding": lambda: _Attention(_mha(), padding=True, need_weights=True),
 }
 
 
+@pytest.mark.parametrize("mode", ["train", "eval-no-grad"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("name", list(ATTENTION_MODULES))
-def test_torch_attention_modules_train_like_eager(name: str, dtype: torch.dtype) -> None:
-    """Dynamo keeps ``F.multi_head_attention_forward`` whole, so its SDPA reaches AOTAutograd as the CPU
-    flash kernel, whose backward is lowered through our decomposition."""
+def test_torch_attention_modules_match_eager(name: str, dtype: torch.dtype, mode: str) -> None:
+    """Dynamo keeps ``F.multi_head_attention_forward`` and the fast-path kernels whole, so these reach
+    AOTAutograd as ops ``rewrite_sdpa`` never sees; each is lowered through our decompositions."""
     torch.manual_seed(0)
-    model = ATTENTION_MODULES[name]().train()
+    model = ATTENTION_MODULES[name]().train(mode == "train")
     x = torch.randn(2, 8, 32)
 
     def step(module: torch.nn.Module, dt: torch.dtype, compiled: bool = False) -> list[torch.Tensor]:
         module = copy.deepcopy(module).to(dt)
         run = torch.compile(module, backend="neuron", dynamic=False) if compiled else module
-        out = run(x.to(dt))
-        grads = torch.autograd.grad(out.float().pow(2).mean(), list(module.parameters()))
-        return [out.detach(), *grads]
+        if mode != "train":
+            with torch.no_grad():
+                return list(run(x.to(dt)))
+        outs = run(x.to(dt))
+        loss = sum(o.float().pow(2).mean() for o in outs)
+        return [o.detach() for o in outs] + list(torch.autograd.grad(loss, list(module.parameters())))
 
-    names = ["output"] + [n for n, _ in model.named_parameters()]
+    names = [f"output{i}" for i in range(len(model(x)))]
+    names += [n for n, _ in model.named_parameters()] if mode == "train" else []
     verdict = compare_to_reference(step(model, torch.float64), step(model, dtype), step(model, dtype, True), names=names)
     assert verdict.ok, verdict.failures()
     if dtype == torch.float32:
         for n, got, want in zip(names, step(model, dtype, True), step(model, dtype)):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name} {n}: {m}")
+
+
+def _fast_path_mask(kind: str, g: torch.Generator) -> tuple[torch.Tensor | None, int | None]:
+    batch, heads, length = 2, 4, 6
+    if kind == "none":
+        return None, None
+    if kind == "square-bool":
+        return torch.rand(length, length, generator=g) > 0.7, 0
+    if kind == "square-float":  # not additive: any nonzero value hides its key
+        return torch.randn(length, length, generator=g) * (torch.rand(length, length, generator=g) > 0.6), 0
+    if kind == "padding-float":
+        padding = torch.zeros(batch, length)
+        padding[1, -2:] = float("-inf")
+        return padding, 1
+    return torch.rand(batch, heads, length, length, generator=g) > 0.7, 2  # "per-head-bool"
+
+
+@pytest.mark.parametrize("weights", ["none", "mean", "per-head"])
+@pytest.mark.parametrize("mask_kind", ["none", "square-bool", "square-float", "padding-float", "per-head-bool"])
+def test_native_multi_head_attention_matches_the_kernel(mask_kind: str, weights: str) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 6, 32, generator=g)
+    params = [torch.randn(96, 32, generator=g) * 0.2, torch.randn(96, generator=g) * 0.1]
+    params += [torch.randn(32, 32, generator=g) * 0.2, torch.randn(32, generator=g) * 0.1]
+    mask, mask_type = _fast_path_mask(mask_kind, g)
+
+    def attention(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = torch._native_multi_head_attention(
+            x, x, x, 32, 4, *params, mask, weights != "none", weights == "mean", mask_type
+        )
+        return out if weights != "none" else out[:1]
+
+    got, want = torch.compile(attention, backend="neuron", dynamic=False)(x), attention(x)
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, equal_nan=True, msg=lambda m: f"output {i}: {m}")
 
 
 def test_size_given_as_tensor_is_refused_with_its_line() -> None:

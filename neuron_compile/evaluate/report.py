@@ -48,6 +48,11 @@ def advice_for(text: str) -> str:
     return ""
 
 
+def _where(file: str, line: int | None) -> str:
+    """``file:line``, or just ``file`` when it names a place without a line (a module, an unknown source)."""
+    return file if line is None else f"{file}:{line}"
+
+
 def split_source(source: str) -> tuple[str, int | None]:
     m = _SOURCE.match(source)
     return (m.group("file"), int(m.group("line"))) if m else (source, None)
@@ -188,7 +193,7 @@ class EvaluationReport:
                 out.append(f"  {g.name:<24} {g.kind:<10} {g.aten_ops:>8} {g.nki_kernels:>4} {g.cache:>6} "
                            f"{g.lower_s:>8.3f} {g.compile_s:>9.3f}")  # fmt: skip
         for b in self.graph_breaks:
-            out.append(f"  break at {b.file}:{b.line}: {b.reason}")
+            out.append(f"  break at {_where(b.file, b.line)}: {b.reason}")
             if b.advice:
                 out.append(f"    advice: {b.advice}")
         out.append("")
@@ -196,7 +201,7 @@ class EvaluationReport:
             out.append(f"unsupported: {len(self.unsupported)} root cause(s)")
             for u in self.unsupported:
                 more = f" (+{u.follow_ups} follow-up node(s))" if u.follow_ups else ""
-                out.append(f"  {u.op} at {u.file}:{u.line} [{', '.join(u.graphs)}]{more}")
+                out.append(f"  {u.op} at {_where(u.file, u.line)} [{', '.join(u.graphs)}]{more}")
                 out.append(f"    reason: {u.reason}")
                 if u.advice:
                     out.append(f"    advice: {u.advice}")
