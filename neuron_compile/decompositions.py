@@ -239,6 +239,57 @@ def _transformer_encoder_layer_fwd(
     return x if norm_first else norm2(x)
 
 
+#: The per-tensor op of a ``_foreach_*`` overload where its name is not the op's: eager's CPU kernels compute
+#: maximum/minimum with a scalar as clamp_min/clamp_max, and norm as linalg_vector_norm.
+_FOREACH_BASE = {
+    ("maximum", "Scalar"): "clamp_min",
+    ("maximum", "ScalarList"): "clamp_min",
+    ("minimum", "Scalar"): "clamp_max",
+    ("minimum", "ScalarList"): "clamp_max",
+    ("norm", "Scalar"): "linalg_vector_norm",
+}
+#: Positional arguments of a ``_foreach_*`` op that its per-tensor op takes by keyword.
+_FOREACH_KEYWORDS = {"addcmul": {3: "value"}, "addcdiv": {3: "value"}, "norm": {2: "dtype"}}
+
+
+def _foreach_decomposition(schema: torch._C.FunctionSchema) -> Callable[..., Any] | None:
+    """``_foreach_X(lists...)`` as ``[X(elements of position i) for i]``: what eager's CPU kernels do (the
+    fused multi-tensor kernels exist for GPUs only), so values match eager's. Compiled optimizer steps
+    (``torch.compile(opt.step)``, ``foreach=True``) and ``clip_grad_norm_`` trace to these."""
+    name = schema.name.removeprefix("aten::_foreach_")
+    if name in ("powsum",) or (name in ("addcmul", "addcdiv") and schema.overload_name == "Tensor"):
+        return None  # a sum of powers; and a tensor of per-list scalars, which eager turns into numbers (.item())
+    base = getattr(aten, _FOREACH_BASE.get((name, schema.overload_name), name))
+    listed = [str(a.type) in ("List[Tensor]", "List[number]") for a in schema.arguments if not a.kwarg_only]
+    keywords = _FOREACH_KEYWORDS.get(name, {})
+
+    def decomposition(*args: Any, **kwargs: Any) -> list[torch.Tensor]:
+        length = len(next(a for a, is_list in zip(args, listed) if is_list))
+        results = []
+        for i in range(length):
+            elements = [a[i] if is_list else a for a, is_list in zip(args, listed)]
+            by_name = {keywords[j]: v for j, v in enumerate(elements) if j in keywords}
+            results.append(base(*(v for j, v in enumerate(elements) if j not in keywords), **by_name, **kwargs))
+        return results
+
+    return decomposition
+
+
+@functools.lru_cache(maxsize=None)
+def _foreach_decompositions() -> dict[Any, Callable[..., Any]]:
+    table = {}
+    for schema in torch._C._jit_get_all_schemas():
+        if not schema.name.startswith("aten::_foreach_") or schema.name.endswith("_"):
+            continue
+        if "out" in schema.overload_name:  # the functional overloads only: AOTAutograd functionalizes
+            continue
+        decomposition = _foreach_decomposition(schema)
+        if decomposition is not None:
+            packet = getattr(aten, schema.name.removeprefix("aten::"))
+            table[getattr(packet, schema.overload_name or "default")] = decomposition
+    return table
+
+
 #: Decompositions written here, for ops torch has none for.
 OWN_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _sdpa_flash_for_cpu_backward,
@@ -261,6 +312,7 @@ def _table() -> dict[Any, Callable[..., Any]]:
     table = _core_aten()
     table.update(get_decompositions(EXTRA_DECOMPOSITIONS))
     table.update(OWN_DECOMPOSITIONS)
+    table.update(_foreach_decompositions())
     keep = set()
     for packet in KEEP_WHOLE:
         for name in packet.overloads():

@@ -10,6 +10,7 @@ import math
 
 import jax.numpy as jnp
 import torch
+import torch._inductor.inductor_prims  # noqa: F401  registers prims.fma, which Dynamo emits
 from jax import lax
 
 from . import device_calls
@@ -67,6 +68,14 @@ def mul(a, b):
                     promotion=INT_TO_FLOAT)  # fmt: skip
 def true_divide(a, b):
     return lax.div(a, b)
+
+
+@register_pointwise(torch.ops.prims.fma.default)
+def fma(a, b, c):
+    """a * b + c: Dynamo's form of ``addcmul_(..., value=v)`` and ``add_(x, alpha=tensor)``, in optimizer
+    steps. Computed in opmath, so 16-bit inputs round once, as a fused multiply-add would; float32 also
+    rounds the product (StableHLO has no fused multiply-add): at most an ulp from eager's."""
+    return lax.add(lax.mul(a, b), c)
 
 
 @register_pointwise(aten.copysign.Tensor, aten.copysign.Scalar, promotion=INT_TO_FLOAT)
