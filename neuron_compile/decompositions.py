@@ -117,6 +117,11 @@ def _exact_integral_linspace(reference: Callable[..., Any]) -> Callable[..., Any
     return decomposition
 
 
+def _opmath(t: torch.Tensor) -> torch.Tensor:
+    """16-bit floats computed in float32, as eager's CPU kernels accumulate."""
+    return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+
+
 def _sdpa_flash_for_cpu_backward(
     grad_out: torch.Tensor,
     query: torch.Tensor,
@@ -140,7 +145,7 @@ def _sdpa_flash_for_cpu_backward(
     The forward's mask is already additive (SDPA converts a boolean one before choosing this kernel), and
     the kernel takes no dropout."""
     torch._check(dropout_p == 0.0, lambda: f"CPU flash attention takes no dropout, got {dropout_p}")
-    q, k, v, do, o = (t.float() for t in (query, key, value, grad_out, out))
+    q, k, v, do, o = (_opmath(t) for t in (query, key, value, grad_out, out))
     groups = q.size(-3) // k.size(-3)  # grouped-query attention: each key/value head serves `groups` heads
     k, v = (t.repeat_interleave(groups, -3) for t in (k, v))
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
@@ -149,7 +154,7 @@ def _sdpa_flash_for_cpu_backward(
         causal = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
         scores = scores.masked_fill(~causal, float("-inf"))
     if attn_mask is not None:
-        scores = scores + attn_mask.float()
+        scores = scores + _opmath(attn_mask)
     weights = torch.softmax(scores, dim=-1)
     grad_v = weights.transpose(-2, -1) @ do
     grad_scores = weights * (do @ v.transpose(-2, -1) - (do * o).sum(-1, keepdim=True))
@@ -239,6 +244,19 @@ def _transformer_encoder_layer_fwd(
     return x if norm_first else norm2(x)
 
 
+def _weight_norm_interface_backward(
+    grad_w: torch.Tensor, saved_v: torch.Tensor, saved_g: torch.Tensor, saved_norms: torch.Tensor, dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The backward autograd records for weight normalization (``nn.utils.parametrizations.weight_norm``),
+    ``w = g * v / ||v||`` with the norm over every dim but ``dim``: ``grad_g = sum(grad_w * v) / ||v||`` and
+    ``grad_v = g / ||v|| * (grad_w - v * grad_g / ||v||)``, in float32 for 16-bit inputs."""
+    reduced = [i for i in range(saved_v.dim()) if i != dim]
+    grad, v, g, norms = (_opmath(t) for t in (grad_w, saved_v, saved_g, saved_norms))
+    grad_g = (grad * v).sum(reduced, keepdim=True) / norms
+    grad_v = g / norms * (grad - v * (grad_g / norms))
+    return grad_v.to(saved_v.dtype), grad_g.to(saved_g.dtype)
+
+
 #: The per-tensor op of a ``_foreach_*`` overload where its name is not the op's: eager's CPU kernels compute
 #: maximum/minimum with a scalar as clamp_min/clamp_max, and norm as linalg_vector_norm.
 _FOREACH_BASE = {
@@ -295,6 +313,7 @@ OWN_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _sdpa_flash_for_cpu_backward,
     aten._native_multi_head_attention.default: _native_multi_head_attention,
     aten._transformer_encoder_layer_fwd.default: _transformer_encoder_layer_fwd,
+    aten._weight_norm_interface_backward.default: _weight_norm_interface_backward,
 }
 
 

@@ -390,6 +390,19 @@ NORMS = [
         kind="reduce",
     ),
     Case("group_norm", lambda d: (nn.GroupNorm(2, 4).to(d), [_randn(2, 4, 3, 3, dtype=d, scale=2)]), kind="reduce"),
+    # Weight normalization: its forward decomposes (torch's table), its fused backward through ours.
+    Case("weight_norm_linear", lambda d: (_weight_norm(nn.Linear(6, 5), 0, d), [_randn(4, 6, dtype=d)]), kind="reduce"),
+    Case(
+        "weight_norm_conv1d_last_dim",
+        lambda d: (_weight_norm(nn.Conv1d(3, 4, 3), 2, d), [_randn(2, 3, 7, dtype=d)]),
+        kind="reduce",
+    ),
+    Case(
+        "spectral_norm_train",
+        dtypes=F32_ONLY,
+        make=lambda d: (nn.utils.parametrizations.spectral_norm(nn.Linear(6, 5)).to(d), [_randn(4, 6, dtype=d)]),
+        kind="reduce",
+    ),
     Case(
         "group_norm_no_affine_1d",
         dtypes=F32_ONLY,
@@ -397,6 +410,10 @@ NORMS = [
         kind="reduce",
     ),
 ]
+
+
+def _weight_norm(module: nn.Module, dim: int, dtype: torch.dtype) -> nn.Module:
+    return nn.utils.parametrizations.weight_norm(module, dim=dim).to(dtype)
 
 
 class _ParamsOnly(nn.Module):
