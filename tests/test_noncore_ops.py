@@ -193,6 +193,12 @@ CASES: list[Case] = [
          lambda dt: (_r(3, 4)(dt) * (torch.rand(3, 4) > 0.5),), grad=False),  # fmt: skip
     Case("nonzero_static.truncated", lambda x: torch.nonzero_static(x > 0, size=3),
          lambda dt: (_r(2, 3, 4)(dt),), grad=False),  # fmt: skip
+    # triangles of every shape: square, wide, tall, offsets past either edge, empty; int64 and int32
+    Case("tril_triu_indices", lambda x: (torch.tril_indices(5, 4, -1), torch.triu_indices(4, 6, 2),
+                                         torch.tril_indices(3, 5, 9), torch.triu_indices(4, 4, -9),
+                                         torch.triu_indices(0, 3), torch.tril_indices(27, 27, dtype=torch.int32),
+                                         x[torch.triu_indices(3, 3, 1).unbind()]),
+         lambda dt: (_r(3, 3)(dt),), grad=False, dtypes=(F32,)),  # fmt: skip
 ]
 
 

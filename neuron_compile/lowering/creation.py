@@ -63,3 +63,22 @@ def arange(*args, **kwargs):
     # so do exactly that at trace time: the device gets a constant and never sees a float64 op.
     values = np.float64(start) + np.arange(n, dtype=np.float64) * np.float64(step)
     return jnp.asarray(values.astype(np.dtype(dtype)))
+
+
+
+def _triangle(indices, row, col, offset):
+    """The (row, col) pairs of a triangle. They depend only on the static sizes, so they are computed
+    exactly on the host and embedded (torch's decomposition derives them with float64 square roots, which
+    a float32 device would round). Small in practice: DLRM-style pairwise interactions of tens of features."""
+    pairs = np.stack(indices(row, offset, col)) if row and col else np.zeros((2, 0), np.int64)
+    return jnp.asarray(pairs.astype(np.dtype(out_dtype())))
+
+
+@register_lowering(aten.tril_indices)
+def tril_indices(row, col, offset=0, **kwargs):
+    return _triangle(np.tril_indices, row, col, offset)
+
+
+@register_lowering(aten.triu_indices)
+def triu_indices(row, col, offset=0, **kwargs):
+    return _triangle(np.triu_indices, row, col, offset)
