@@ -37,6 +37,9 @@ KEEP_WHOLE = [
     aten.nll_loss_backward,
     # torch's decomposition indexes with a 0-d index tensor, which guards on its data (.item()).
     aten.take,
+    # core ATen maps it to alias(), a view: in a scan/map body that aliases the body's input, which torch's
+    # autograd of those ops refuses ("scan might be aliasing"); lowered as the value it is (lowering/views.py).
+    aten.detach,
     # Lowered with constant-index gathers / concatenation (lowering/padding.py); torch's decompositions
     # compute the indices in the graph (more ops, non-constant gathers, float64 aranges).
     aten.upsample_nearest1d,
@@ -372,7 +375,6 @@ LOWERED_AND_DECOMPOSED: dict[Any, str] = {
     aten.clamp_max.default: _WITHOUT_OUR_TABLE,
     aten.clamp_min.Tensor: _WITHOUT_OUR_TABLE,
     aten.clamp_min.default: _WITHOUT_OUR_TABLE,
-    aten.detach.default: _WITHOUT_OUR_TABLE,
     aten.diagonal_copy.default: _WITHOUT_OUR_TABLE,
     aten.empty_like.default: _WITHOUT_OUR_TABLE,
     aten.expand_copy.default: _WITHOUT_OUR_TABLE,

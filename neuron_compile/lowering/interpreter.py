@@ -121,6 +121,7 @@ def _constant(value: Any) -> Any:
 
 
 _AUTO_FUNCTIONALIZED = (torch.ops.higher_order.auto_functionalized, torch.ops.higher_order.auto_functionalized_v2)
+_LOOPS = (torch.ops.higher_order.scan, torch.ops.higher_order.map_impl)
 
 
 def _lower_auto_functionalized(target: Any, op: Any, **kwargs: Any) -> Any:
@@ -187,6 +188,10 @@ class _GraphTracer:
             subgraph, _identifier, *operands = layout.materialize(args)
             with jax.named_scope(f"invoke_subgraph.{_identifier}"):
                 return tuple(self.run(subgraph, list(operands)))
+        if node.target in _LOOPS:
+            combine, *operands = layout.materialize(args)
+            with jax.named_scope(f"{node.target.__name__}.{node.name}"):
+                return self._loop(node, combine, *operands)
         name = provenance.op_name(node)
         self.op_counts[name] = self.op_counts.get(name, 0) + 1
         bad_kind = self._bad_tensor_kind(node)
@@ -242,6 +247,33 @@ class _GraphTracer:
             self.fail(node, mismatch)
             return _meta_structs(node.meta.get("val"))
         return result
+
+    def _loop(self, node: torch.fx.Node, body: torch.fx.GraphModule, *operands: Any) -> tuple[Any, ...]:
+        """torch's ``scan(combine, init, xs, additional)`` (its forward, and the backward's scan over flipped
+        operands) and ``map_impl(body, xs, args)``, unrolled over the static length of ``xs``. A loop would
+        slice ``xs`` and write the stacked outputs at the loop counter, and neuronx-cc takes constant slice
+        indices only. Each step mixes its index into the RNG seed, so random ops in the body draw fresh
+        numbers at every step."""
+        if node.target is torch.ops.higher_order.scan:
+            init, xs, additional = (list(o) for o in operands)
+        else:  # map_impl: a scan without a carry
+            (xs, additional), init = (list(o) for o in operands), []
+        outputs = node.meta["val"]
+        length = int(outputs[len(init)].shape[0]) if len(outputs) > len(init) else int(xs[0].shape[0])
+        outer_seed, carry, steps = self.seed, init, []
+        for i in range(length):
+            self.seed = lax.bitwise_xor(outer_seed, jnp.asarray([(i * 0x9E3779B1) & 0x7FFFFFFF, 0], jnp.int32))
+            try:
+                slices = [lax.index_in_dim(x, i, keepdims=False) for x in xs]
+                outs = [layout.materialize(o) for o in self.run(body, [*carry, *slices, *additional])]
+            finally:
+                self.seed = outer_seed
+            carry, steps = outs[: len(init)], [*steps, outs[len(init) :]]
+        ys = [
+            jnp.stack([step[k] for step in steps]) if steps else jnp.zeros(out.shape, jax_dtype(out.dtype))
+            for k, out in enumerate(outputs[len(init) :])
+        ]
+        return (*carry, *ys)
 
     @staticmethod
     def _bad_tensor_kind(node: torch.fx.Node) -> str | None:

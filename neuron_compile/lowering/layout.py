@@ -142,7 +142,7 @@ def _elementwise(lowering: Callable[..., Any], args: tuple, kwargs: dict) -> Any
     return ChannelsLast(result) if is_array(result) and result.ndim == rank else None
 
 
-@_handles(aten.alias.default, aten.clone.default, aten.detach.default)
+@_handles(aten.alias.default, aten.clone.default, aten.detach.default, aten.detach_copy.default)
 def _same(lowering: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     return args[0]  # values are immutable here: a copy or an alias is the value itself
 

@@ -14,7 +14,7 @@ from .semantics import canonical_dim, convert, jax_dtype, out_dtype, out_shape
 aten = torch.ops.aten
 
 
-@register_lowering(aten.alias, aten.clone, aten.detach, aten.lift_fresh_copy, aten.contiguous)
+@register_lowering(aten.alias, aten.clone, aten.detach, aten.detach_copy, aten.lift_fresh_copy, aten.contiguous)
 def identity(x, *args, **kwargs):
     if isinstance(x, torch.Tensor):
         # A tensor constant of the graph (get_attr, e.g. a literal index list lifted by lift_fresh_copy).
