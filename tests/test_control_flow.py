@@ -81,3 +81,15 @@ def test_random_ops_in_a_loop_body_draw_fresh_numbers_each_step(loop: str) -> No
     assert torch.equal(first, again), "not reproducible under torch.manual_seed"
     assert len({tuple(row[:4].tolist()) for row in first}) == 8, "steps share random numbers"
     assert 0 <= first.min() and first.max() < 1 and abs(first.mean().item() - 0.5) < 0.02
+
+
+def test_unsupported_op_in_a_loop_body_is_reported_once_with_its_line() -> None:
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return scan(lambda c, x_t: (c + 1, torch.special.gammainc(x_t, x_t + 1)), torch.zeros(()), x)  # LINE_BODY
+
+    line = next(i for i, l in enumerate(open(__file__).read().splitlines(), 1) if l.rstrip().endswith("# LINE_BODY"))
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
+        torch.compile(fn, backend="neuron", dynamic=False, fullgraph=True)(torch.rand(10, 3))
+    message = str(info.value)
+    assert "1 node(s)" in message and message.count("aten.igamma.default") == 1, message
+    assert f"test_control_flow.py:{line}" in message, message

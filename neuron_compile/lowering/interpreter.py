@@ -260,7 +260,7 @@ class _GraphTracer:
             (xs, additional), init = (list(o) for o in operands), []
         outputs = node.meta["val"]
         length = int(outputs[len(init)].shape[0]) if len(outputs) > len(init) else int(xs[0].shape[0])
-        outer_seed, carry, steps = self.seed, init, []
+        outer_seed, carry, steps, failures = self.seed, init, [], len(self.failures)
         for i in range(length):
             self.seed = lax.bitwise_xor(outer_seed, jnp.asarray([(i * 0x9E3779B1) & 0x7FFFFFFF, 0], jnp.int32))
             try:
@@ -268,7 +268,10 @@ class _GraphTracer:
                 outs = [layout.materialize(o) for o in self.run(body, [*carry, *slices, *additional])]
             finally:
                 self.seed = outer_seed
-            carry, steps = outs[: len(init)], [*steps, outs[len(init) :]]
+            if len(self.failures) > failures:  # the body's unsupported ops, reported once, not once per step
+                return _meta_structs(node.meta.get("val"))
+            carry = outs[: len(init)]
+            steps.append(outs[len(init) :])
         ys = [
             jnp.stack([step[k] for step in steps]) if steps else jnp.zeros(out.shape, jax_dtype(out.dtype))
             for k, out in enumerate(outputs[len(init) :])
