@@ -512,7 +512,32 @@ PADDING = [
          tol="sum"),
     Case("interpolate_bilinear", lambda x: F.interpolate(x, size=(5, 7), mode="bilinear"), [randn(1, 2, 3, 4)],
          tol="sum", requires=("aten.clamp.default",)),
+    # antialias=True: eager's CPU kernel has float32/float64 only (bfloat16: test_antialiased_bfloat16_...)
+    *[
+        Case(f"interpolate_{mode}_antialias_{how}_ac{int(ac)}",
+             lambda x, mode=mode, ac=ac, kw=kw: F.interpolate(x, mode=mode, align_corners=ac, antialias=True, **kw),
+             [randn(2, 3, 9, 13)], (F32,), tol="sum")
+        for mode in ("bilinear", "bicubic")
+        for ac in (False, True)
+        for how, kw in (("down", {"size": (4, 5)}), ("up", {"size": (12, 20)}), ("mixed", {"size": (3, 17)}),
+                        ("scale", {"scale_factor": 0.35}))
+    ],
 ]
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_antialiased_bfloat16_is_the_float32_result_rounded_once(mode: str) -> None:
+    """Eager's CPU antialias kernel takes no bfloat16: the compiled result is judged against float64 on the
+    same (bfloat16) input; computed in float32 and rounded once, it is within one bfloat16 rounding."""
+    x = torch.randn(2, 3, 9, 13, generator=torch.Generator().manual_seed(0)).bfloat16()
+
+    def resize(t: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(t, size=(4, 17), mode=mode, antialias=True)
+
+    got = torch.compile(resize, backend="neuron", dynamic=False)(x)
+    reference = resize(x.double())
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), reference, rtol=2**-8, atol=1e-6)
 
 
 @pytest.mark.parametrize("case,dtype", [p for c in PADDING for p in c.params()])

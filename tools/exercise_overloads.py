@@ -129,6 +129,7 @@ _UPSAMPLES = (
     ("_upsample_nearest_exact1d", 1, False), ("_upsample_nearest_exact2d", 2, False),
     ("_upsample_nearest_exact3d", 3, False), ("upsample_linear1d", 1, True),
     ("upsample_bilinear2d", 2, True), ("upsample_trilinear3d", 3, True),
+    ("_upsample_bilinear2d_aa", 2, True), ("_upsample_bicubic2d_aa", 2, True),
 )  # fmt: skip
 #: overload (or packet, ``aten.name``) -> inputs for one variant. Only where the schema defaults do not give
 #: a valid call; a maker of the float32 variant builds float inputs (the others keep its dtype).

@@ -1,5 +1,5 @@
 """Padding and resampling: constant_pad_nd, reflection/replication pads (1d/2d/3d), nearest and linear
-upsampling, and their backwards.
+upsampling, antialiased bilinear/bicubic resampling, and their backwards.
 
 Pads are slices, reverses, broadcasts and concatenations (no gather). Upsampling reads input rows at
 static positions (a gather with constant indices per spatial dim) computed in NumPy with eager's float32
@@ -272,3 +272,78 @@ def upsample_linear_backward(grad, output_size, input_size, align_corners, *scal
     sc = _spatial_scales(len(output_size), scales or None)
     zeros = jnp.zeros(tuple(input_size), grad.dtype)
     return _transpose_of(lambda t: _linear(t, output_size, sc, align_corners), grad, zeros)
+
+
+# ---- antialiased resampling: interpolate(..., antialias=True) --------------------------------------------
+def _triangle(x: np.ndarray) -> np.ndarray:
+    x = np.abs(x)
+    return np.where(x < 1, np.float32(1) - x, np.float32(0)).astype(np.float32)
+
+
+def _keys_cubic(x: np.ndarray) -> np.ndarray:
+    a, x = np.float32(-0.5), np.abs(x)
+    inner = ((a + 2) * x - (a + 3)) * x * x + 1
+    outer = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return np.where(x < 1, inner, np.where(x < 2, outer, np.float32(0))).astype(np.float32)
+
+
+_AA_FILTERS = {"bilinear": (2, _triangle), "bicubic": (4, _keys_cubic)}
+
+
+def _aa_weights(n_in: int, n_out: int, scale: float | None, align_corners: bool, mode: str) -> np.ndarray:
+    """[n_out, n_in] weights of eager's antialiased resampling (``_compute_indices_min_size_weights_aa`` in
+    float32, its float/double promotions term by term): the filter stretched by the downscale factor, centred
+    on each output pixel, cut at the edges and renormalized."""
+    interp_size, filt = _AA_FILTERS[mode]
+    s = _scale(n_in, n_out, scale, align_corners)
+    support = np.float32(interp_size * 0.5 * np.float64(s)) if s >= 1 else np.float32(interp_size * 0.5)
+    max_interp = int(np.ceil(support)) * 2 + 1
+    invscale = np.float32(1.0 / np.float64(s)) if s >= 1 else np.float32(1)
+    weights = np.zeros((n_out, n_in), np.float32)
+    for i in range(n_out):
+        center = np.float32(np.float64(s) * (i + 0.5))
+        xmin = max(int(np.float64(center - support) + 0.5), 0)
+        size = min(max(min(int(np.float64(center + support) + 0.5), n_in) - xmin, 0), max_interp)
+        offsets = (np.arange(size) + xmin).astype(np.float32) - center
+        w = filt(np.float32((offsets.astype(np.float64) + 0.5) * np.float64(invscale)))
+        total = np.float32(0)
+        for v in w:  # eager sums in order, in float32
+            total = np.float32(total + v)
+        weights[i, xmin : xmin + size] = w / total if total != 0 else w
+    return weights
+
+
+def _antialiased(x: Any, out_spatial: Sequence[int], scales: Sequence[float | None], align_corners: bool, mode: str):
+    acc = opmath_dtype(x.dtype)
+    y = convert(x, acc)
+    for i in reversed(range(len(out_spatial))):  # innermost dim first, as eager's separable kernel
+        axis = y.ndim - len(out_spatial) + i
+        w = jnp.asarray(_aa_weights(y.shape[axis], out_spatial[i], scales[i], align_corners, mode), acc)
+        y = jnp.moveaxis(jnp.tensordot(y, w, axes=[[axis], [1]]), -1, axis)
+    return convert(y, x.dtype)
+
+
+def _antialiased_backward(grad, output_size, input_size, align_corners, scales, mode: str) -> Any:
+    sc = _spatial_scales(2, scales or None)
+    zeros = jnp.zeros(tuple(input_size), grad.dtype)
+    return _transpose_of(lambda t: _antialiased(t, output_size, sc, align_corners, mode), grad, zeros)
+
+
+@register_lowering(aten._upsample_bilinear2d_aa.default)
+def upsample_bilinear_antialiased(x, output_size, align_corners, *scales):
+    return _antialiased(x, out_shape()[-2:], _spatial_scales(2, scales or None), align_corners, "bilinear")
+
+
+@register_lowering(aten._upsample_bicubic2d_aa.default)
+def upsample_bicubic_antialiased(x, output_size, align_corners, *scales):
+    return _antialiased(x, out_shape()[-2:], _spatial_scales(2, scales or None), align_corners, "bicubic")
+
+
+@register_lowering(aten._upsample_bilinear2d_aa_backward.default)
+def upsample_bilinear_antialiased_backward(grad, output_size, input_size, align_corners, *scales):
+    return _antialiased_backward(grad, output_size, input_size, align_corners, scales, "bilinear")
+
+
+@register_lowering(aten._upsample_bicubic2d_aa_backward.default)
+def upsample_bicubic_antialiased_backward(grad, output_size, input_size, align_corners, *scales):
+    return _antialiased_backward(grad, output_size, input_size, align_corners, scales, "bicubic")
