@@ -525,6 +525,23 @@ PADDING = [
 ]
 
 
+@pytest.mark.parametrize(
+    "resize",
+    [
+        lambda x: F.interpolate(x, size=(4, 5), mode="bilinear", antialias=True),
+        lambda x: F.interpolate(x, size=(4, 5), mode="bicubic", antialias=True),
+    ],
+    ids=["bilinear", "bicubic"],
+)
+def test_integer_images_are_refused_by_antialiased_resampling(resize) -> None:
+    """Eager resamples uint8 images with a fixed-point kernel; computed in integer arithmetic here they would
+    come out wrong, so they are refused. (Without antialias, uint8 goes through torch's own decomposition,
+    as under Inductor: float math, rounded.)"""
+    x = torch.randint(0, 256, (1, 3, 9, 13), dtype=torch.uint8)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="antialiased resampling of an integer"):
+        torch.compile(resize, backend="neuron", dynamic=False)(x)
+
+
 @pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
 def test_antialiased_bfloat16_is_the_float32_result_rounded_once(mode: str) -> None:
     """Eager's CPU antialias kernel takes no bfloat16: the compiled result is judged against float64 on the

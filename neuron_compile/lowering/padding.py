@@ -18,7 +18,7 @@ import torch
 from jax import lax
 
 from .registry import Unsupported, register_lowering
-from .semantics import convert, opmath_dtype, out_dtype, out_shape
+from .semantics import convert, is_float, opmath_dtype, out_dtype, out_shape
 
 aten = torch.ops.aten
 
@@ -314,6 +314,11 @@ def _aa_weights(n_in: int, n_out: int, scale: float | None, align_corners: bool,
 
 
 def _antialiased(x: Any, out_spatial: Sequence[int], scales: Sequence[float | None], align_corners: bool, mode: str):
+    if not is_float(x.dtype):
+        raise Unsupported(
+            "antialiased resampling of an integer (uint8) image: eager computes it with a fixed-point kernel "
+            "whose rounding is not reproduced here; convert the image to float32 before interpolating"
+        )
     acc = opmath_dtype(x.dtype)
     y = convert(x, acc)
     for i in reversed(range(len(out_spatial))):  # innermost dim first, as eager's separable kernel
