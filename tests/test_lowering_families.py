@@ -632,6 +632,32 @@ def test_padding_aten(case: Case, dtype: torch.dtype) -> None:
     check_aten(case, dtype)
 
 
+# ---- uint8: wrap-around as in eager ------------------------------------------------------------------------------
+_U8 = torch.tensor([[0, 1, 7, 200], [255, 128, 3, 9]], dtype=torch.uint8)
+UINT8_CASES = {
+    "abs": lambda x: x.abs(),  # the identity for unsigned types
+    "neg": lambda x: -x,
+    "add_alpha_negative": lambda x: torch.add(x, x, alpha=-1),
+    "sub_scalar": lambda x: x - 10,
+    "mul_wraps": lambda x: x * 3,
+    "arange_descending": lambda x: torch.arange(250, 0, -7, dtype=torch.uint8) + x.sum(),
+    "scalar_tensor_negative": lambda x: torch.scalar_tensor(-5, dtype=torch.uint8) + x,
+    "full_negative": lambda x: torch.full((2, 4), -1, dtype=torch.uint8) - x,
+    "index_reduce_prod": lambda x: x.index_reduce(0, torch.tensor([1, 1]), x * 5, "prod"),
+    "index_reduce_mean": lambda x: x.index_reduce(0, torch.tensor([0, 0]), x, "mean"),
+    "sum_wraps": lambda x: torch.sum(x, 1, dtype=torch.uint8),
+}
+
+
+@pytest.mark.parametrize("name", list(UINT8_CASES))
+def test_uint8_wraps_as_in_eager(name: str) -> None:
+    """uint8 (images) wraps modulo 256 in eager; Python ints given to uint8 ops wrap too (uint8 of -1 is 255)."""
+    fn = UINT8_CASES[name]
+    got = torch.compile(fn, backend="neuron", dynamic=False)(_U8.clone())
+    want = fn(_U8.clone())
+    assert got.dtype == want.dtype and torch.equal(got, want), f"{name}: {got.tolist()} != eager {want.tolist()}"
+
+
 # ---- random ---------------------------------------------------------------------------------------------------------
 def _compiled(fn):
     return torch.compile(fn, backend="neuron", dynamic=False)

@@ -9,7 +9,7 @@ import torch
 from jax import lax
 
 from .registry import register_lowering
-from .semantics import out_dtype, out_shape
+from .semantics import convert, out_dtype, out_shape
 
 aten = torch.ops.aten
 
@@ -22,7 +22,7 @@ def full(*args, **kwargs):
 
 @register_lowering(aten.scalar_tensor)
 def scalar_tensor(value, **kwargs):
-    return jnp.asarray(value, out_dtype())
+    return convert(value, out_dtype())
 
 
 @register_lowering(aten.zeros.default, aten.new_zeros, aten.zeros_like, aten._efficientzerotensor)
@@ -58,7 +58,7 @@ def arange(*args, **kwargs):
     (n,) = out_shape()
     dtype = out_dtype()
     if jnp.issubdtype(dtype, jnp.integer):
-        return lax.iota(dtype, n) * jnp.asarray(step, dtype) + jnp.asarray(start, dtype)
+        return lax.iota(dtype, n) * convert(step, dtype) + convert(start, dtype)
     # Eager computes start + i * step in double precision, then rounds. Start, step and n are static,
     # so do exactly that at trace time: the device gets a constant and never sees a float64 op.
     values = np.float64(start) + np.arange(n, dtype=np.float64) * np.float64(step)

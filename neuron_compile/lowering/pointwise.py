@@ -40,7 +40,7 @@ def _scaled(b, alpha):
         return b
     if b.dtype == jnp.bool_:
         return b if alpha else jnp.zeros_like(b)
-    return lax.mul(b, jnp.asarray(alpha, b.dtype))
+    return lax.mul(b, convert(alpha, b.dtype))
 
 
 @register_pointwise(aten.add.Tensor, aten.add.Scalar)
@@ -154,7 +154,7 @@ def neg(a):
 
 @register_pointwise(aten.abs)
 def absolute(a):
-    return lax.abs(a) if a.dtype != jnp.bool_ else a
+    return a if a.dtype == jnp.bool_ or jnp.issubdtype(a.dtype, jnp.unsignedinteger) else lax.abs(a)
 
 
 @register_pointwise(aten.reciprocal, promotion=INT_TO_FLOAT)

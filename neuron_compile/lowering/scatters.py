@@ -91,7 +91,8 @@ def _index_reduce_one_hot(x, axis, index, src, reduce, include_self):
     hit = jnp.reshape(hit, hit.shape + (1,) * (x0.ndim - 1))
     count = jnp.sum(hit, axis=1, dtype=x.dtype)  # [T, 1...]
     if reduce == "mean":
-        total = jnp.sum(jnp.where(hit, s0[None], jnp.zeros((), x.dtype)), axis=1)
+        # jnp sums and multiplies small integers in a wider type; eager wraps in x's: the same mod 2**bits
+        total = jnp.sum(jnp.where(hit, s0[None], jnp.zeros((), x.dtype)), axis=1).astype(x.dtype)
         if include_self:
             total, count = total + x0, count + 1
         out = jnp.floor_divide(total, jnp.maximum(count, 1))  # eager's integer mean floors
@@ -99,7 +100,7 @@ def _index_reduce_one_hot(x, axis, index, src, reduce, include_self):
     elif reduce in _REDUCERS:
         reduce_all, combine = _REDUCERS[reduce]
         identity = jnp.asarray(_identity(x.dtype, reduce), x.dtype)
-        reduced = reduce_all(jnp.where(hit, s0[None], identity), axis=1)
+        reduced = reduce_all(jnp.where(hit, s0[None], identity), axis=1).astype(x.dtype)
         out = combine(reduced, x0) if include_self else jnp.where(count > 0, reduced, x0)
     else:
         raise Unsupported(f"index_reduce with reduce='{reduce}' (torch takes prod, mean, amax, amin)")

@@ -88,9 +88,12 @@ def promote_types(args: Sequence[Any], kind: Promotion) -> tuple[Any, Any]:
 
 
 def convert(x: Any, dtype: Any) -> Any:
-    """``x`` (array or Python scalar) as an array of ``dtype``."""
+    """``x`` (array or Python scalar) as an array of ``dtype``. A Python int wraps into an integer dtype's range
+    as torch's casts do (``uint8`` of -1 is 255), where ``jnp.asarray`` raises."""
     if is_array(x):
         return x if x.dtype == dtype else lax.convert_element_type(x, dtype)
+    if isinstance(x, int) and not isinstance(x, bool) and jnp.issubdtype(dtype, jnp.integer):
+        return jnp.asarray(np.asarray(x, np.int64).astype(np.dtype(dtype)))
     return jnp.asarray(x, dtype=dtype)
 
 
