@@ -78,6 +78,9 @@ def user_frame(node: torch.fx.Node) -> tuple[str, int] | None:
     return path, int(line)
 
 
+_DYNAMO_ROOT = re.compile(r"^L\['[^']*'\]\.?")  # how Dynamo names the compiled frame's module: L['self']
+
+
 def module_path(node: torch.fx.Node) -> str | None:
     """``module layers.0 (TransformerEncoderLayer)``: the innermost ``nn.Module`` the node was traced in.
 
@@ -90,9 +93,6 @@ def module_path(node: torch.fx.Node) -> str | None:
     path = _DYNAMO_ROOT.sub("", path)  # L['self'] / L['fn']: the compiled module itself
     name = cls.__name__ if isinstance(cls, type) else str(cls).rsplit(".", 1)[-1]
     return f"module {path or '<root>'} ({name})"
-
-
-_DYNAMO_ROOT = re.compile(r"^L\['[^']*'\]\.?")
 
 
 def user_source(node: torch.fx.Node) -> str:

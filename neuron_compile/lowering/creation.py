@@ -65,7 +65,6 @@ def arange(*args, **kwargs):
     return jnp.asarray(values.astype(np.dtype(dtype)))
 
 
-
 def _triangle(indices, row, col, offset):
     """The (row, col) pairs of a triangle. They depend only on the static sizes, so they are computed
     exactly on the host and embedded (torch's decomposition derives them with float64 square roots, which
