@@ -270,3 +270,54 @@ def test_factory_errors_name_the_problem(tmp_path: Path, monkeypatch, source: st
     monkeypatch.setattr(sys, "path", list(sys.path))
     with pytest.raises(FactoryError, match=match):
         load_factory(spec)
+
+
+# -- random draws and the run's precision -----------------------------------------------------------
+class _Noisy(torch.nn.Module):
+    """A training-mode model with every kind of random op evaluate must tell apart."""
+
+    def __init__(self, draw: bool) -> None:
+        super().__init__()
+        self.draw = draw
+        self.proj = torch.nn.Linear(8, 8)
+        self.dropout = torch.nn.Dropout(0.5)  # a module: evaluate runs it at p=0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.dropout(self.proj(x))
+        q = h.view(2, 1, 4, 8)  # attention kernels carry a dropout_p; at 0.0 they draw nothing
+        h = torch.nn.functional.scaled_dot_product_attention(q, q, q).view(8, 8)
+        if self.draw:
+            h = h + 0.1 * torch.randn_like(h)  # RANDN_LINE
+        return torch.nn.functional.dropout(h, p=0.25 if self.draw else 0.0, training=self.training)  # DROPOUT_LINE
+
+
+@pytest.mark.parametrize("draw", [True, False], ids=["draws", "no-draws"])
+def test_random_draws_are_named_and_numerics_not_compared(draw: bool) -> None:
+    torch.manual_seed(0)
+    report = neuron_compile.evaluate(_Noisy(draw), (torch.randn(8, 8),), steps=1, progress=False)
+    source = Path(__file__).read_text()
+    if not draw:
+        assert report.ok and not report.random_draws, str(report)
+        return
+    # eager's CPU kernels: randn_like, and functional dropout as bernoulli_ (dropout modules and p=0 never draw)
+    lines = {d.line: d.op for d in report.random_draws}
+    assert lines.keys() == {_line_of(source, "RANDN_LINE"), _line_of(source, "DROPOUT_LINE")}, report.random_draws
+    assert "randn" in lines[_line_of(source, "RANDN_LINE")] and "bernoulli" in lines[_line_of(source, "DROPOUT_LINE")]
+    assert all(d.file == __file__ for d in report.random_draws)
+    assert report.numerics is None and not report.ok and not report.unsupported
+    text = str(report)
+    assert "NOT VERIFIED" in text and "pass the random tensors in as inputs" in text, text
+    assert report.to_dict()["random_draws"][0]["op"].startswith("aten.")
+
+
+def test_every_tensor_is_judged_at_the_runs_precision() -> None:
+    """A bfloat16 model's float32 loss carries bfloat16 error: judged with bfloat16's tolerance."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)).bfloat16()
+    report = neuron_compile.evaluate(
+        model, (torch.randn(8, 16).bfloat16(),), loss_fn=lambda out: out.float().pow(2).mean(), steps=1, progress=False
+    )
+    tensors = {t.name: t for t in report.numerics.tensors}
+    assert tensors["loss"].dtype == "float32", tensors["loss"]
+    assert {t.tol for t in tensors.values()} == {1e-2}, [(t.name, t.tol) for t in tensors.values()]
+    assert report.ok, str(report)

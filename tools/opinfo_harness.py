@@ -41,8 +41,15 @@ DTYPES: dict[str, torch.dtype] = {
 
 #: Tested only when named (``opinfo_sweep --dtypes float32,complex64``): not in CI's rotation nor in the
 #: default sweep. complex64 runs as (real, imag) float32 pairs (neuron_compile/lowering/complex.py); uint8
-#: is the dtype of images (wrap-around arithmetic, fixed-point resampling kernels in eager).
-OPT_IN_DTYPES: dict[str, torch.dtype] = {"complex64": torch.complex64, "uint8": torch.uint8}
+#: is the dtype of images (wrap-around arithmetic, fixed-point resampling kernels in eager); int8/int16/int32
+#: are quantized weights and indices (wrap-around, integer division and shifts at narrow widths).
+OPT_IN_DTYPES: dict[str, torch.dtype] = {
+    "complex64": torch.complex64,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+}
 
 #: The explained skip categories. Each case's ``detail`` names one of these keys.
 SKIP_REASONS: dict[str, str] = {

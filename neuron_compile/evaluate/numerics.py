@@ -9,7 +9,9 @@ else float32), ``eager`` and ``compiled`` the model's own dtype:
 
 1. integer/bool tensors: ``compiled`` equals ``eager`` exactly;
 2. ``compiled`` is allclose to ``ref`` (atol = rtol = ``tol``, 1e-4 for float32, 1e-2 for bfloat16): pass,
-   as in ``same``;
+   as in ``same``. ``tol`` is the tensor's dtype's unless given; ``evaluate`` and the model tests give the
+   run's (its least precise dtype's), as torch's checker does: a float32 loss of bfloat16 outputs carries
+   bfloat16 error;
 3. else, with ``e(x) = RMSE(x - ref)`` in float64: pass when
    ``e(compiled) <= multiple * e(eager) + floor``. ``multiple`` defaults to torch's: 3 for float16/bfloat16
    or tensors of fewer than 1,000 elements, else 2. ``floor = tol / 10 * scale`` where ``scale`` is the
@@ -69,6 +71,8 @@ class TensorVerdict:
     #: Bound compiled_error had to meet: multiple * eager_error + floor.
     bound: float | None
     multiple: float | None
+    #: The allclose tolerance it was judged with (the run's precision's; None for integer tensors).
+    tol: float | None = None
     #: Cosine similarity to the reference of eager / compiled (reported; low precision only).
     cosine_eager: float | None = None
     cosine_compiled: float | None = None
@@ -170,7 +174,7 @@ def judge_tensor(
     cos_e = _cosine(eager, ref) if low_p else None
     cos_c = _cosine(compiled, ref) if low_p else None
     cos_ce = _cosine(compiled, eager) if low_p else None
-    nums = dict(eager_error=e_eager, compiled_error=e_comp, ratio=ratio, bound=bound, multiple=multiple,
+    nums = dict(eager_error=e_eager, compiled_error=e_comp, ratio=ratio, bound=bound, multiple=multiple, tol=tol,
                 cosine_eager=cos_e, cosine_compiled=cos_c, cosine_to_eager=cos_ce)  # fmt: skip
     if compiled.isnan().any() and not eager.isnan().any():
         return verdict(False, "compiled has NaN where eager has none", **nums)

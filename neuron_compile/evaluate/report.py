@@ -8,6 +8,7 @@ from typing import Any
 
 from ..errors import UnsupportedNode
 from .numerics import NumericsVerdict
+from .randomness import RandomDraw
 
 _SYMBOL = re.compile(r"\bu\d+\b")
 _SOURCE = re.compile(r"^(?P<file>.*):(?P<line>\d+)$")
@@ -153,6 +154,8 @@ class EvaluationReport:
     float64_downcasts: list[str] = field(default_factory=list)
     #: Failures that are not an unsupported op (a crash in a phase), with the phase named.
     errors: list[str] = field(default_factory=list)
+    #: Random ops the model drew from in eager (dropout modules aside): numerics are then not compared.
+    random_draws: list[RandomDraw] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -177,13 +180,19 @@ class EvaluationReport:
             "recompiles": dict(self.recompiles),
             "float64_downcasts": list(self.float64_downcasts),
             "errors": list(self.errors),
+            "random_draws": [asdict(d) for d in self.random_draws],
         }
 
     def __str__(self) -> str:
         def fmt(v: float | None, unit: str) -> str:
             return "-" if v is None else f"{v:.3f} {unit}" if unit == "s" else f"{v:.2f} {unit}"
 
-        verdict = "YES: compiles for Trainium and numerics pass" if self.ok else "NO: see below"
+        if self.ok:
+            verdict = "YES: compiles for Trainium and numerics pass"
+        elif self.random_draws and not self.unsupported and not self.errors:
+            verdict = "NOT VERIFIED: compiles for Trainium; numerics not compared (random draws, see below)"
+        else:
+            verdict = "NO: see below"
         out = [f"neuron evaluate: {self.model} ({self.mode}, target {self.target}) -> {verdict}", ""]
         out.append(f"graphs: {self.dynamo_graphs} Dynamo graph(s), {len(self.graph_breaks)} graph break(s), "
                    f"{len(self.graphs)} compiled graph(s)")  # fmt: skip
@@ -212,7 +221,10 @@ class EvaluationReport:
         if self.float64_downcasts:
             out.append(f"float64 computed as float32 in: {', '.join(self.float64_downcasts)}")
         out.append("")
-        out.append(self.numerics.describe() if self.numerics else "numerics: not measured")
+        if self.random_draws:
+            out.extend(_describe_draws(self.random_draws))
+        else:
+            out.append(self.numerics.describe() if self.numerics else "numerics: not measured")
         worst = self.numerics.worst() if self.numerics else None
         if worst is not None and worst.compiled_error is not None:
             how = f", passed by {worst.passed_by}" if worst.passed_by else ""
@@ -230,3 +242,13 @@ class EvaluationReport:
             out.append(f"recompiles: input {r.get('input_shapes')}: {r.get('compiled_graphs')} graph(s) compiled on the "
                        f"first step, {r.get('recompiles_in_steps')} recompile(s) in later steps")  # fmt: skip
         return "\n".join(out)
+
+
+def _describe_draws(draws: list[RandomDraw]) -> list[str]:
+    lines = ["numerics: not compared: the model draws random numbers (dropout modules aside, which run at p=0);",
+             "  compiled and eager draw from different generators, so their results differ by the draws themselves"]  # fmt: skip
+    lines += [f"  {d.op} at {_where(d.file, d.line)}" for d in draws]
+    lines.append("  advice: to compare, pass the random tensors in as inputs (draw noise outside the compiled "
+                 "model) or turn the draws off for the evaluation (drop_path_rate=0, class_dropout_prob=0, ...)")  # fmt: skip
+    return lines
+
