@@ -658,6 +658,38 @@ def test_uint8_wraps_as_in_eager(name: str) -> None:
     assert got.dtype == want.dtype and torch.equal(got, want), f"{name}: {got.tolist()} != eager {want.tolist()}"
 
 
+# ---- shifts: torch defines every shift amount ------------------------------------------------------------------------
+def _shift_operands(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Values at both ends of the type and shift amounts from 0 past the width (negative for signed types)."""
+    info = torch.iinfo(dtype)
+    values = [info.min, -7, -1, 0, 1, 5, 100, info.max] if dtype.is_signed else [0, 1, 5, 100, 128, 200, 254, 255]
+    amounts = [0, 1, 3, info.bits - 2, info.bits - 1, info.bits, info.bits + 3, -1 if dtype.is_signed else 2]
+    return torch.tensor(values, dtype=dtype), torch.tensor(amounts, dtype=dtype)
+
+
+SHIFT_CASES = {
+    "lshift": lambda a, b: a << b,
+    "rshift": lambda a, b: a >> b,
+    "lshift_scalar": lambda a, b: a << 3,
+    "rshift_scalar": lambda a, b: torch.bitwise_right_shift(a, 2),
+    "scalar_lshift": lambda a, b: torch.bitwise_left_shift(5, b),
+    "ilshift": lambda a, b: a.clone().__ilshift__(b),
+    "rshift_by_int64": lambda a, b: a >> b.long(),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize("name", list(SHIFT_CASES))
+def test_shifts_match_eager(name: str, dtype: torch.dtype) -> None:
+    """Shifts by a negative amount or the width or more: 0 to the left, the sign fill to the right (eager's
+    kernel), computed with the shifts neuronx-cc takes at every width (its arithmetic right shift is 32-bit)."""
+    a, b = _shift_operands(dtype)
+    fn = SHIFT_CASES[name]
+    got = torch.compile(fn, backend="neuron", dynamic=False)(a, b)
+    want = fn(a, b)
+    assert got.dtype == want.dtype and torch.equal(got, want), f"{name} {dtype} of {a.tolist()}, {b.tolist()}: {got.tolist()} != eager {want.tolist()}"
+
+
 # ---- random ---------------------------------------------------------------------------------------------------------
 def _compiled(fn):
     return torch.compile(fn, backend="neuron", dynamic=False)

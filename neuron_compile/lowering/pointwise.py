@@ -314,6 +314,30 @@ def bitwise_xor(a, b):
     return lax.bitwise_xor(a, b)
 
 
+# Shifts by a negative amount or by the width or more are defined in torch (not UB as in C): a left shift
+# gives 0, a right shift the sign fill (0 for unsigned types).
+@register_pointwise(aten.bitwise_left_shift, aten.__lshift__)
+def bitwise_left_shift(a, b):
+    bits = jnp.iinfo(a.dtype).bits
+    out_of_range = lax.bitwise_or(lax.lt(b, jnp.zeros_like(b)), lax.ge(b, jnp.full_like(b, bits)))
+    return lax.select(out_of_range, jnp.zeros_like(a), lax.shift_left(a, b))
+
+
+@register_pointwise(aten.bitwise_right_shift, aten.__rshift__)
+def bitwise_right_shift(a, b):
+    bits = jnp.iinfo(a.dtype).bits
+    if not jnp.issubdtype(a.dtype, jnp.signedinteger):
+        return lax.select(lax.ge(b, jnp.full_like(b, bits)), jnp.zeros_like(a), lax.shift_right_logical(a, b))
+    sign_fill = jnp.full_like(b, bits - 1)
+    amount = lax.select(lax.bitwise_or(lax.lt(b, jnp.zeros_like(b)), lax.gt(b, sign_fill)), sign_fill, b)
+    # Arithmetic shift as a logical one of the complement (a >> n == ~(~a >>> n) for a < 0): neuronx-cc's
+    # ShiftRightArithmetic takes 32-bit types only, its ShiftRightLogical any.
+    negative = lax.lt(a, jnp.zeros_like(a))
+    magnitude = lax.select(negative, lax.bitwise_not(a), a)
+    shifted = lax.shift_right_logical(magnitude, amount)
+    return lax.select(negative, lax.bitwise_not(shifted), shifted)
+
+
 @register_pointwise(aten.isnan, promotion=BOOL)
 def isnan(a):
     return lax.ne(a, a)
