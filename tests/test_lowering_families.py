@@ -658,7 +658,7 @@ def test_uint8_wraps_as_in_eager(name: str) -> None:
     assert got.dtype == want.dtype and torch.equal(got, want), f"{name}: {got.tolist()} != eager {want.tolist()}"
 
 
-# ---- shifts: torch defines every shift amount ------------------------------------------------------------------------
+# ---- integer ops: shifts (torch defines every amount), gcd/lcm --------------------------------------------------------
 def _shift_operands(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Values at both ends of the type and shift amounts from 0 past the width (negative for signed types)."""
     info = torch.iinfo(dtype)
@@ -688,6 +688,34 @@ def test_shifts_match_eager(name: str, dtype: torch.dtype) -> None:
     got = torch.compile(fn, backend="neuron", dynamic=False)(a, b)
     want = fn(a, b)
     assert got.dtype == want.dtype and torch.equal(got, want), f"{name} {dtype} of {a.tolist()}, {b.tolist()}: {got.tolist()} != eager {want.tolist()}"
+
+
+def _gcd_operands(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every pair for 8-bit types; else random pairs, the range's ends, zeros and the largest consecutive
+    Fibonacci numbers of the type (Euclid's longest runs)."""
+    info = torch.iinfo(dtype)
+    if info.bits == 8:
+        values = torch.arange(info.min, info.max + 1)
+        return tuple(torch.cartesian_prod(values, values).T.to(dtype))  # type: ignore[return-value]
+    fib = [1, 2]
+    while fib[-1] + fib[-2] <= info.max:
+        fib.append(fib[-1] + fib[-2])
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(info.min, info.max, (512,), generator=g, dtype=dtype)
+    b = a // torch.randint(1, 1000, (512,), generator=g, dtype=dtype)
+    # not (min, max): eager's gcd of it is -1 (|min| wraps to min) and its lcm then traps on min / -1
+    edges = torch.tensor([fib[-1], fib[-3], info.min, info.max, 0, 0, -12, 7], dtype=dtype)
+    return torch.cat([a, edges]), torch.cat([b, torch.tensor([fib[-2], fib[-4], 6, 0, 0, 5, 18, info.min], dtype=dtype)])
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.int64], ids=str)
+@pytest.mark.parametrize("op", [torch.gcd, torch.lcm], ids=lambda f: f.__name__)
+def test_gcd_lcm_match_eager(op, dtype: torch.dtype) -> None:
+    a, b = _gcd_operands(dtype)
+    got = torch.compile(op, backend="neuron", dynamic=False)(a, b)
+    want = op(a, b)
+    wrong = (got != want).nonzero().flatten()[:5].tolist()
+    assert got.dtype == want.dtype and not wrong, [(a[i].item(), b[i].item(), got[i].item(), want[i].item()) for i in wrong]
 
 
 # ---- random ---------------------------------------------------------------------------------------------------------

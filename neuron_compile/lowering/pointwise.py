@@ -213,6 +213,39 @@ def _int_pow(a, b):
     return lax.select(lax.lt(b, zero), negative, acc)
 
 
+def _euclid_steps(dtype) -> int:
+    """The most remainder steps Euclid's algorithm takes on values of ``dtype``: consecutive Fibonacci
+    numbers are its worst case (Lame's theorem), so count them up to the type's range."""
+    previous, current, steps = 1, 1, 0
+    while current <= 2 ** jnp.iinfo(dtype).bits:
+        previous, current, steps = current, previous + current, steps + 1
+    return steps + 1
+
+
+@register_pointwise(aten.gcd)
+def gcd(a, b):
+    # eager's calc_gcd on |a|, |b|: while a != 0: a, b = b % a, a (a static trip count: lanes that reached 0 idle)
+    zero, one = jnp.zeros_like(a), jnp.ones_like(a)
+
+    def step(_, ab):
+        x, y = ab
+        live = lax.ne(x, zero)
+        return lax.select(live, lax.rem(y, lax.select(live, x, one)), x), lax.select(live, x, y)
+
+    return lax.fori_loop(0, _euclid_steps(a.dtype), step, (absolute(a), absolute(b)))[1]
+
+
+@register_pointwise(aten.lcm)
+def lcm(a, b):
+    g = gcd(a, b)
+    nonzero = lax.ne(g, jnp.zeros_like(g))
+    # eager: |a / g * b| in C's int arithmetic, which widens 8/16-bit types before the product and its abs
+    wide = jnp.int32 if jnp.dtype(a.dtype).itemsize < 4 else a.dtype
+    a_, b_, g_ = (lax.convert_element_type(x, wide) for x in (a, b, lax.select(nonzero, g, jnp.ones_like(g))))
+    product = lax.convert_element_type(absolute(lax.mul(lax.div(a_, g_), b_)), a.dtype)
+    return lax.select(nonzero, product, jnp.zeros_like(g))
+
+
 def _pow_body(a, b):
     return lax.pow(a, b) if is_float(a.dtype) else _int_pow(a, b)
 
