@@ -233,6 +233,31 @@ def resnet() -> ZooCase:
     return ZooCase("resnet", TinyResNet().train(), inputs, _resnet_step)
 
 
+def _denoise_step(model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, Any]:
+    pred = model(inputs["sample"], inputs["timestep"], inputs["encoder_hidden_states"], return_dict=False)[0]
+    loss = F.mse_loss(pred.float(), inputs["noise"].float())
+    return loss, {"loss": loss, "pred": pred}
+
+
+def sd_unet() -> ZooCase:
+    """A Stable Diffusion-style conditional UNet (diffusers' UNet2DConditionModel: ResNet blocks with
+    GroupNorm, cross-attention transformer blocks, sinusoidal timestep embedding, nearest upsampling),
+    trained as diffusion models are: predict the noise, MSE against it (the noise drawn outside the model)."""
+    import diffusers
+
+    torch.manual_seed(0)
+    model = diffusers.UNet2DConditionModel(
+        sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(16, 32),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=16, attention_head_dim=8, norm_num_groups=8,
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(10)
+    inputs = {"sample": torch.randn(BATCH, 4, 8, 8, generator=g), "timestep": torch.tensor([10, 700]),
+              "encoder_hidden_states": torch.randn(BATCH, 5, 16, generator=g),
+              "noise": torch.randn(BATCH, 4, 8, 8, generator=g)}  # fmt: skip
+    return ZooCase("sd_unet", _no_dropout(model), inputs, _denoise_step)
+
+
 ZOO: dict[str, Callable[[], ZooCase]] = {
     "gpt2": gpt2,
     "bert": bert,
@@ -244,4 +269,5 @@ ZOO: dict[str, Callable[[], ZooCase]] = {
     "whisper": whisper,
     "mixtral": mixtral,
     "resnet": resnet,
+    "sd_unet": sd_unet,
 }
