@@ -163,20 +163,24 @@ def _nearest(x: Any, out_spatial: Sequence[int], scales: Sequence[float | None],
     return x
 
 
-def _linear(x: Any, out_spatial: Sequence[int], scales: Sequence[float | None], align_corners: bool) -> Any:
-    nd = len(out_spatial)
-    acc = opmath_dtype(x.dtype)
-    y = convert(x, acc)
-    # Innermost dim first, as eager's separable kernels interpolate.
+def _separable(x: Any, nd: int, along: Callable[[Any, int, int], Any]) -> Any:
+    """``x`` resampled one of its ``nd`` trailing (spatial) axes at a time by ``along(y, axis, i)`` (``i``
+    the spatial index): innermost axis first, as eager's separable kernels go, in opmath, rounded once."""
+    y = convert(x, opmath_dtype(x.dtype))
     for i in reversed(range(nd)):
-        axis = y.ndim - nd + i
+        y = along(y, y.ndim - nd + i, i)
+    return convert(y, x.dtype)
+
+
+def _linear(x: Any, out_spatial: Sequence[int], scales: Sequence[float | None], align_corners: bool) -> Any:
+    def along(y: Any, axis: int, i: int) -> Any:
         i0, i1, w0, w1 = _linear_taps(y.shape[axis], out_spatial[i], scales[i], align_corners)
         shape = [1] * y.ndim
         shape[axis] = out_spatial[i]
-        w0 = jnp.asarray(w0.reshape(shape), acc)
-        w1 = jnp.asarray(w1.reshape(shape), acc)
-        y = _rows(y, axis, i0) * w0 + _rows(y, axis, i1) * w1
-    return convert(y, x.dtype)
+        w0, w1 = (jnp.asarray(w.reshape(shape), y.dtype) for w in (w0, w1))
+        return _rows(y, axis, i0) * w0 + _rows(y, axis, i1) * w1
+
+    return _separable(x, len(out_spatial), along)
 
 
 def _split_vec(nd: int, output_size, scale_factors) -> list[float | None]:
@@ -319,13 +323,12 @@ def _antialiased(x: Any, out_spatial: Sequence[int], scales: Sequence[float | No
             "antialiased resampling of an integer (uint8) image: eager computes it with a fixed-point kernel "
             "whose rounding is not reproduced here; convert the image to float32 before interpolating"
         )
-    acc = opmath_dtype(x.dtype)
-    y = convert(x, acc)
-    for i in reversed(range(len(out_spatial))):  # innermost dim first, as eager's separable kernel
-        axis = y.ndim - len(out_spatial) + i
-        w = jnp.asarray(_aa_weights(y.shape[axis], out_spatial[i], scales[i], align_corners, mode), acc)
-        y = jnp.moveaxis(jnp.tensordot(y, w, axes=[[axis], [1]]), -1, axis)
-    return convert(y, x.dtype)
+
+    def along(y: Any, axis: int, i: int) -> Any:
+        w = jnp.asarray(_aa_weights(y.shape[axis], out_spatial[i], scales[i], align_corners, mode), y.dtype)
+        return jnp.moveaxis(jnp.tensordot(y, w, axes=[[axis], [1]]), -1, axis)
+
+    return _separable(x, len(out_spatial), along)
 
 
 def _antialiased_backward(grad, output_size, input_size, align_corners, scales, mode: str) -> Any:
