@@ -123,6 +123,11 @@ class Maker:
 
 
 Args = tuple[tuple, dict]
+
+
+def _int8(m: Maker, *shape: int) -> torch.Tensor:
+    return torch.randint(-128, 128, shape, generator=m.gen, dtype=torch.int8)
+
 #: (upsampling op, spatial dims, whether it takes align_corners)
 _UPSAMPLES = (
     ("upsample_nearest1d", 1, False), ("upsample_nearest2d", 2, False), ("upsample_nearest3d", 3, False),
@@ -199,6 +204,15 @@ OVERRIDES: dict[str, Callable[[Maker], Args]] = {
     "aten.bmm.dtype": lambda m: ((m(2, 3, 4), m(2, 4, 5), torch.float32), {}),
     # eager's CPU kernel wants 16-byte strides: 8 columns of a 16-bit type, 4 of float32
     "aten._grouped_mm.default": lambda m: ((m(6, 8), m(3, 8, 8), torch.tensor([2, 3, 6], dtype=torch.int32)), {}),
+    # quantized matmuls (lowering/quantization.py): int8 / float8 operands whatever the variant; e5m2 is a
+    # trn2 type (e4m3fn is trn3's)
+    "aten._int_mm.default": lambda m: ((_int8(m, 17, 40), _int8(m, 40, 8)), {}),
+    "aten._weight_int8pack_mm.default": lambda m: ((m.f32(4, 16), _int8(m, 8, 16), m.pos(8) * 0.1), {}),
+    "aten._scaled_mm.default": lambda m: (
+        (m.f32(16, 32).to(torch.float8_e5m2), m.f32(8, 32).to(torch.float8_e5m2).t(), torch.tensor(0.5),
+         torch.tensor(2.0)), {"out_dtype": torch.bfloat16}),
+    "aten.fake_quantize_per_channel_affine_cachemask.default": lambda m: (
+        (m.f32(4, 3) * 4, m.pos(3) * 0.1, torch.tensor([0, 1, -2], dtype=torch.int32), 1, -8, 7), {}),
     # factorizations (lowering/factorizations.py): square, symmetric positive-definite or triangular operands
     "aten.linalg_cholesky_ex.default": lambda m: ((_spd(m),), {}),
     "aten.cholesky.default": lambda m: ((_spd(m), True), {}),

@@ -17,6 +17,7 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)
     padding,
     pointwise,
     pooling,
+    quantization,
     random,
     reductions,
     scan,

@@ -1,0 +1,101 @@
+"""Quantized compute: int8 and float8 matmuls with their scales, and fake quantization (QAT).
+
+The matmuls run on the floating-point datapath, as neuronx-cc has no integer one: an int8 value is exact in
+bfloat16 and a product of two is exact in float32, so a float32-accumulated dot of int8 operands is exact
+while its partial sums stay below 2**24 in magnitude, which 1,024 products of int8 values always do;
+``_int_mm`` sums such chunks of its inner dim in int32. ``_scaled_mm`` and ``_weight_int8pack_mm`` compute
+as eager's CPU kernels do: scaled float32 operands (the float8 values are exact in float32), one rounding to
+the output dtype. Fake quantization follows eager's kernels (multiply by the float32 reciprocal of the scale,
+round half to even, clamp; the mask marks values inside the range, which is all the backward needs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import torch
+from jax import lax
+
+from .registry import Unsupported, register_lowering
+from .semantics import convert, is_float, opmath_dtype
+from .semantics import out_dtype as node_dtype  # `out_dtype` is also _scaled_mm's argument
+
+aten = torch.ops.aten
+_F32 = jnp.float32
+
+#: Products of two int8 values summed in float32 stay exact for this many terms (1,024 * 128 * 128 = 2**24).
+EXACT_INT8_TERMS = 1024
+
+
+def _dot_f32(a: Any, b: Any, contract: tuple[int, int], batch: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())) -> Any:
+    return lax.dot_general(
+        a, b, (((contract[0],), (contract[1],)), batch), precision=lax.Precision.HIGHEST, preferred_element_type=_F32
+    )
+
+
+@register_lowering(aten._int_mm)
+def int_mm(a, b):
+    """int8 [m, k] @ int8 [k, n] -> int32, exact: bfloat16 dots over chunks of k, chunks summed in int32."""
+    (m, k), n = a.shape, b.shape[1]
+    chunks = -(-k // EXACT_INT8_TERMS)
+    a16, b16 = convert(a, jnp.bfloat16), convert(b, jnp.bfloat16)
+    if chunks == 1:
+        return convert(_dot_f32(a16, b16, (1, 0)), jnp.int32)
+    pad = chunks * EXACT_INT8_TERMS - k
+    a16 = jnp.pad(a16, ((0, 0), (0, pad))).reshape(m, chunks, EXACT_INT8_TERMS).transpose(1, 0, 2)
+    b16 = jnp.pad(b16, ((0, pad), (0, 0))).reshape(chunks, EXACT_INT8_TERMS, n)
+    partial = _dot_f32(a16, b16, (2, 1), ((0,), (0,)))  # [chunks, m, n], each exact
+    return jnp.sum(convert(partial, jnp.int32), axis=0, dtype=jnp.int32)
+
+
+@register_lowering(aten._weight_int8pack_mm)
+def weight_int8pack_mm(x, q, scales):
+    """``x @ q.T * scales`` (int8 weights [n, k], one scale per output channel), accumulated in float32."""
+    operand = x.dtype if jnp.dtype(x.dtype).itemsize == 2 else _F32  # int8 is exact in bf16/f16
+    product = _dot_f32(convert(x, operand), convert(q, operand), (1, 1))
+    return convert(product * convert(scales, _F32)[None, :], x.dtype)
+
+
+_FLOAT8 = frozenset({"float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"})
+
+
+@register_lowering(aten._scaled_mm)
+def scaled_mm(a, b, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
+    """eager's CPU ``_scaled_mm``: ``(a * scale_a) @ (b * scale_b) + bias`` in float32 (per-tensor or
+    row/column-wise scales), divided by ``scale_result`` only for a float8 output, rounded once."""
+    result = node_dtype()
+    out = _dot_f32(convert(a, _F32) * convert(scale_a, _F32), convert(b, _F32) * convert(scale_b, _F32), (1, 0))
+    if bias is not None:
+        out = out + convert(bias, _F32)
+    if scale_result is not None and jnp.dtype(result).name in _FLOAT8:
+        out = out * (jnp.asarray(1.0, _F32) / convert(scale_result, _F32))
+    return convert(out, result)
+
+
+def _fake_quantize(x: Any, scale: Any, zero_point: Any, quant_min: int, quant_max: int) -> tuple[Any, Any]:
+    if not is_float(x.dtype):
+        raise Unsupported(f"fake quantization of {x.dtype}: eager takes floating-point inputs only")
+    acc = opmath_dtype(x.dtype)
+    scale = convert(scale, _F32)
+    inv_scale = jnp.asarray(1.0, _F32) / scale
+    q = convert(zero_point, _F32) + jnp.round(convert(x, _F32) * inv_scale)  # round half to even: nearbyint
+    lo, hi = jnp.asarray(quant_min, _F32), jnp.asarray(quant_max, _F32)
+    mask = lax.bitwise_and(lax.ge(q, lo), lax.le(q, hi))
+    out = (jnp.clip(q, lo, hi) - convert(zero_point, _F32)) * scale
+    return convert(convert(out, acc), x.dtype), mask
+
+
+@register_lowering(aten.fake_quantize_per_tensor_affine_cachemask)
+def fake_quantize_per_tensor_cachemask(x, scale, zero_point, quant_min, quant_max):
+    return _fake_quantize(x, jnp.asarray(scale, _F32), jnp.asarray(zero_point, _F32), quant_min, quant_max)
+
+
+@register_lowering(aten.fake_quantize_per_channel_affine_cachemask)
+def fake_quantize_per_channel_cachemask(x, scale, zero_point, axis, quant_min, quant_max):
+    if is_float(zero_point.dtype):
+        raise Unsupported("per-channel fake quantization with floating-point zero points (eager's learnable-"
+                          "quantization path, rounded differently): use integer zero points")  # fmt: skip
+    shape = [1] * x.ndim
+    shape[axis % x.ndim] = x.shape[axis % x.ndim]
+    return _fake_quantize(x, scale.reshape(shape), zero_point.reshape(shape), quant_min, quant_max)

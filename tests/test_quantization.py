@@ -1,0 +1,130 @@
+"""Quantized compute (neuron_compile/lowering/quantization.py) against eager on the same inputs.
+
+Integer results must be equal; floating results pass the OpInfo harness's verdict (eager's tolerance for the
+dtype, else no further from a float64 result than twice eager's own error). Float8 operands run with
+``generation="trn3"`` where the legality rules need it: ``float8_e4m3fn`` is a trn3 type (trn2's e4m3 is
+the IEEE-style variant torch does not have).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from tools import opinfo_harness as H
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def _compiled(fn: Callable[..., Any], options: dict[str, Any] | None = None) -> Callable[..., Any]:
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="neuron", dynamic=False, fullgraph=True, options=options or {})
+
+
+@pytest.mark.parametrize("k", [64, 1030, 3000], ids=lambda k: f"k{k}")
+def test_int_mm_is_exact(k: int) -> None:
+    """int8 x int8 -> int32 through float32-accumulated chunks of 1,024 products: exact at any k, including
+    the largest magnitudes (all -128)."""
+    g = torch.Generator().manual_seed(k)
+    a = torch.randint(-128, 128, (17, k), generator=g, dtype=torch.int8)
+    b = torch.randint(-128, 128, (k, 24), generator=g, dtype=torch.int8)
+    a[0], b[:, 0] = -128, -128
+    got, want = _compiled(torch._int_mm)(a, b), torch._int_mm(a, b)
+    assert got.dtype == want.dtype == torch.int32
+    assert torch.equal(got, want), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_weight_int8pack_mm_matches_eager(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(16, 64, generator=g).to(dtype)
+    q = torch.randint(-128, 128, (32, 64), generator=g, dtype=torch.int8)
+    scales = (torch.rand(32, generator=g) * 0.1).to(dtype)
+    fn = torch._weight_int8pack_mm
+    reference = lambda: (x.double() @ q.double().t()) * scales.double()  # noqa: E731
+    problem = H._compare(_compiled(fn)(x, q, scales), fn(x, q, scales), "output", reference=reference)
+    assert problem is None, problem
+
+
+_SCALES = {
+    "tensorwise": lambda m, n, g: (torch.tensor(0.7), torch.tensor(1.3)),
+    "rowwise": lambda m, n, g: (torch.rand(m, 1, generator=g) + 0.5, torch.rand(1, n, generator=g) + 0.5),
+}
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16, "float8"], ids=str)
+@pytest.mark.parametrize("scales", list(_SCALES))
+@pytest.mark.parametrize("f8", [E4M3, E5M2], ids=str)
+def test_scaled_mm_matches_eager(f8: torch.dtype, scales: str, out_dtype: Any) -> None:
+    """eager's CPU _scaled_mm: scaled float32 operands, one rounding; with a bias, and scale_result (which
+    divides a float8 result only)."""
+    out_dtype = f8 if out_dtype == "float8" else out_dtype
+    g = torch.Generator().manual_seed(2)
+    m, k, n = 16, 64, 32
+    a = (torch.randn(m, k, generator=g) * 3).to(f8)
+    b = (torch.randn(n, k, generator=g) * 3).to(f8).t()  # column-major, as eager's kernels want
+    scale_a, scale_b = _SCALES[scales](m, n, g)
+    bias = torch.randn(n, generator=g).bfloat16() if out_dtype == torch.bfloat16 else None
+    scale_result = torch.tensor(4.0)
+
+    def fn(a, b, scale_a, scale_b):
+        return torch._scaled_mm(a, b, scale_a, scale_b, bias=bias, scale_result=scale_result, out_dtype=out_dtype)
+
+    def reference() -> torch.Tensor:
+        out = (a.double() * scale_a.double()) @ (b.double() * scale_b.double())
+        out = out + bias.double() if bias is not None else out
+        return out / 4.0 if out_dtype == f8 else out
+
+    got = _compiled(fn, {"generation": "trn3"})(a, b, scale_a, scale_b)
+    want = fn(a, b, scale_a, scale_b)
+    if out_dtype == f8:  # no tolerance of its own in the harness: equal, as eager's rounding is reproduced
+        assert got.dtype == want.dtype and torch.equal(got.float(), want.float()), (got.float() - want.float()).abs().max()
+        return
+    problem = H._compare(got, want, "output", reference=reference)
+    assert problem is None, problem
+
+
+def test_float8_e4m3fn_is_refused_on_trn2() -> None:
+    a = torch.randn(16, 32).to(E4M3)
+    with pytest.raises(Exception, match="float8_e4m3fn is not available on trn1/trn2"):
+        _compiled(lambda a: torch._scaled_mm(a, a.t(), torch.tensor(1.0), torch.tensor(1.0), out_dtype=torch.bfloat16))(a)
+
+
+_FAKE_QUANT = {
+    "per_tensor": lambda x: torch.fake_quantize_per_tensor_affine(x, 0.037, 3, -128, 127),
+    "per_tensor_uint8_range": lambda x: torch.fake_quantize_per_tensor_affine(x, 1 / 3, 100, 0, 255),
+    "per_channel": lambda x: torch.fake_quantize_per_channel_affine(
+        x, torch.linspace(0.02, 0.3, x.shape[1]), torch.arange(x.shape[1], dtype=torch.int32) % 5 - 2, 1, -128, 127
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(_FAKE_QUANT))
+def test_fake_quantize_forward_and_backward_match_eager(name: str) -> None:
+    """Values beyond the range clamp and get no gradient (the cached mask); ties round half to even."""
+    fn = _FAKE_QUANT[name]
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(16, 12, generator=g) * 6
+    x[0, :4] = torch.tensor([0.5, 1.5, -2.5, 3.5]) * 0.037  # exact ties for the per-tensor scale
+    x[1, :3] = torch.tensor([1e3, -1e3, 1e6])  # beyond every range
+    cotangent = torch.randn(16, 12, generator=g)
+    results = []
+    for run in (fn, _compiled(fn)):
+        leaf = x.clone().requires_grad_()
+        out = run(leaf)
+        out.backward(cotangent)
+        results.append((out.detach(), leaf.grad))
+    (got, got_grad), (want, want_grad) = results[1], results[0]
+    assert torch.equal(got, want), (got - want).abs().max()
+    assert torch.equal(got_grad, want_grad)
+    assert (want_grad == 0).any() and (want_grad != 0).any()  # both sides of the range are exercised
+
+
+def test_fake_quantize_with_float_zero_points_is_refused_clearly() -> None:
+    x = torch.randn(4, 3)
+    fn = lambda x: torch.fake_quantize_per_channel_affine(x, torch.full((3,), 0.1), torch.zeros(3), 1, -128, 127)  # noqa: E731
+    fn(x)  # eager takes it
+    with pytest.raises(Exception, match="floating-point zero points"):
+        _compiled(fn)(x)
