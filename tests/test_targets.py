@@ -55,3 +55,24 @@ def test_compiled_graph_on_the_neuron_target_fails_clearly_at_run(tmp_path: Path
     f = torch.compile(lambda x: x * 2 + 1, backend="neuron", options={"target": "neuron", "cache": False})
     with pytest.raises(Exception, match="NEFF compiled, but"):
         f(torch.ones(4))
+
+
+# XLA's simplifier would multiply by the reciprocal of a broadcast divisor (off by one ulp in about half the
+# elements); the CPU target computes divisions in float64 so that they are IEEE's, as eager's are.
+_DIVISIONS = {
+    "trunc_by_scalar": lambda x: torch.div(x, 0.1, rounding_mode="trunc"),
+    "true_by_scalar": lambda x: x / 7.0,
+    "bfloat16_by_scalar": lambda x: x.bfloat16() / 7.0,
+    "by_row": lambda x: x.view(-1, 100) / (x.view(-1, 100)[:, :1].abs() + 0.5),
+    "quantize": lambda x: torch.round(x / (x.abs().amax() / 127.5)),
+}
+
+
+@pytest.mark.parametrize("name", list(_DIVISIONS))
+def test_cpu_target_divisions_are_ieee(name: str) -> None:
+    x = torch.randint(-1000, 1000, (20000,), generator=torch.Generator().manual_seed(0)).float() / 10
+    fn = _DIVISIONS[name]
+    torch._dynamo.reset()
+    got, want = torch.compile(fn, backend="neuron", dynamic=False)(x), fn(x)
+    assert got.dtype == want.dtype
+    assert torch.equal(got, want), f"{name}: {(got != want).sum().item()} of {want.numel()} differ from eager"

@@ -251,4 +251,3 @@ def _describe_draws(draws: list[RandomDraw]) -> list[str]:
     lines.append("  advice: to compare, pass the random tensors in as inputs (draw noise outside the compiled "
                  "model) or turn the draws off for the evaluation (drop_path_rate=0, class_dropout_prob=0, ...)")  # fmt: skip
     return lines
-

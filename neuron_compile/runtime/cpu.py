@@ -1,4 +1,8 @@
-"""The CPU target: XLA CPU runs the very StableHLO module that neuronx-cc would take."""
+"""The CPU target: XLA CPU runs the very StableHLO module that neuronx-cc would take.
+
+One local rewrite keeps XLA to the module's semantics: float divisions go through float64, since XLA's
+simplifier would otherwise multiply by a reciprocal where StableHLO divides (``jax_adapter._exact_divisions``).
+"""
 
 from __future__ import annotations
 

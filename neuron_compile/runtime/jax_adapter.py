@@ -46,25 +46,69 @@ def _cpu_devices() -> Any:
     return xla_client.DeviceList(tuple(cpu_backend().local_devices()))
 
 
+#: Float types whose divisions are computed in float64 on XLA CPU (see ``_exact_divisions``).
+_NARROW_FLOATS = ("f32", "bf16", "f16")
+
+
 def compile_stablehlo(module_text: str, host_callbacks: list[Any] | tuple[Any, ...] = ()) -> Any:
-    """XLA CPU executable of a StableHLO module (text or bytecode).
+    """XLA CPU executable of a StableHLO module (text), its float divisions made exact (``_exact_divisions``).
 
     A module with host callbacks (``jax.pure_callback``) names them by index into ``host_callbacks``;
     they must be handed over with an MLIR module (running such a module compiled from text alone
     crashes the process).
     """
-    if not host_callbacks:
+    if not host_callbacks and "stablehlo.divide" not in module_text:
         return cpu_backend().compile_and_load(module_text, _cpu_devices(), xla_client.CompileOptions())
     from jax._src.interpreters import mlir
     from jax._src.lib.mlir import ir
 
     module = ir.Module.parse(module_text, context=mlir.make_ir_context())
+    _exact_divisions(module)
+    if not host_callbacks:
+        return cpu_backend().compile_and_load(module, _cpu_devices(), xla_client.CompileOptions())
     return cpu_backend().compile_and_load(
         module,
         executable_devices=_cpu_devices(),
         compile_options=xla_client.CompileOptions(),
         host_callbacks=list(host_callbacks),
     )
+
+
+def _exact_divisions(module: Any) -> None:
+    """Each float32/bfloat16/float16 ``stablehlo.divide`` of ``module`` computed in float64, rounded once.
+
+    XLA's algebraic simplifier turns ``x / broadcast(y)`` (a scalar or a row of sums: ``x / 127.5``, a mean,
+    softmax's normalization) into ``x * broadcast(1 / y)``, which is off by one ulp in about half the
+    elements, where StableHLO's divide (and eager) is IEEE division, correctly rounded. Most of that is
+    within any tolerance, but a rounding, truncation or comparison after it turns it into a wrong integer
+    (``torch.div(x, 0.1, rounding_mode="trunc")``, ``torch.round(x / scale)`` in quantization). In float64
+    XLA may still multiply by the reciprocal, but that is within 2**-52 of the quotient, while a quotient of
+    two 24-bit floats is at least 2**-50 (relative) from any midpoint of float32: the float32 rounding of
+    it is exact. neuronx-cc gets the module as lowered; only XLA CPU sees this.
+    """
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import hlo
+
+    f64 = ir.F64Type.get(module.context)
+    divides: list[Any] = []
+
+    def visit(op: Any) -> Any:
+        if op.operation.name == "stablehlo.divide":
+            element = ir.RankedTensorType(op.result.type).element_type
+            if str(element) in _NARROW_FLOATS:
+                divides.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    for op in divides:
+        op = op.operation
+        result_type = ir.RankedTensorType(op.result.type)
+        with module.context, op.location, ir.InsertionPoint(op):
+            wide = ir.RankedTensorType.get(result_type.shape, f64)
+            lhs, rhs = (hlo.convert(wide, v) for v in op.operands)
+            exact = hlo.convert(result_type, hlo.divide(lhs, rhs))
+        op.result.replace_all_uses_with(exact)
+        op.erase()
 
 
 def host_callbacks_of(lowered: Any) -> list[Any]:
