@@ -1,9 +1,9 @@
 """Quantized compute: int8 and float8 matmuls with their scales, and fake quantization (QAT).
 
-The matmuls run on the floating-point datapath, as neuronx-cc has no integer one: an int8 value is exact in
-bfloat16 and a product of two is exact in float32, so a float32-accumulated dot of int8 operands is exact
-while its partial sums stay below 2**24 in magnitude, which 1,024 products of int8 values always do;
-``_int_mm`` sums such chunks of its inner dim in int32. ``_scaled_mm`` and ``_weight_int8pack_mm`` compute
+The matmuls run on the floating-point datapath, as neuronx-cc has no integer one: an int8 or uint8 value is
+exact in bfloat16 and a product of two is exact in float32, so a float32-accumulated dot of 8-bit operands
+is exact while its partial sums stay below 2**24 in magnitude, which 1,024 products of int8 values always
+do (512 with a uint8 operand); ``_int_mm`` sums such chunks of its inner dim in int32. ``_scaled_mm`` and ``_weight_int8pack_mm`` compute
 as eager's CPU kernels do: scaled float32 operands (the float8 values are exact in float32), one rounding to
 the output dtype. Fake quantization follows eager's kernels (multiply by the float32 reciprocal of the scale,
 round half to even, clamp; the mask marks values inside the range, which is all the backward needs).
@@ -24,8 +24,13 @@ from .semantics import out_dtype as node_dtype  # `out_dtype` is also _scaled_mm
 aten = torch.ops.aten
 _F32 = jnp.float32
 
-#: Products of two int8 values summed in float32 stay exact for this many terms (1,024 * 128 * 128 = 2**24).
-EXACT_INT8_TERMS = 1024
+
+
+def exact_terms(a_dtype: Any, b_dtype: Any) -> int:
+    """How many products of two 8-bit integers of these types a float32 sum holds exactly: the largest power
+    of two n with n * max|a| * max|b| <= 2**24 (1,024 for int8 x int8: 1,024 * 128 * 128 = 2**24)."""
+    largest = [max(-int(jnp.iinfo(d).min), int(jnp.iinfo(d).max)) for d in (a_dtype, b_dtype)]
+    return 1 << ((2**24 // (largest[0] * largest[1])).bit_length() - 1)
 
 
 def _dot_f32(a: Any, b: Any, contract: tuple[int, int], batch: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())) -> Any:
@@ -36,15 +41,16 @@ def _dot_f32(a: Any, b: Any, contract: tuple[int, int], batch: tuple[tuple[int, 
 
 @register_lowering(aten._int_mm)
 def int_mm(a, b):
-    """int8 [m, k] @ int8 [k, n] -> int32, exact: bfloat16 dots over chunks of k, chunks summed in int32."""
+    """[u]int8 [m, k] @ int8 [k, n] -> int32, exact: bfloat16 dots over chunks of k, chunks summed in int32."""
     (m, k), n = a.shape, b.shape[1]
-    chunks = -(-k // EXACT_INT8_TERMS)
+    terms = exact_terms(a.dtype, b.dtype)
+    chunks = -(-k // terms)
     a16, b16 = convert(a, jnp.bfloat16), convert(b, jnp.bfloat16)
     if chunks == 1:
         return convert(_dot_f32(a16, b16, (1, 0)), jnp.int32)
-    pad = chunks * EXACT_INT8_TERMS - k
-    a16 = jnp.pad(a16, ((0, 0), (0, pad))).reshape(m, chunks, EXACT_INT8_TERMS).transpose(1, 0, 2)
-    b16 = jnp.pad(b16, ((0, pad), (0, 0))).reshape(chunks, EXACT_INT8_TERMS, n)
+    pad = chunks * terms - k
+    a16 = jnp.pad(a16, ((0, 0), (0, pad))).reshape(m, chunks, terms).transpose(1, 0, 2)
+    b16 = jnp.pad(b16, ((0, pad), (0, 0))).reshape(chunks, terms, n)
     partial = _dot_f32(a16, b16, (2, 1), ((0,), (0,)))  # [chunks, m, n], each exact
     return jnp.sum(convert(partial, jnp.int32), axis=0, dtype=jnp.int32)
 
