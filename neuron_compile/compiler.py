@@ -23,7 +23,7 @@ from .heap import old_objects_frozen
 from .options import Options
 from .runtime.executor import CompiledGraph
 from .kernels.user_ops import has_user_kernels
-from .linalg_checks import CheckedGraph, split_linalg_checks
+from .value_checks import CheckedGraph, split_value_checks
 from .runtime.targets import target_for
 from .stats import STATS, GraphRecord
 
@@ -130,7 +130,7 @@ def compile_graph(
     ``whole``: ``gm`` is AOTAutograd's graph itself, with the outputs AOTAutograd expects (not a piece of
     it, nor one with extra outputs), so its outputs saved for the backward are known.
     """
-    checks = split_linalg_checks(gm)  # torch.linalg's raise on info != 0 cannot run in the graph
+    checks = split_value_checks(gm)  # eager's raise on a value (linalg info, a zero divisor) cannot run in the graph
     if checks:
         compiled = compile_graph(gm, example_inputs, opts=opts, kind=kind, name=name, whole=False)
         return CheckedGraph(compiled, checks)

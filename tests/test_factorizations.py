@@ -1,5 +1,5 @@
 """Linear-algebra factorizations (lowering/factorizations.py) and torch.linalg's error checks
-(neuron_compile/linalg_checks.py) against eager.
+(neuron_compile/value_checks.py) against eager.
 
 Every op is compiled with ``torch.compile(backend="neuron", fullgraph=True)``, which also runs the legality
 pass. Inputs: batched and unbatched, empty, well-conditioned, ill-conditioned (condition number 1e4),

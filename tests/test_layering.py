@@ -18,7 +18,7 @@ BASE = {"version", "errors", "dtypes", "options", "provenance", "stats", "artifa
 ALLOWED: dict[str, set[str]] = {
     **{unit: set() for unit in BASE},
     "graph_checks": set(),
-    "linalg_checks": set(),
+    "value_checks": {"provenance"},
     "decompositions": set(),
     "debug": set(),
     "heap": set(),
@@ -29,7 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "lowering": {"graph_checks", "kernels", "runtime", "distributed"},
     "legality": {"lowering", "runtime"},
     "cache": {"graph_checks", "runtime"},
-    "compiler": {"cache", "debug", "distributed", "heap", "graph_checks", "kernels", "legality", "linalg_checks", "lowering", "runtime"},
+    "compiler": {"cache", "debug", "distributed", "heap", "graph_checks", "kernels", "legality", "lowering", "runtime", "value_checks"},
     "aot_cache": {"cache", "compiler", "kernels"},
     "backend": {"aot_cache", "compiler", "decompositions", "graph_checks", "heap", "lowering", "kernels"},
     "__init__": {"cache", "kernels", "nki", "lowering", "evaluate", "bucketing"},

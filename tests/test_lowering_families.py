@@ -718,6 +718,52 @@ def test_gcd_lcm_match_eager(op, dtype: torch.dtype) -> None:
     assert got.dtype == want.dtype and not wrong, [(a[i].item(), b[i].item(), got[i].item(), want[i].item()) for i in wrong]
 
 
+ZERO_DIVISIONS = {
+    "floor_divide": lambda a, b: a // b,
+    "trunc_div": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "remainder": lambda a, b: a % b,
+    "fmod": lambda a, b: torch.fmod(a, b),
+    "broadcast_divisor": lambda a, b: a.view(3, 1) // b.view(1, 3),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8], ids=str)
+@pytest.mark.parametrize("name", list(ZERO_DIVISIONS))
+def test_integer_division_by_zero_raises_as_in_eager(name: str, dtype: torch.dtype) -> None:
+    """Eager raises ZeroDivisionError; XLA would return a number. The graph reports "a divisor is 0" as an
+    extra output and the error is raised after it, with the op and the user's line in a note."""
+    fn = ZERO_DIVISIONS[name]
+    compiled = torch.compile(fn, backend="neuron", dynamic=False)
+    a = torch.tensor([5, 7, 9], dtype=dtype)
+    for b in (torch.tensor([2, 4, 3], dtype=dtype), torch.tensor([2, 0, 3], dtype=dtype)):
+        try:
+            want: Any = fn(a, b)
+        except RuntimeError as e:
+            want = e
+        if isinstance(want, torch.Tensor):
+            got = compiled(a, b)
+            assert got.dtype == want.dtype and torch.equal(got, want), f"{name}: {got.tolist()} != {want.tolist()}"
+            continue
+        with pytest.raises(RuntimeError, match="ZeroDivisionError") as info:
+            compiled(a, b)
+        assert str(info.value) == str(want) == "ZeroDivisionError"  # eager's message, word for word
+        [note] = info.value.__notes__
+        assert "integer division by zero in aten." in note and __file__ in note, note
+
+
+def test_integer_division_by_zero_in_a_training_graph() -> None:
+    """The check rides along a forward graph with a backward: gradients unchanged, the error raised."""
+    def fn(x, b):
+        return (x * (torch.arange(3) // b).float()).sum()
+
+    compiled = torch.compile(fn, backend="neuron", dynamic=False)
+    x = torch.randn(3, requires_grad=True)
+    compiled(x, torch.tensor([1, 2, 2])).backward()
+    assert torch.equal(x.grad, (torch.arange(3) // torch.tensor([1, 2, 2])).float())
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        compiled(x, torch.tensor([1, 0, 2]))
+
+
 # ---- random ---------------------------------------------------------------------------------------------------------
 def _compiled(fn):
     return torch.compile(fn, backend="neuron", dynamic=False)

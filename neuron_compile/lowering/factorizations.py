@@ -228,7 +228,7 @@ def linalg_cholesky_ex(a: Any, *, upper: bool = False, check_errors: bool = Fals
 @register_lowering(aten.cholesky.default)
 def cholesky(a: Any, upper: bool = False) -> Any:
     """``torch.cholesky`` (deprecated). Its error check (eager raises on a non-positive-definite input) runs
-    after the graph: compile_graph turns this node into linalg_cholesky_ex plus that check (linalg_checks.py),
+    after the graph: compile_graph turns this node into linalg_cholesky_ex plus that check (value_checks.py),
     so this lowering serves graphs lowered without that rewrite."""
     _check_order(a.shape[-1])
     return convert(cholesky_f32(_f32(a), upper)[0], out_dtype())
