@@ -33,12 +33,12 @@ _EMPTY_TOKEN = torch.empty(0)
 _CHOLESKY = torch.ops.aten.cholesky.default
 _CHOLESKY_EX = torch.ops.aten.linalg_cholesky_ex.default
 _aten = torch.ops.aten
-#: Ops that raise ZeroDivisionError on an integer divisor of 0 in eager, and where their divisor is.
-_INTEGER_DIVISIONS = {
-    _aten.div.Tensor_mode: 1, _aten.div.Scalar_mode: 1, _aten.remainder.Tensor: 1, _aten.remainder.Scalar: 1,
-    _aten.remainder.Scalar_Tensor: 1, _aten.fmod.Tensor: 1, _aten.fmod.Scalar: 1, _aten.floor_divide.default: 1,
-    _aten.floor_divide.Scalar: 1,
-}  # fmt: skip
+#: Ops that raise ZeroDivisionError on an integer divisor (their second argument) of 0 in eager.
+_INTEGER_DIVISIONS = frozenset({
+    _aten.div.Tensor_mode, _aten.div.Scalar_mode, _aten.remainder.Tensor, _aten.remainder.Scalar,
+    _aten.remainder.Scalar_Tensor, _aten.fmod.Tensor, _aten.fmod.Scalar, _aten.floor_divide.default,
+    _aten.floor_divide.Scalar,
+})  # fmt: skip
 _CHECKED = "neuron_zero_divisor_checked"
 
 
@@ -143,7 +143,7 @@ def _zero_divisor_flag(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.N
         return None  # true division: a float result
     if result.numel() == 0 or result.dtype == torch.bool:
         return None
-    divisor = node.args[_INTEGER_DIVISIONS[node.target]]
+    divisor = node.args[1]
     with result.fake_mode, graph.inserting_after(node):
         if isinstance(divisor, torch.fx.Node):
             zeros = graph.call_function(_aten.eq.Scalar, (divisor, 0))
