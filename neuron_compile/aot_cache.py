@@ -116,6 +116,8 @@ class NeuronOutputCode(OutputCode):
         self.kind = kind
         self.name = name
         self.cache_digest: str | None = getattr(graph, "cache_digest", None)
+        #: The value checks run after the graph (``value_checks.CheckedGraph``), restored with it on a hit.
+        self.checks: list[Any] | None = getattr(graph, "checks", None)
 
     def __call__(self, inputs: Sequence[Any]) -> Any:
         return self.graph(inputs)
@@ -134,7 +136,8 @@ class NeuronOutputCode(OutputCode):
         artifact = compiler.cache_for(self.opts).load(self.cache_digest, self.opts)
         if artifact is None:
             raise LookupError(f"neuron_compile: {self.name}'s entry {self.cache_digest} is not in the compile cache")
-        self.graph = compiler.compiled_graph(artifact, "hit", self.cache_digest, self.opts, self.kind, self.name, t0)
+        graph = compiler.compiled_graph(artifact, "hit", self.cache_digest, self.opts, self.kind, self.name, t0)
+        self.graph = compiler.CheckedGraph(graph, self.checks) if self.checks else graph
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:
         pass

@@ -124,15 +124,20 @@ def compile_graph(
     kind: str,
     name: str,
     whole: bool = True,
-) -> CompiledGraph | distributed.SplitGraph:
+    check_outputs: int = 0,
+) -> CompiledGraph | distributed.SplitGraph | CheckedGraph:
     """Compile ``gm`` for ``opts.target`` (or fetch it from the cache) as a boxed callable.
 
-    ``whole``: ``gm`` is AOTAutograd's graph itself, with the outputs AOTAutograd expects (not a piece of
-    it, nor one with extra outputs), so its outputs saved for the backward are known.
+    ``whole``: ``gm`` is AOTAutograd's graph itself (not a piece of it), with the outputs AOTAutograd
+    expects followed by ``check_outputs`` outputs of value checks (``value_checks``), so its outputs saved for the
+    backward are known.
     """
-    checks = split_value_checks(gm)  # eager's raise on a value (linalg info, a zero divisor) cannot run in the graph
+    # eager's raise on a value (linalg info, a zero divisor, an index out of range) cannot run in the graph
+    checks = split_value_checks(gm, index_bounds=kind != "backward")
     if checks:
-        compiled = compile_graph(gm, example_inputs, opts=opts, kind=kind, name=name, whole=False)
+        compiled = compile_graph(
+            gm, example_inputs, opts=opts, kind=kind, name=name, whole=whole, check_outputs=len(checks)
+        )
         return CheckedGraph(compiled, checks)
     for hook in HOOKS.on_graph:
         hook(gm)
@@ -161,7 +166,8 @@ def compile_graph(
         gm, example_inputs, cache_opts, lambda: build_artifact(gm, example_inputs, opts, name)
     )
     if kind == "forward" and whole:
-        _report_output_strides(artifact.outputs, gm.meta[SAVED_FOR_BACKWARD_FROM])
+        user_outputs = artifact.outputs[: len(artifact.outputs) - check_outputs]
+        _report_output_strides(user_outputs, gm.meta[SAVED_FOR_BACKWARD_FROM])
     return compiled_graph(artifact, cache_state, digest, opts, kind, name, t0)
 
 

@@ -14,6 +14,12 @@ A Trainium graph cannot raise on a value (neuronx-cc has no conditional and no a
 - integer division by zero (``//``, ``%``, ``torch.div(..., rounding_mode=)``, ``fmod`` of integers), which
   eager refuses with ``RuntimeError: ZeroDivisionError`` and XLA would answer with an arbitrary number: each
   such node's "some divisor is 0" flag becomes an extra output.
+- indices out of range (advanced indexing, ``index_select``, ``embedding``, ``gather``/``scatter``,
+  ``index_add``/``copy``/``fill``/``reduce``/``put``, ``take``, ``nll_loss`` targets), which eager refuses
+  with an ``IndexError``/``RuntimeError`` and XLA's gather and scatter would clamp or drop: the smallest and
+  largest index of each (ignored ``nll_loss`` targets aside) become an extra output, and eager's error type
+  and message are rebuilt from them (naming the largest or smallest offending index, where eager names the
+  first). Forward and inference graphs only: a backward graph's indices are the forward's, checked there.
 
 The cost is one small output per check.
 """
@@ -39,7 +45,42 @@ _INTEGER_DIVISIONS = frozenset({
     _aten.remainder.Scalar_Tensor, _aten.fmod.Tensor, _aten.fmod.Scalar, _aten.floor_divide.default,
     _aten.floor_divide.Scalar,
 })  # fmt: skip
-_CHECKED = "neuron_zero_divisor_checked"
+_CHECKED = "neuron_value_checked"
+
+
+@dataclass(frozen=True)
+class _Bounds:
+    """Where an op's index is and what eager accepts: ``index`` the argument's position, ``dim`` the
+    argument naming the indexed dim (None: dim 0, or all elements with ``flat``), indices in
+    [-n, n) with ``negative`` else [0, n); the error eager raises, its message a format of v, d, n."""
+
+    index: int
+    dim: int | None
+    negative: bool
+    error: type[Exception]
+    message: str
+    flat: bool = False
+
+
+_OUT_OF_BOUNDS = "index {v} is out of bounds for dimension {d} with size {n}"
+_IN_SELF = "index out of range in self"
+_BOUNDS = {
+    _aten.index_select.default: _Bounds(2, 1, False, IndexError, _IN_SELF),
+    _aten.embedding.default: _Bounds(1, None, False, IndexError, _IN_SELF),
+    _aten.gather.default: _Bounds(2, 1, False, RuntimeError, _OUT_OF_BOUNDS),
+    **{op: _Bounds(2, 1, False, RuntimeError, _OUT_OF_BOUNDS)
+       for op in (_aten.scatter.src, _aten.scatter.value, _aten.scatter.reduce, _aten.scatter.value_reduce,
+                  _aten.scatter_add.default, _aten.scatter_reduce.two, _aten.index_add.default)},
+    _aten.index_copy.default: _Bounds(2, 1, False, IndexError, "index_copy_(): " + _OUT_OF_BOUNDS),
+    _aten.index_fill.int_Scalar: _Bounds(2, 1, True, IndexError, _OUT_OF_BOUNDS),
+    _aten.index_fill.int_Tensor: _Bounds(2, 1, True, IndexError, _OUT_OF_BOUNDS),
+    _aten.index_reduce.default: _Bounds(2, 1, False, IndexError, _IN_SELF),
+    _aten.take.default: _Bounds(1, None, True, IndexError,
+                                "out of range: tried to access index {v} on a tensor of {n} elements.", flat=True),
+}  # fmt: skip
+#: Advanced indexing: a list of optional index tensors, the k-th indexing dim k, negative indices allowed.
+_INDEX_LISTS = frozenset({_aten.index.Tensor, _aten.index_put.default})
+_NLL_LOSSES = frozenset({_aten.nll_loss_forward.default, _aten.nll_loss2d_forward.default})
 
 
 @dataclass(frozen=True)
@@ -67,7 +108,29 @@ class ZeroDivisionCheck:
             raise error
 
 
-Check = LinalgCheck | ZeroDivisionCheck
+@dataclass(frozen=True)
+class IndexBoundsCheck:
+    """Eager's refusal of an index outside [low, high) of one indexed dim, from the index's [min, max]."""
+
+    low: int
+    high: int
+    dim: int
+    error: type[Exception]
+    message: str
+    op: str
+    source: str
+
+    def __call__(self, extremes: torch.Tensor) -> None:
+        smallest, largest = extremes.tolist()
+        if self.low <= smallest and largest < self.high:
+            return
+        v = largest if largest >= self.high else smallest
+        error = self.error(self.message.format(v=v, d=self.dim, n=self.high))
+        error.add_note(f"neuron backend: index out of range in {self.op} at {self.source}")
+        raise error
+
+
+Check = LinalgCheck | ZeroDivisionCheck | IndexBoundsCheck
 
 
 class CheckedGraph:
@@ -78,8 +141,10 @@ class CheckedGraph:
         self._boxed_call = True
         self.inner = inner
         self.name = getattr(inner, "name", "")
-        #: One per extra output, in order.
+        #: One per extra output, in order (picklable: AOTAutograd's cache keeps them with the inner's digest).
         self.checks = checks
+        #: The inner graph's compile-cache entry (``aot_cache``), None when it has none.
+        self.cache_digest: str | None = getattr(inner, "cache_digest", None)
 
     def __call__(self, args: list[Any]) -> list[Any]:
         # AOTAutograd passes None for an effect token at run time; the graph only forwards it.
@@ -93,9 +158,10 @@ class CheckedGraph:
         return out
 
 
-def split_value_checks(gm: torch.fx.GraphModule) -> list[Check]:
-    """Rewrite ``gm`` in place so that each check's value is an extra output (see the module docstring).
-    Returns the checks in output order; empty when the graph has none."""
+def split_value_checks(gm: torch.fx.GraphModule, index_bounds: bool = True) -> list[Check]:
+    """Rewrite ``gm`` in place so that each check's value is an extra output (see the module docstring);
+    ``index_bounds``: check indices too (not in a backward graph). Returns the checks in output order;
+    empty when the graph has none."""
     graph = gm.graph
     checks: list[Check] = []
     values: list[torch.fx.Node] = []
@@ -104,12 +170,20 @@ def split_value_checks(gm: torch.fx.GraphModule) -> list[Check]:
             values.append(_split_cholesky(graph, node))
             checks.append(LinalgCheck("cholesky", values[-1].meta["val"].dim() == 0))
             continue
-        if node.op == "call_function" and node.target in _INTEGER_DIVISIONS and _CHECKED not in node.meta:
+        if node.op != "call_function" or _CHECKED in node.meta:
+            pass
+        elif node.target in _INTEGER_DIVISIONS:
             node.meta[_CHECKED] = True  # the rewritten graph is split again when it is compiled
             flag = _zero_divisor_flag(graph, node)
             if flag is not None:
                 values.append(flag)
                 checks.append(ZeroDivisionCheck(op_name(node), user_source(node)))
+            continue
+        elif index_bounds and (node.target in _BOUNDS or node.target in _INDEX_LISTS or node.target in _NLL_LOSSES):
+            node.meta[_CHECKED] = True
+            for check, value in _index_checks(graph, node):
+                checks.append(check)
+                values.append(value)
             continue
         if node.op != "call_function" or node.target is not torch.ops.higher_order.with_effects:
             continue
@@ -157,6 +231,68 @@ def _zero_divisor_flag(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.N
         flag = graph.call_function(_aten.scalar_tensor.default, (1,), {"dtype": torch.bool})
         flag.meta = {**node.meta, "val": _aten.scalar_tensor.default(1, dtype=torch.bool)}
         return flag
+
+
+def _index_checks(graph: torch.fx.Graph, node: torch.fx.Node) -> list[tuple[IndexBoundsCheck, torch.fx.Node]]:
+    """(check, [min, max] node) of each index tensor ``node`` indexes with (none when there is nothing to
+    check: an empty index, a boolean mask)."""
+    args = node.args
+    where = (op_name(node), user_source(node))
+    found: list[tuple[IndexBoundsCheck, torch.fx.Node]] = []
+
+    def add(index: Any, d: int, n: int, negative: bool, error: type[Exception], message: str, after: torch.fx.Node,
+            ignore: Any = None) -> None:  # fmt: skip
+        if not isinstance(index, torch.fx.Node):
+            return
+        val = index.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.numel() == 0 or val.dtype in (torch.bool, torch.uint8):
+            return
+        extremes = _extremes(graph, index, after, ignore)
+        found.append((IndexBoundsCheck(-n if negative else 0, n, d, error, message, *where), extremes))
+
+    if node.target in _INDEX_LISTS:
+        shape = args[0].meta["val"].shape
+        for d, index in enumerate(args[1]):
+            add(index, d, shape[d], True, IndexError, _OUT_OF_BOUNDS, node)
+    elif node.target in _NLL_LOSSES:
+        scores, target, ignore_index = args[0].meta["val"], args[1], args[4]
+        classes = scores.shape[1] if scores.dim() > 1 else scores.shape[0]
+        add(target, 1, classes, False, IndexError, "Target {v} is out of bounds.", node, ignore=ignore_index)
+    else:
+        rule = _BOUNDS[node.target]
+        source = args[0].meta["val"]
+        if rule.flat:
+            d, n = 0, source.numel()
+        elif rule.dim is None:
+            d, n = 0, source.shape[0]
+        else:
+            d = args[rule.dim] % max(source.dim(), 1)
+            n = source.shape[d] if source.dim() else 1
+        add(args[rule.index], d, n, rule.negative, rule.error, rule.message, node)
+    return found
+
+
+def _extremes(graph: torch.fx.Graph, index: torch.fx.Node, after: torch.fx.Node, ignore: Any) -> torch.fx.Node:
+    """An int64 [2] node: the smallest and largest element of ``index`` (elements equal to ``ignore`` count
+    as 0, which every check accepts)."""
+    fake = index.meta["val"]
+    last = after
+
+    def emit(target: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        nonlocal last
+        with graph.inserting_after(last):
+            new = graph.call_function(target, args, kwargs)
+        metas = torch.fx.node.map_arg(args, lambda a: a.meta["val"])
+        with fake.fake_mode:
+            new.meta = {**after.meta, "val": target(*metas, **kwargs), _CHECKED: True}
+        last = new
+        return new
+
+    if ignore is not None:
+        index = emit(_aten.mul.Tensor, index, emit(_aten.ne.Scalar, index, ignore))
+    wide = emit(_aten._to_copy.default, index, dtype=torch.int64)
+    ends = [emit(_aten.unsqueeze.default, emit(reduce, wide), 0) for reduce in (_aten.amin.default, _aten.amax.default)]
+    return emit(_aten.cat.default, ends)
 
 
 def _split_cholesky(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node:

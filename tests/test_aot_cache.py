@@ -232,9 +232,30 @@ print(json.dumps({"aot": dict(counters["aot_autograd"]), "graphs": [g.cache for 
 """
 
 
-def test_fresh_process_hit(caches, tmp_path):
+# A forward with value checks (value_checks.py): the embedding's indices and the loss's targets.
+_CHILD_CHECKED = """
+import json, torch
+from torch._dynamo.utils import counters
+from neuron_compile.stats import STATS
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Embedding(10, 16), torch.nn.Linear(16, 4))
+step = torch.compile(lambda ids, t: torch.nn.functional.cross_entropy(model(ids), t), backend="neuron", dynamic=False)
+loss = step(torch.tensor([1, 2, 9]), torch.tensor([0, 3, 1]))
+loss.backward()
+try:
+    step(torch.tensor([1, 2, 10]), torch.tensor([0, 3, 1]))
+    raised = ""
+except IndexError as e:
+    raised = str(e)
+print(json.dumps({"aot": dict(counters["aot_autograd"]), "graphs": [g.cache for g in STATS.graphs], "raised": raised,
+                  "values": [loss.item()] + [p.grad.sum().item() for p in model.parameters()]}))
+"""
+
+
+@pytest.mark.parametrize("child", [_CHILD, _CHILD_CHECKED], ids=["plain", "value-checks"])
+def test_fresh_process_hit(caches, tmp_path, child):
     script = tmp_path / "child.py"
-    script.write_text(_CHILD)
+    script.write_text(child)
 
     def run():
         out = subprocess.run(
@@ -247,3 +268,5 @@ def test_fresh_process_hit(caches, tmp_path):
     assert cold["aot"].get("autograd_cache_saved") == 1 and cold["graphs"] == ["miss", "miss"], cold
     assert warm["aot"].get("autograd_cache_hit") == 1 and warm["graphs"] == ["hit", "hit"], warm
     assert warm["values"] == cold["values"]
+    if child is _CHILD_CHECKED:  # the checks come back with the hit
+        assert cold["raised"] == warm["raised"] == "index out of range in self", (cold, warm)

@@ -16,6 +16,7 @@ eager's, so they match in distribution only.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -762,6 +763,73 @@ def test_integer_division_by_zero_in_a_training_graph() -> None:
     assert torch.equal(x.grad, (torch.arange(3) // torch.tensor([1, 2, 2])).float())
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
         compiled(x, torch.tensor([1, 0, 2]))
+
+
+# ---- indices out of range: eager's error, not a clamped or dropped index -----------------------------------------
+_TABLE = torch.arange(12.0).view(4, 3)
+INDEX_CASES = {
+    "index": lambda x, i: x[i],
+    "index_put": lambda x, i: x.clone().index_put_((i,), torch.tensor(7.0)),
+    "index_select": lambda x, i: torch.index_select(x, 0, i),
+    "embedding": lambda x, i: F.embedding(i, x),
+    "gather": lambda x, i: torch.gather(x, 0, i.view(2, 1).expand(2, 3)),
+    "scatter": lambda x, i: torch.zeros(4, 3).scatter(0, i.view(2, 1).expand(2, 3), 1.0),
+    "scatter_add": lambda x, i: torch.zeros(4, 3).scatter_add(0, i.view(2, 1).expand(2, 3), x[:2]),
+    "index_fill": lambda x, i: x.index_fill(0, i, 1.0),
+    "take": lambda x, i: torch.take(x, i * 3),
+    "cross_entropy": lambda x, i: F.cross_entropy(x[:2], i),
+    "cross_entropy_ignored": lambda x, i: F.cross_entropy(x[:2], torch.where(i == 1, -100, i)),
+    # decomposed into index_put before the backend sees them: index_put's error (eager's names the op)
+    "index_add": lambda x, i: x.index_add(0, i, torch.ones(2, 3)),
+    "index_copy": lambda x, i: x.index_copy(0, i, torch.ones(2, 3)),
+}
+_DECOMPOSED = {"index_add", "index_copy"}
+
+
+@pytest.mark.parametrize("indices", [[1, 2], [1, 4], [-1, -5]], ids=["in-range", "too-large", "negative"])
+@pytest.mark.parametrize("name", list(INDEX_CASES))
+def test_indices_out_of_range_raise_as_in_eager(name: str, indices: list[int]) -> None:
+    """The graph returns each index's smallest and largest value; out of eager's range, eager's exception
+    type and message (naming the largest or smallest offender, where eager names the first) are raised."""
+    fn, i = INDEX_CASES[name], torch.tensor(indices)
+    try:
+        want: Any = fn(_TABLE, i)
+    except (IndexError, RuntimeError) as e:
+        want = e
+    compiled = torch.compile(fn, backend="neuron", dynamic=False)
+    if isinstance(want, torch.Tensor):
+        got = compiled(_TABLE, i)
+        assert torch.equal(got, want), f"{name}{indices}: {got} != eager {want}"
+        return
+    with pytest.raises((IndexError, RuntimeError)) as info:
+        compiled(_TABLE, i)
+    got_error = info.value
+    assert "out of" in str(got_error) and "index" in info.value.__notes__[0], got_error
+    if name not in _DECOMPOSED:
+        template = lambda e: re.sub(r"-?\d+", "N", str(e))  # noqa: E731
+        assert type(got_error) is type(want) and template(got_error) == template(want), (got_error, want)
+
+
+def test_backward_graphs_carry_no_index_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backward's indices are its forward's, checked there: gather's backward (a scatter_add over the same
+    index) gets no extra output."""
+    import neuron_compile.compiler as compiler
+
+    split, counted = compiler.split_value_checks, []
+
+    def counting(gm: torch.fx.GraphModule, index_bounds: bool = True) -> list[Any]:
+        checks = split(gm, index_bounds=index_bounds)
+        counted.append(len(checks))
+        return checks
+
+    monkeypatch.setattr(compiler, "split_value_checks", counting)
+    x = torch.randn(4, 3, requires_grad=True)
+    compiled = torch.compile(lambda x, i: torch.gather(x, 0, i).sum(), backend="neuron", dynamic=False)
+    compiled(x, torch.tensor([[1, 2, 3]])).backward()
+    assert counted[0] == 1 and counted[-1] == 0, counted  # forward (then its re-split: 0), backward
+    assert torch.equal(x.grad, torch.zeros(4, 3).scatter_add(0, torch.tensor([[1, 2, 3]]), torch.ones(1, 3)))
+    with pytest.raises(RuntimeError, match="index 4 is out of bounds for dimension 0 with size 4"):
+        compiled(x, torch.tensor([[1, 4, 3]]))
 
 
 # ---- random ---------------------------------------------------------------------------------------------------------

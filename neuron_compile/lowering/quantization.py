@@ -3,10 +3,11 @@
 The matmuls run on the floating-point datapath, as neuronx-cc has no integer one: an int8 or uint8 value is
 exact in bfloat16 and a product of two is exact in float32, so a float32-accumulated dot of 8-bit operands
 is exact while its partial sums stay below 2**24 in magnitude, which 1,024 products of int8 values always
-do (512 with a uint8 operand); ``_int_mm`` sums such chunks of its inner dim in int32. ``_scaled_mm`` and ``_weight_int8pack_mm`` compute
-as eager's CPU kernels do: scaled float32 operands (the float8 values are exact in float32), one rounding to
-the output dtype. Fake quantization follows eager's kernels (multiply by the float32 reciprocal of the scale,
-round half to even, clamp; the mask marks values inside the range, which is all the backward needs).
+do (512 with a uint8 operand); ``_int_mm`` sums such chunks of its inner dim in int32. ``_scaled_mm`` and
+``_weight_int8pack_mm`` compute as eager's CPU kernels do: scaled float32 operands (the float8 values are
+exact in float32), one rounding to the output dtype. Fake quantization follows eager's kernels (multiply
+by the float32 reciprocal of the scale, round half to even, clamp; the mask marks values inside the range,
+which is all the backward needs).
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ def exact_terms(a_dtype: Any, b_dtype: Any) -> int:
     return 1 << ((2**24 // (largest[0] * largest[1])).bit_length() - 1)
 
 
-def _dot_f32(a: Any, b: Any, contract: tuple[int, int], batch: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())) -> Any:
+_Batch = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def _dot_f32(a: Any, b: Any, contract: tuple[int, int], batch: _Batch = ((), ())) -> Any:
     return lax.dot_general(
         a, b, (((contract[0],), (contract[1],)), batch), precision=lax.Precision.HIGHEST, preferred_element_type=_F32
     )
