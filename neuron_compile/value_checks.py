@@ -20,6 +20,9 @@ A Trainium graph cannot raise on a value (neuronx-cc has no conditional and no a
   largest index of each (ignored ``nll_loss`` targets aside) become an extra output, and eager's error type
   and message are rebuilt from them (naming the largest or smallest offending index, where eager names the
   first). Forward and inference graphs only: a backward graph's indices are the forward's, checked there.
+- ``aten._assert_async.msg(condition, message)``, which torch's decompositions emit for their own checks
+  (``F.one_hot``'s class values): the condition becomes an extra output and a false one raises
+  ``RuntimeError(message)``.
 
 The cost is one small output per check.
 """
@@ -52,7 +55,8 @@ _CHECKED = "neuron_value_checked"
 class _Bounds:
     """Where an op's index is and what eager accepts: ``index`` the argument's position, ``dim`` the
     argument naming the indexed dim (None: dim 0, or all elements with ``flat``), indices in
-    [-n, n) with ``negative`` else [0, n); the error eager raises, its message a format of v, d, n."""
+    [-n, n) with ``negative`` else [0, n); the error eager raises, its message a format of the offending
+    value v, its position p, the dim d and its size n."""
 
     index: int
     dim: int | None
@@ -77,7 +81,13 @@ _BOUNDS = {
     _aten.index_reduce.default: _Bounds(2, 1, False, IndexError, _IN_SELF),
     _aten.take.default: _Bounds(1, None, True, IndexError,
                                 "out of range: tried to access index {v} on a tensor of {n} elements.", flat=True),
+    **{op: _Bounds(  # {p}: the offender's position in the flattened index
+        1, None, False, RuntimeError, "Index {p} of input takes value {v} which is not in the valid range [0, {n})")
+       for op in (_aten._embedding_bag.default, _aten._embedding_bag_forward_only.default)},
 }  # fmt: skip
+_ASSERT = _aten._assert_async.msg
+#: aten ops that no lowering sees: taken out of the graph here and run after it (docs/ops.md lists them).
+RUN_AFTER_GRAPH = frozenset({str(_ASSERT)})
 #: Advanced indexing: a list of optional index tensors, the k-th indexing dim k, negative indices allowed.
 _INDEX_LISTS = frozenset({_aten.index.Tensor, _aten.index_put.default})
 _NLL_LOSSES = frozenset({_aten.nll_loss_forward.default, _aten.nll_loss2d_forward.default})
@@ -110,7 +120,8 @@ class ZeroDivisionCheck:
 
 @dataclass(frozen=True)
 class IndexBoundsCheck:
-    """Eager's refusal of an index outside [low, high) of one indexed dim, from the index's [min, max]."""
+    """Eager's refusal of an index outside [low, high) of one indexed dim, from the index's smallest and
+    largest value and their positions in the flattened index."""
 
     low: int
     high: int
@@ -121,16 +132,31 @@ class IndexBoundsCheck:
     source: str
 
     def __call__(self, extremes: torch.Tensor) -> None:
-        smallest, largest = extremes.tolist()
+        smallest, largest, at_smallest, at_largest = extremes.tolist()
         if self.low <= smallest and largest < self.high:
             return
-        v = largest if largest >= self.high else smallest
-        error = self.error(self.message.format(v=v, d=self.dim, n=self.high))
+        v, p = (largest, at_largest) if largest >= self.high else (smallest, at_smallest)
+        error = self.error(self.message.format(v=v, p=p, d=self.dim, n=self.high))
         error.add_note(f"neuron backend: index out of range in {self.op} at {self.source}")
         raise error
 
 
-Check = LinalgCheck | ZeroDivisionCheck | IndexBoundsCheck
+@dataclass(frozen=True)
+class AssertCheck:
+    """An ``_assert_async`` of torch's decompositions: ``RuntimeError(message)`` when the condition is false."""
+
+    message: str
+    op: str
+    source: str
+
+    def __call__(self, condition: torch.Tensor) -> None:
+        if not bool(condition):
+            error = RuntimeError(self.message)
+            error.add_note(f"neuron backend: a check of {self.op} at {self.source}")
+            raise error
+
+
+Check = LinalgCheck | ZeroDivisionCheck | IndexBoundsCheck | AssertCheck
 
 
 class CheckedGraph:
@@ -178,6 +204,12 @@ def split_value_checks(gm: torch.fx.GraphModule, index_bounds: bool = True) -> l
             if flag is not None:
                 values.append(flag)
                 checks.append(ZeroDivisionCheck(op_name(node), user_source(node)))
+            continue
+        elif node.target is _ASSERT:
+            condition, message = node.args[0], str(node.args[1])
+            graph.erase_node(node)  # its result (None) has no users
+            checks.append(AssertCheck(message, op_name(node), user_source(node)))
+            values.append(condition)
             continue
         elif index_bounds and (node.target in _BOUNDS or node.target in _INDEX_LISTS or node.target in _NLL_LOSSES):
             node.meta[_CHECKED] = True
@@ -273,8 +305,8 @@ def _index_checks(graph: torch.fx.Graph, node: torch.fx.Node) -> list[tuple[Inde
 
 
 def _extremes(graph: torch.fx.Graph, index: torch.fx.Node, after: torch.fx.Node, ignore: Any) -> torch.fx.Node:
-    """An int64 [2] node: the smallest and largest element of ``index`` (elements equal to ``ignore`` count
-    as 0, which every check accepts)."""
+    """An int64 [4] node: the smallest and largest element of ``index`` and their positions in it, flattened
+    (elements equal to ``ignore`` count as 0, which every check accepts)."""
     fake = index.meta["val"]
     last = after
 
@@ -291,8 +323,8 @@ def _extremes(graph: torch.fx.Graph, index: torch.fx.Node, after: torch.fx.Node,
     if ignore is not None:
         index = emit(_aten.mul.Tensor, index, emit(_aten.ne.Scalar, index, ignore))
     wide = emit(_aten._to_copy.default, index, dtype=torch.int64)
-    ends = [emit(_aten.unsqueeze.default, emit(reduce, wide), 0) for reduce in (_aten.amin.default, _aten.amax.default)]
-    return emit(_aten.cat.default, ends)
+    reductions = (_aten.amin.default, _aten.amax.default, _aten.argmin.default, _aten.argmax.default)
+    return emit(_aten.cat.default, [emit(_aten.unsqueeze.default, emit(reduce, wide), 0) for reduce in reductions])
 
 
 def _split_cholesky(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node:

@@ -262,8 +262,10 @@ def render(results: dict[str, Any], overloads: dict[str, Any] | None = None) -> 
     if overloads is None:
         overloads = load_overloads()
 
-    lowered = set(supported_ops())
-    where = lowered_in()
+    from neuron_compile.value_checks import RUN_AFTER_GRAPH
+
+    lowered = set(supported_ops()) | RUN_AFTER_GRAPH
+    where = lowered_in() | {op: "value_checks.py (run after the graph)" for op in RUN_AFTER_GRAPH}
     refused = refused_ops()
     kernels = kernel_ops()
     universe = aten_universe(results)
