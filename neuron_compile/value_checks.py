@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from .provenance import op_name, user_source
 
@@ -91,6 +92,7 @@ RUN_AFTER_GRAPH = frozenset({str(_ASSERT)})
 #: Advanced indexing: a list of optional index tensors, the k-th indexing dim k, negative indices allowed.
 _INDEX_LISTS = frozenset({_aten.index.Tensor, _aten.index_put.default})
 _NLL_LOSSES = frozenset({_aten.nll_loss_forward.default, _aten.nll_loss2d_forward.default})
+_INDEXING = _BOUNDS.keys() | _INDEX_LISTS | _NLL_LOSSES
 
 
 @dataclass(frozen=True)
@@ -169,8 +171,11 @@ class CheckedGraph:
         self.name = getattr(inner, "name", "")
         #: One per extra output, in order (picklable: AOTAutograd's cache keeps them with the inner's digest).
         self.checks = checks
-        #: The inner graph's compile-cache entry (``aot_cache``), None when it has none.
-        self.cache_digest: str | None = getattr(inner, "cache_digest", None)
+        #: The inner graph's compile-cache entry, for AOTAutograd's cache (``aot_cache``); None when it has none
+        #: or when torch.linalg's checks are among its checks: their graphs take effect tokens, which a hit of
+        #: AOTAutograd's cache does not pass the same way (measured: the graph got too few inputs).
+        linalg = any(isinstance(check, LinalgCheck) for check in checks)
+        self.cache_digest: str | None = None if linalg else getattr(inner, "cache_digest", None)
 
     def __call__(self, args: list[Any]) -> list[Any]:
         # AOTAutograd passes None for an effect token at run time; the graph only forwards it.
@@ -189,54 +194,69 @@ def split_value_checks(gm: torch.fx.GraphModule, index_bounds: bool = True) -> l
     ``index_bounds``: check indices too (not in a backward graph). Returns the checks in output order;
     empty when the graph has none."""
     graph = gm.graph
-    checks: list[Check] = []
-    values: list[torch.fx.Node] = []
+    found: list[tuple[Check, torch.fx.Node]] = []
     for node in list(graph.nodes):
-        if node.op == "call_function" and node.target is _CHOLESKY:
-            values.append(_split_cholesky(graph, node))
-            checks.append(LinalgCheck("cholesky", values[-1].meta["val"].dim() == 0))
+        if node.op != "call_function":
             continue
-        if node.op != "call_function" or _CHECKED in node.meta:
-            pass
-        elif node.target in _INTEGER_DIVISIONS:
-            node.meta[_CHECKED] = True  # the rewritten graph is split again when it is compiled
-            flag = _zero_divisor_flag(graph, node)
-            if flag is not None:
-                values.append(flag)
-                checks.append(ZeroDivisionCheck(op_name(node), user_source(node)))
-            continue
+        if node.target is _CHOLESKY:
+            info = _split_cholesky(graph, node)
+            found.append((LinalgCheck("cholesky", info.meta["val"].dim() == 0), info))
+        elif node.target is torch.ops.higher_order.with_effects:
+            found += _split_linalg_check(graph, node)
         elif node.target is _ASSERT:
             condition, message = node.args[0], str(node.args[1])
             graph.erase_node(node)  # its result (None) has no users
-            checks.append(AssertCheck(message, op_name(node), user_source(node)))
-            values.append(condition)
-            continue
-        elif index_bounds and (node.target in _BOUNDS or node.target in _INDEX_LISTS or node.target in _NLL_LOSSES):
+            found.append((AssertCheck(message, op_name(node), user_source(node)), condition))
+        elif _CHECKED in node.meta:
+            continue  # the graph with the checks' outputs is split again when it is compiled
+        elif node.target in _INTEGER_DIVISIONS:
             node.meta[_CHECKED] = True
-            for check, value in _index_checks(graph, node):
-                checks.append(check)
-                values.append(value)
-            continue
-        if node.op != "call_function" or node.target is not torch.ops.higher_order.with_effects:
-            continue
-        if len(node.args) < 4 or node.args[1] is not _CHECK:
-            continue
-        token, _, info, api_name = node.args[:4]
-        getters = list(node.users)
-        if any(u.target is not operator.getitem or u.args[1] != 0 for u in getters):
-            continue  # not the (token,) result shape this rewrite knows
-        for u in getters:
-            u.replace_all_uses_with(token)
-            graph.erase_node(u)
-        graph.erase_node(node)
-        checks.append(LinalgCheck(str(api_name), bool(node.kwargs.get("is_matrix", True))))
-        values.append(info)
-    if checks:
+            flag = _zero_divisor_flag(graph, node)
+            if flag is not None:
+                found.append((ZeroDivisionCheck(op_name(node), user_source(node)), flag))
+        elif index_bounds and node.target in _INDEXING:
+            node.meta[_CHECKED] = True
+            found += _index_checks(graph, node)
+    if found:
         out = next(n for n in graph.nodes if n.op == "output")
-        out.args = (tuple(out.args[0]) + tuple(values),)
+        out.args = (tuple(out.args[0]) + tuple(value for _, value in found),)
         graph.lint()
         gm.recompile()
-    return checks
+    return [check for check, _ in found]
+
+
+def _split_linalg_check(graph: torch.fx.Graph, node: torch.fx.Node) -> list[tuple[Check, torch.fx.Node]]:
+    """``with_effects(token, _linalg_check_errors, info, name, is_matrix=)`` removed (its token passes
+    through): its check on ``info``; none for another effectful op or result shape."""
+    if len(node.args) < 4 or node.args[1] is not _CHECK:
+        return []
+    token, _, info, api_name = node.args[:4]
+    getters = list(node.users)
+    if any(u.target is not operator.getitem or u.args[1] != 0 for u in getters):
+        return []  # not the (token,) result shape this rewrite knows
+    for u in getters:
+        u.replace_all_uses_with(token)
+        graph.erase_node(u)
+    graph.erase_node(node)
+    return [(LinalgCheck(str(api_name), bool(node.kwargs.get("is_matrix", True))), info)]
+
+
+class _Inserter:
+    """Inserts nodes one after another, from ``after`` on, each with its ``val`` computed on fake tensors and
+    marked checked (a check's own ops are not checked again)."""
+
+    def __init__(self, graph: torch.fx.Graph, after: torch.fx.Node) -> None:
+        self.graph, self.last, self.meta = graph, after, after.meta
+        self.fake_mode = torch._guards.detect_fake_mode(pytree.tree_leaves(after.meta["val"]))
+
+    def __call__(self, target: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        with self.graph.inserting_after(self.last):
+            node = self.graph.call_function(target, args, kwargs)
+        metas = torch.fx.node.map_arg(args, lambda a: a.meta["val"])
+        with self.fake_mode:
+            node.meta = {**self.meta, "val": target(*metas, **kwargs), _CHECKED: True}
+        self.last = node
+        return node
 
 
 def _zero_divisor_flag(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node | None:
@@ -250,46 +270,37 @@ def _zero_divisor_flag(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.N
     if result.numel() == 0 or result.dtype == torch.bool:
         return None
     divisor = node.args[1]
-    with result.fake_mode, graph.inserting_after(node):
-        if isinstance(divisor, torch.fx.Node):
-            zeros = graph.call_function(_aten.eq.Scalar, (divisor, 0))
-            zeros.meta = {**node.meta, "val": _aten.eq.Scalar(divisor.meta["val"], 0)}
-            with graph.inserting_after(zeros):
-                flag = graph.call_function(_aten.any.default, (zeros,))
-            flag.meta = {**node.meta, "val": _aten.any.default(zeros.meta["val"])}
-            return flag
-        if divisor != 0:
-            return None
-        flag = graph.call_function(_aten.scalar_tensor.default, (1,), {"dtype": torch.bool})
-        flag.meta = {**node.meta, "val": _aten.scalar_tensor.default(1, dtype=torch.bool)}
-        return flag
+    emit = _Inserter(graph, node)
+    if isinstance(divisor, torch.fx.Node):
+        return emit(_aten.any.default, emit(_aten.eq.Scalar, divisor, 0))
+    return None if divisor != 0 else emit(_aten.scalar_tensor.default, 1, dtype=torch.bool)
 
 
-def _index_checks(graph: torch.fx.Graph, node: torch.fx.Node) -> list[tuple[IndexBoundsCheck, torch.fx.Node]]:
-    """(check, [min, max] node) of each index tensor ``node`` indexes with (none when there is nothing to
+def _index_checks(graph: torch.fx.Graph, node: torch.fx.Node) -> list[tuple[Check, torch.fx.Node]]:
+    """(check, extremes node) of each index tensor ``node`` indexes with (none when there is nothing to
     check: an empty index, a boolean mask)."""
     args = node.args
     where = (op_name(node), user_source(node))
-    found: list[tuple[IndexBoundsCheck, torch.fx.Node]] = []
+    found: list[tuple[Check, torch.fx.Node]] = []
 
-    def add(index: Any, d: int, n: int, negative: bool, error: type[Exception], message: str, after: torch.fx.Node,
+    def add(index: Any, d: int, n: int, negative: bool, error: type[Exception], message: str,
             ignore: Any = None) -> None:  # fmt: skip
         if not isinstance(index, torch.fx.Node):
             return
         val = index.meta.get("val")
         if not isinstance(val, torch.Tensor) or val.numel() == 0 or val.dtype in (torch.bool, torch.uint8):
             return
-        extremes = _extremes(graph, index, after, ignore)
+        extremes = _extremes(_Inserter(graph, node), index, ignore)
         found.append((IndexBoundsCheck(-n if negative else 0, n, d, error, message, *where), extremes))
 
     if node.target in _INDEX_LISTS:
         shape = args[0].meta["val"].shape
         for d, index in enumerate(args[1]):
-            add(index, d, shape[d], True, IndexError, _OUT_OF_BOUNDS, node)
+            add(index, d, shape[d], True, IndexError, _OUT_OF_BOUNDS)
     elif node.target in _NLL_LOSSES:
         scores, target, ignore_index = args[0].meta["val"], args[1], args[4]
         classes = scores.shape[1] if scores.dim() > 1 else scores.shape[0]
-        add(target, 1, classes, False, IndexError, "Target {v} is out of bounds.", node, ignore=ignore_index)
+        add(target, 1, classes, False, IndexError, "Target {v} is out of bounds.", ignore=ignore_index)
     else:
         rule = _BOUNDS[node.target]
         source = args[0].meta["val"]
@@ -300,26 +311,13 @@ def _index_checks(graph: torch.fx.Graph, node: torch.fx.Node) -> list[tuple[Inde
         else:
             d = args[rule.dim] % max(source.dim(), 1)
             n = source.shape[d] if source.dim() else 1
-        add(args[rule.index], d, n, rule.negative, rule.error, rule.message, node)
+        add(args[rule.index], d, n, rule.negative, rule.error, rule.message)
     return found
 
 
-def _extremes(graph: torch.fx.Graph, index: torch.fx.Node, after: torch.fx.Node, ignore: Any) -> torch.fx.Node:
+def _extremes(emit: _Inserter, index: torch.fx.Node, ignore: Any) -> torch.fx.Node:
     """An int64 [4] node: the smallest and largest element of ``index`` and their positions in it, flattened
     (elements equal to ``ignore`` count as 0, which every check accepts)."""
-    fake = index.meta["val"]
-    last = after
-
-    def emit(target: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
-        nonlocal last
-        with graph.inserting_after(last):
-            new = graph.call_function(target, args, kwargs)
-        metas = torch.fx.node.map_arg(args, lambda a: a.meta["val"])
-        with fake.fake_mode:
-            new.meta = {**after.meta, "val": target(*metas, **kwargs), _CHECKED: True}
-        last = new
-        return new
-
     if ignore is not None:
         index = emit(_aten.mul.Tensor, index, emit(_aten.ne.Scalar, index, ignore))
     wide = emit(_aten._to_copy.default, index, dtype=torch.int64)
