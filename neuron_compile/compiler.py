@@ -129,8 +129,8 @@ def compile_graph(
     """Compile ``gm`` for ``opts.target`` (or fetch it from the cache) as a boxed callable.
 
     ``whole``: ``gm`` is AOTAutograd's graph itself (not a piece of it), with the outputs AOTAutograd
-    expects followed by ``check_outputs`` outputs of value checks (``value_checks``), so its outputs saved for the
-    backward are known.
+    expects followed by ``check_outputs`` outputs of value checks (``value_checks``), so its outputs saved
+    for the backward are known.
     """
     # eager's raise on a value (linalg info, a zero divisor, an index out of range) cannot run in the graph
     checks = split_value_checks(gm, index_bounds=kind != "backward")

@@ -659,7 +659,7 @@ def test_uint8_wraps_as_in_eager(name: str) -> None:
     assert got.dtype == want.dtype and torch.equal(got, want), f"{name}: {got.tolist()} != eager {want.tolist()}"
 
 
-# ---- integer ops: shifts (torch defines every amount), gcd/lcm --------------------------------------------------------
+# ---- integer ops: shifts (torch defines every amount), gcd/lcm ------------------------------------------------
 def _shift_operands(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Values at both ends of the type and shift amounts from 0 past the width (negative for signed types)."""
     info = torch.iinfo(dtype)
@@ -688,7 +688,9 @@ def test_shifts_match_eager(name: str, dtype: torch.dtype) -> None:
     fn = SHIFT_CASES[name]
     got = torch.compile(fn, backend="neuron", dynamic=False)(a, b)
     want = fn(a, b)
-    assert got.dtype == want.dtype and torch.equal(got, want), f"{name} {dtype} of {a.tolist()}, {b.tolist()}: {got.tolist()} != eager {want.tolist()}"
+    assert got.dtype == want.dtype and torch.equal(got, want), (
+        f"{name} {dtype} of {a.tolist()}, {b.tolist()}: {got.tolist()} != eager {want.tolist()}"
+    )
 
 
 def _gcd_operands(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -705,8 +707,9 @@ def _gcd_operands(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     a = torch.randint(info.min, info.max, (512,), generator=g, dtype=dtype)
     b = a // torch.randint(1, 1000, (512,), generator=g, dtype=dtype)
     # not (min, max): eager's gcd of it is -1 (|min| wraps to min) and its lcm then traps on min / -1
-    edges = torch.tensor([fib[-1], fib[-3], info.min, info.max, 0, 0, -12, 7], dtype=dtype)
-    return torch.cat([a, edges]), torch.cat([b, torch.tensor([fib[-2], fib[-4], 6, 0, 0, 5, 18, info.min], dtype=dtype)])
+    edges_a = torch.tensor([fib[-1], fib[-3], info.min, info.max, 0, 0, -12, 7], dtype=dtype)
+    edges_b = torch.tensor([fib[-2], fib[-4], 6, 0, 0, 5, 18, info.min], dtype=dtype)
+    return torch.cat([a, edges_a]), torch.cat([b, edges_b])
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int32, torch.int64], ids=str)
@@ -716,7 +719,8 @@ def test_gcd_lcm_match_eager(op, dtype: torch.dtype) -> None:
     got = torch.compile(op, backend="neuron", dynamic=False)(a, b)
     want = op(a, b)
     wrong = (got != want).nonzero().flatten()[:5].tolist()
-    assert got.dtype == want.dtype and not wrong, [(a[i].item(), b[i].item(), got[i].item(), want[i].item()) for i in wrong]
+    assert got.dtype == want.dtype and not wrong, [(a[i].item(), b[i].item(), got[i].item(), want[i].item())
+                                                    for i in wrong]  # fmt: skip
 
 
 ZERO_DIVISIONS = {

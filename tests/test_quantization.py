@@ -83,7 +83,8 @@ def test_scaled_mm_matches_eager(f8: torch.dtype, scales: str, out_dtype: Any) -
     got = _compiled(fn, {"generation": "trn3"})(a, b, scale_a, scale_b)
     want = fn(a, b, scale_a, scale_b)
     if out_dtype == f8:  # no tolerance of its own in the harness: equal, as eager's rounding is reproduced
-        assert got.dtype == want.dtype and torch.equal(got.float(), want.float()), (got.float() - want.float()).abs().max()
+        diff = (got.float() - want.float()).abs().max()
+        assert got.dtype == want.dtype and torch.equal(got.float(), want.float()), diff
         return
     problem = H._compare(got, want, "output", reference=reference)
     assert problem is None, problem
@@ -92,7 +93,8 @@ def test_scaled_mm_matches_eager(f8: torch.dtype, scales: str, out_dtype: Any) -
 def test_float8_e4m3fn_is_refused_on_trn2() -> None:
     a = torch.randn(16, 32).to(E4M3)
     with pytest.raises(Exception, match="float8_e4m3fn is not available on trn1/trn2"):
-        _compiled(lambda a: torch._scaled_mm(a, a.t(), torch.tensor(1.0), torch.tensor(1.0), out_dtype=torch.bfloat16))(a)
+        one = torch.tensor(1.0)
+        _compiled(lambda a: torch._scaled_mm(a, a.t(), one, one, out_dtype=torch.bfloat16))(a)
 
 
 _FAKE_QUANT = {
@@ -127,7 +129,10 @@ def test_fake_quantize_forward_and_backward_match_eager(name: str) -> None:
 
 def test_fake_quantize_with_float_zero_points_is_refused_clearly() -> None:
     x = torch.randn(4, 3)
-    fn = lambda x: torch.fake_quantize_per_channel_affine(x, torch.full((3,), 0.1), torch.zeros(3), 1, -128, 127)  # noqa: E731
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return torch.fake_quantize_per_channel_affine(x, torch.full((3,), 0.1), torch.zeros(3), 1, -128, 127)
+
     fn(x)  # eager takes it
     with pytest.raises(Exception, match="floating-point zero points"):
         _compiled(fn)(x)
