@@ -642,6 +642,7 @@ UINT8_CASES = {
     "sub_scalar": lambda x: x - 10,
     "mul_wraps": lambda x: x * 3,
     "arange_descending": lambda x: torch.arange(250, 0, -7, dtype=torch.uint8) + x.sum(),
+    "arange_float_bounds": lambda x: torch.arange(2.7, -3.3, -1.5, dtype=torch.uint8) + x.sum(),  # truncated first
     "scalar_tensor_negative": lambda x: torch.scalar_tensor(-5, dtype=torch.uint8) + x,
     "full_negative": lambda x: torch.full((2, 4), -1, dtype=torch.uint8) - x,
     "index_reduce_prod": lambda x: x.index_reduce(0, torch.tensor([1, 1]), x * 5, "prod"),

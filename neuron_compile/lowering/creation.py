@@ -58,7 +58,8 @@ def arange(*args, **kwargs):
     (n,) = out_shape()
     dtype = out_dtype()
     if jnp.issubdtype(dtype, jnp.integer):
-        return lax.iota(dtype, n) * convert(step, dtype) + convert(start, dtype)
+        # eager truncates float bounds and step to integers first (arange(2.7, -3.3, -1.5) is 2, 1, 0, -1)
+        return lax.iota(dtype, n) * convert(int(step), dtype) + convert(int(start), dtype)
     # Eager computes start + i * step in double precision, then rounds. Start, step and n are static,
     # so do exactly that at trace time: the device gets a constant and never sees a float64 op.
     values = np.float64(start) + np.arange(n, dtype=np.float64) * np.float64(step)
