@@ -123,7 +123,7 @@ class ZeroDivisionCheck:
 @dataclass(frozen=True)
 class IndexBoundsCheck:
     """Eager's refusal of an index outside [low, high) of one indexed dim, from the index's smallest and
-    largest value and their positions in the flattened index."""
+    largest value (and their positions in the flattened index, for a message that names it: {p})."""
 
     low: int
     high: int
@@ -134,9 +134,10 @@ class IndexBoundsCheck:
     source: str
 
     def __call__(self, extremes: torch.Tensor) -> None:
-        smallest, largest, at_smallest, at_largest = extremes.tolist()
+        smallest, largest, *positions = extremes.tolist()
         if self.low <= smallest and largest < self.high:
             return
+        at_smallest, at_largest = positions or (None, None)
         v, p = (largest, at_largest) if largest >= self.high else (smallest, at_smallest)
         error = self.error(self.message.format(v=v, p=p, d=self.dim, n=self.high))
         error.add_note(f"neuron backend: index out of range in {self.op} at {self.source}")
@@ -290,7 +291,7 @@ def _index_checks(graph: torch.fx.Graph, node: torch.fx.Node) -> list[tuple[Chec
         val = index.meta.get("val")
         if not isinstance(val, torch.Tensor) or val.numel() == 0 or val.dtype in (torch.bool, torch.uint8):
             return
-        extremes = _extremes(_Inserter(graph, node), index, ignore)
+        extremes = _extremes(_Inserter(graph, node), index, ignore, positions="{p}" in message)
         found.append((IndexBoundsCheck(-n if negative else 0, n, d, error, message, *where), extremes))
 
     if node.target in _INDEX_LISTS:
@@ -315,13 +316,16 @@ def _index_checks(graph: torch.fx.Graph, node: torch.fx.Node) -> list[tuple[Chec
     return found
 
 
-def _extremes(emit: _Inserter, index: torch.fx.Node, ignore: Any) -> torch.fx.Node:
-    """An int64 [4] node: the smallest and largest element of ``index`` and their positions in it, flattened
-    (elements equal to ``ignore`` count as 0, which every check accepts)."""
+def _extremes(emit: _Inserter, index: torch.fx.Node, ignore: Any, positions: bool) -> torch.fx.Node:
+    """An int64 node: the smallest and largest element of ``index``, then, with ``positions``, where they are
+    in it, flattened (elements equal to ``ignore`` count as 0, which every check accepts). Positions only
+    where the message names one: two more reductions per index, every step."""
     if ignore is not None:
         index = emit(_aten.mul.Tensor, index, emit(_aten.ne.Scalar, index, ignore))
     wide = emit(_aten._to_copy.default, index, dtype=torch.int64)
-    reductions = (_aten.amin.default, _aten.amax.default, _aten.argmin.default, _aten.argmax.default)
+    reductions = (_aten.amin.default, _aten.amax.default)
+    if positions:
+        reductions += (_aten.argmin.default, _aten.argmax.default)
     return emit(_aten.cat.default, [emit(_aten.unsqueeze.default, emit(reduce, wide), 0) for reduce in reductions])
 
 
