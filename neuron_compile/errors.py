@@ -81,7 +81,7 @@ class NeuronOptionsError(NeuronCompileError, ValueError):
 
 
 class NeuronWarning(UserWarning):
-    """Base class of the backend's warnings. Raised while building a graph, they are stored with the
+    """Base class of the backend's warnings. Those raised while building a graph are stored with the
     compiled artifact and repeated on every cache hit, so a warm start warns exactly like a cold one."""
 
 
@@ -91,6 +91,10 @@ class NeuronLegalityWarning(NeuronWarning):
 
 class NeuronFloat64Warning(NeuronWarning):
     """float64 is computed as float32, as on Trainium."""
+
+
+class NeuronRecompileWarning(NeuronWarning):
+    """A function is compiled again and again for new input shapes (static shapes: one compile each)."""
 
 
 WARNING_CLASSES: dict[str, type[NeuronWarning]] = {

@@ -1,5 +1,5 @@
 """Checks on FX graphs before anything is traced: tensor kinds, static shapes, data-dependent shapes,
-non-aten nodes, the recompile limit. Pure torch: nothing here imports jax or the lowerings."""
+non-aten nodes, the recompile limit, recompiles for new shapes. Pure torch: nothing here imports jax or the lowerings."""
 
 from __future__ import annotations
 
@@ -13,14 +13,16 @@ import torch.fx.experimental.symbolic_shapes
 
 from . import provenance
 from .dtypes import DEVICE_DTYPES
-from .errors import NeuronDynamicShapeError, NeuronUnsupportedOpError, UnsupportedNode
+from .errors import NeuronDynamicShapeError, NeuronRecompileWarning, NeuronUnsupportedOpError, UnsupportedNode
 
 log = logging.getLogger(__name__)
 
 _STATIC_SHAPE_FIX = (
     "The Neuron compiler needs static shapes. Use torch.compile(..., dynamic=False) (and do not mark "
     "dims dynamic with torch._dynamo.mark_dynamic). For inputs whose sizes vary, pad them to a few fixed "
-    "sizes (buckets, e.g. sequence lengths rounded up to a multiple of 128) so each bucket compiles once."
+    "sizes (buckets, e.g. sequence lengths rounded up to a multiple of 128, neuron_compile.pad_to_bucket) so "
+    "each bucket compiles once; for Hugging Face generate, use a static KV cache "
+    "(generate(..., cache_implementation=\"static\"))."
 )
 
 
@@ -72,6 +74,69 @@ def refuse_silent_eager_fallback(allow: bool) -> None:
         "neuron backend: set torch._dynamo.config.fail_on_recompile_limit_hit=True so that hitting the "
         "recompile limit (%s) raises instead of running in eager", dynamo_config.recompile_limit
     )
+
+
+# frame id -> {frame compile id -> input shapes}; a frame is one function Dynamo compiles.
+_shapes_by_frame: dict[int, dict[int, tuple[Any, ...]]] = {}
+_warned_frames: set[int] = set()
+#: Distinct input shapes of one function at which the backend says that every new shape is a new compile.
+SHAPES_BEFORE_RECOMPILE_WARNING = 3
+
+
+def warn_shape_recompiles(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> None:
+    """Warn once per function when it compiles for its third distinct set of input shapes.
+
+    Static shapes mean one compile per shape, and Dynamo stops (here: raises) at its recompile limit; a
+    training loop whose last batch is smaller compiles twice and is fine, a loop fed every sequence length
+    is not. The warning names the inputs whose sizes vary, the sizes seen and where the inputs are used,
+    while there are compiles left to change the code.
+    """
+    compile_id = torch._guards.CompileContext.current_compile_id()
+    if compile_id is None:
+        return
+    if compile_id.frame_compile_id == 0:  # a new function (torch._dynamo.reset() numbers frames afresh)
+        _shapes_by_frame.pop(compile_id.frame_id, None)
+        _warned_frames.discard(compile_id.frame_id)
+    if compile_id.frame_id in _warned_frames:
+        return
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    shapes = tuple(tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in example_inputs)
+    seen = _shapes_by_frame.setdefault(compile_id.frame_id, {})
+    seen[compile_id.frame_compile_id] = shapes
+    distinct = list(dict.fromkeys(s for s in seen.values() if len(s) == len(shapes)))
+    if len(distinct) < SHAPES_BEFORE_RECOMPILE_WARNING:
+        return
+    _warned_frames.add(compile_id.frame_id)
+    varying = []
+    for i, node in enumerate(placeholders[: len(shapes)]):
+        sizes = list(dict.fromkeys(s[i] for s in distinct))
+        if len(sizes) > 1:
+            varying.append(
+                f"  {_input_name(node)}: shapes {', '.join(str(list(s)) for s in sizes)} "
+                f"(used at {provenance.user_source(next(iter(node.users), node))})"
+            )
+    import torch._dynamo.config as dynamo_config
+
+    traced = torch._guards.TracingContext.get_traced_code() or []
+    code = traced[0] if traced else None
+    where = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})" if code else "a function"
+    message = (
+        f"neuron backend: {where} is compiled for {len(distinct)} different sets of input shapes; each new "
+        f"shape is a full compile, and at torch._dynamo.config.recompile_limit={dynamo_config.recompile_limit} "
+        f"compiles (this is compile {compile_id.frame_compile_id + 1}) the next one raises "
+        f"FailOnRecompileLimitHit. Inputs whose shapes vary:\n" + "\n".join(varying) + "\n" + _STATIC_SHAPE_FIX
+    )
+    # Attributed to the compiled function: the Python stack here is Dynamo's.
+    if code is None:
+        warnings.warn(message, NeuronRecompileWarning, stacklevel=2)
+    else:
+        warnings.warn_explicit(message, NeuronRecompileWarning, code.co_filename, code.co_firstlineno)
+
+
+def _input_name(node: torch.fx.Node) -> str:
+    """The input as the user wrote it (``L['kwargs']['cache'].layers[0].keys``), else the node's name."""
+    name = getattr(getattr(node.meta.get("grapharg"), "source", None), "name", None)
+    return name if isinstance(name, str) else node.name
 
 
 _warned_modes: set[str] = set()

@@ -42,15 +42,21 @@ def describe_inputs(node: torch.fx.Node) -> str:
     return ", ".join(parts)
 
 
+# Model libraries whose frames are never the user's line; "kernels" is Hugging Face's kernel hub, whose
+# wrappers sit between transformers' layers and their forward.
+_LIBRARY_PACKAGES = ("transformers", "diffusers", "kernels", "accelerate", "peft", "torchao")
+
+
 def _library_dirs() -> tuple[str, ...]:
-    """Directories of the packages whose frames are never the user's line (torch, transformers)."""
+    """Directories of the packages whose frames are never the user's line (torch, the model libraries)."""
     dirs = [os.path.dirname(torch.__file__)]
-    try:  # find_spec of a top-level package does not import it
-        spec = importlib.util.find_spec("transformers")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        dirs.extend(spec.submodule_search_locations)
+    for package in _LIBRARY_PACKAGES:
+        try:  # find_spec of a top-level package does not import it
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.submodule_search_locations:
+            dirs.extend(spec.submodule_search_locations)
     return tuple(os.path.join(os.path.realpath(d), "") for d in dirs)
 
 

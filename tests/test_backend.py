@@ -18,6 +18,7 @@ from torch._dynamo.exc import BackendCompilerFailed
 import neuron_compile
 from neuron_compile import STATS, NeuronDynamicShapeError, NeuronOptionsError, NeuronUnsupportedOpError
 from neuron_compile.decompositions import decomposition_table
+from neuron_compile.errors import NeuronRecompileWarning
 from neuron_compile.evaluate import compare_to_reference
 
 from .models import TinyLM
@@ -179,6 +180,28 @@ def test_recompile_limit_raises_instead_of_silent_eager() -> None:
         fn(torch.randn(n))
     with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
         fn(torch.randn(limit + 1))
+
+
+def test_third_input_shape_warns_once_naming_the_inputs_that_vary() -> None:
+    def scale(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x * w
+
+    fn = torch.compile(scale, backend="neuron", dynamic=False)
+    w = torch.randn(1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn(torch.randn(1), w)
+        with torch.no_grad():  # a recompile for grad mode, same shapes: not a new shape
+            fn(torch.randn(1), w)
+        fn(torch.randn(2), w)
+        assert not [w for w in caught if issubclass(w.category, NeuronRecompileWarning)]
+        fn(torch.randn(3), w)
+        fn(torch.randn(4), w)
+    (warning,) = [w for w in caught if issubclass(w.category, NeuronRecompileWarning)]
+    text = str(warning.message)
+    assert "scale" in text and "3 different sets of input shapes" in text and "recompile_limit" in text
+    assert "L['x']: shapes [1], [2], [3]" in text and "L['w']" not in text
+    assert warning.filename == __file__
 
 
 @pytest.mark.parametrize("run", ["cold", "cache hit"])
