@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch._dynamo.backends.common import aot_autograd
@@ -32,6 +32,9 @@ _graph_ids = itertools.count()
 # line, instead of Dynamo silently running them in eager behind a graph break. Set at import, i.e. when
 # torch.compile(backend="neuron") resolves this backend, before any frame is traced.
 torch._dynamo.config.capture_dynamic_output_shape_ops = True
+# nn.RNN/GRU/LSTM are traced (their time loop unrolled into the graph) instead of running in eager, on the
+# host, behind a graph break.
+torch._dynamo.config.allow_rnn = True
 
 
 def _calls_sdpa(gm: torch.fx.GraphModule) -> bool:
@@ -43,6 +46,18 @@ def _calls_sdpa(gm: torch.fx.GraphModule) -> bool:
         if isinstance(module, torch.fx.GraphModule)
         for node in module.graph.nodes
     )
+
+
+@contextlib.contextmanager
+def _no_mkldnn_decompositions() -> Iterator[None]:
+    """Trace with oneDNN off: torch's LSTM decomposition otherwise emits ``aten.mkldnn_rnn_layer``, a CPU
+    library kernel, instead of the cell's matmuls and pointwise ops. Nothing runs while tracing."""
+    enabled = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(enabled)
 
 
 @old_objects_frozen()  # the compile's garbage collections walk only what it allocates (heap.py)
@@ -86,7 +101,7 @@ def neuron_backend(
         decompositions=decomposition_table(),
     )
     try:
-        with contextlib.nullcontext() if aot_cache_off else aot_cache.storing(gm, opts):
+        with contextlib.nullcontext() if aot_cache_off else aot_cache.storing(gm, opts), _no_mkldnn_decompositions():
             return compile_with(gm, example_inputs)
     except DATA_DEPENDENT_ERRORS as e:
         raise data_dependent_error(gm, e) from e

@@ -33,3 +33,16 @@ class BatchNormNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(F.relu(self.bn(self.fc1(x))))
+
+
+class RecurrentNet(nn.Module):
+    """A stacked LSTM, a bidirectional GRU and a head: each time step is unrolled into the graph."""
+
+    def __init__(self, d_in: int = 6, d_hidden: int = 8, d_out: int = 2) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(d_in, d_hidden, num_layers=2, batch_first=True)
+        self.gru = nn.GRU(d_hidden, d_hidden, bidirectional=True, batch_first=True)
+        self.head = nn.Linear(2 * d_hidden, d_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.gru(self.lstm(x)[0])[0][:, -1])

@@ -90,7 +90,8 @@ def check(case: Case, dtype: torch.dtype) -> None:
 
     eager_fn, eager_in = fresh()
     comp_fn, comp_in = fresh()
-    compiled = torch.compile(comp_fn, backend="neuron", dynamic=False)
+    # fullgraph: an op Dynamo would run in eager behind a graph break is not what this file checks.
+    compiled = torch.compile(comp_fn, backend="neuron", dynamic=False, fullgraph=True)
     expected = tensor_leaves(eager_fn(*eager_in))
     actual = tensor_leaves(compiled(*comp_in))
     assert len(actual) == len(expected), what
@@ -191,6 +192,47 @@ LINALG = [
         kind="reduce",
     ),
 ]
+
+
+# ---- recurrent layers: Dynamo unrolls the time loop (allow_rnn, set by the backend) ----------------
+def _recurrent(cls: type[nn.Module], **kwargs: Any) -> Callable[[torch.dtype], tuple[Any, list[Any]]]:
+    return lambda d: (cls(6, 8, **kwargs).to(d), [_randn(3, 4, 6, dtype=d)])
+
+
+RECURRENT = [
+    Case("lstm_2_layers", _recurrent(nn.LSTM, num_layers=2, batch_first=True), kind="reduce"),
+    Case("lstm_bidirectional", _recurrent(nn.LSTM, bidirectional=True), F32_ONLY, kind="reduce"),
+    Case("lstm_proj", _recurrent(nn.LSTM, proj_size=3, batch_first=True), F32_ONLY, kind="reduce"),
+    Case("gru_bidirectional_2_layers", _recurrent(nn.GRU, num_layers=2, bidirectional=True), kind="reduce"),
+    Case("rnn_relu", _recurrent(nn.RNN, nonlinearity="relu", batch_first=True), F32_ONLY, kind="reduce"),
+    Case("rnn_tanh_no_bias", _recurrent(nn.RNN, bias=False), F32_ONLY, kind="reduce"),
+    Case(
+        "lstm_cell",
+        lambda d: (nn.LSTMCell(6, 8).to(d), [_randn(3, 6, dtype=d), (_randn(3, 8, dtype=d), _randn(3, 8, dtype=d))]),
+        F32_ONLY,
+        kind="reduce",
+    ),
+    Case("gru_cell", lambda d: (nn.GRUCell(6, 8).to(d), [_randn(3, 6, dtype=d)]), F32_ONLY, kind="reduce"),
+]
+
+
+@pytest.mark.parametrize("case,dtype", _run(RECURRENT))
+def test_recurrent(case: Case, dtype: torch.dtype) -> None:
+    check(case, dtype)
+
+
+@pytest.mark.parametrize("grad_mode", ["no_grad", "inference_mode"])
+def test_recurrent_inference(grad_mode: str) -> None:
+    """Inference traces torch's LSTM decomposition without grad, where it would pick oneDNN's kernel."""
+    torch.manual_seed(0)
+    model = nn.LSTM(6, 8, num_layers=2, batch_first=True).eval()
+    x = _randn(3, 4, 6)
+    mode = torch.no_grad if grad_mode == "no_grad" else torch.inference_mode
+    with mode():
+        expected = model(x)
+        actual = torch.compile(model, backend="neuron", dynamic=False, fullgraph=True)(x)
+    for a, e in zip(tensor_leaves(actual), tensor_leaves(expected)):
+        _assert_close(a, e, TOL["reduce"][F32], f"lstm {grad_mode}")
 
 
 @pytest.mark.parametrize("case,dtype", _run(LINALG))

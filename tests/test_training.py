@@ -12,7 +12,7 @@ import torch
 from neuron_compile import STATS
 from neuron_compile.runtime import jax_adapter
 
-from .models import MLP, BatchNormNet, TinyLM
+from .models import MLP, BatchNormNet, RecurrentNet, TinyLM
 
 # (rtol, atol) per dtype: float32 differs from eager only by summation order; bf16 by one rounding per op.
 TOL = {torch.float32: (1e-4, 1e-5), torch.bfloat16: (1.6e-2, 1e-2)}
@@ -49,6 +49,12 @@ CASES = [
         lambda m, b: (m(b[0]).mean(-1) - b[1]).pow(2).mean(),
     ),
     Case("transformer", lambda: TinyLM(n_layers=1), _lm_batch, lambda m, b: m(*b)),
+    Case(
+        "recurrent",
+        lambda: RecurrentNet(),
+        lambda step: (torch.randn(4, 5, 6, generator=torch.Generator().manual_seed(300 + step)), torch.zeros(4)),
+        lambda m, b: (m(b[0]).sum(-1) - b[1]).pow(2).mean(),
+    ),
 ]
 
 OPTIMIZERS_LR = {"sgd": 0.05, "adamw": 1e-3}
