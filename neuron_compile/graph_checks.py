@@ -4,6 +4,8 @@ non-aten nodes, the recompile limit, recompiles for new shapes. Pure torch: noth
 from __future__ import annotations
 
 import logging
+import os
+import re
 import warnings
 from typing import Any
 
@@ -117,9 +119,8 @@ def warn_shape_recompiles(gm: torch.fx.GraphModule, example_inputs: list[Any]) -
             )
     import torch._dynamo.config as dynamo_config
 
-    traced = torch._guards.TracingContext.get_traced_code() or []
-    code = traced[0] if traced else None
-    where = f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})" if code else "a function"
+    function = _compiled_function(gm)
+    where = f"{function[0]} ({function[1]}:{function[2]})" if function else "a function"
     message = (
         f"neuron backend: {where} is compiled for {len(distinct)} different sets of input shapes; each new "
         f"shape is a full compile, and at torch._dynamo.config.recompile_limit={dynamo_config.recompile_limit} "
@@ -127,10 +128,33 @@ def warn_shape_recompiles(gm: torch.fx.GraphModule, example_inputs: list[Any]) -
         f"FailOnRecompileLimitHit. Inputs whose shapes vary:\n" + "\n".join(varying) + "\n" + _STATIC_SHAPE_FIX
     )
     # Attributed to the compiled function: the Python stack here is Dynamo's.
-    if code is None:
+    if function is None:
         warnings.warn(message, NeuronRecompileWarning, stacklevel=2)
     else:
-        warnings.warn_explicit(message, NeuronRecompileWarning, code.co_filename, code.co_firstlineno)
+        warnings.warn_explicit(message, NeuronRecompileWarning, function[1], function[2])
+
+
+_OUTER_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def _compiled_function(gm: torch.fx.GraphModule) -> tuple[str, str, int] | None:
+    """(name, file, line) of the function being compiled: the outermost frame of the graph's stack traces,
+    past Dynamo's own wrapper around a compiled module's forward."""
+    dynamo_dir = os.path.join(os.path.realpath(os.path.dirname(torch._dynamo.__file__)), "")
+    for node in gm.graph.nodes:
+        for path, line, name in _OUTER_FRAME.findall(node.meta.get("stack_trace") or ""):
+            if not os.path.realpath(path).startswith(dynamo_dir):
+                return name, path, int(line)
+    # Code entirely inside torch (a compiled nn.LSTM) has no stack traces: the root module's forward.
+    for node in gm.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        if stack:
+            cls = list(stack.values())[0][1]
+            forward = getattr(cls, "forward", None) if isinstance(cls, type) else None
+            code = getattr(forward, "__code__", None)
+            if code is not None:
+                return f"{cls.__name__}.forward", code.co_filename, code.co_firstlineno
+    return None
 
 
 def _input_name(node: torch.fx.Node) -> str:

@@ -204,6 +204,18 @@ def test_third_input_shape_warns_once_naming_the_inputs_that_vary() -> None:
     assert warning.filename == __file__
 
 
+def test_recompile_warning_names_a_torch_module_that_has_no_stack_trace() -> None:
+    gru = torch.compile(torch.nn.GRU(2, 3), backend="neuron", dynamic=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            for length in (1, 2, 3):
+                gru(torch.randn(length, 2))
+    (warning,) = [w for w in caught if issubclass(w.category, NeuronRecompileWarning)]
+    assert str(warning.message).startswith("neuron backend: GRU.forward (")
+    assert "L['args'][0]: shapes [1, 2], [2, 2], [3, 2]" in str(warning.message)
+
+
 @pytest.mark.parametrize("run", ["cold", "cache hit"])
 def test_float64_computed_as_float32_with_one_warning(run: str) -> None:
     x = torch.randn(16, dtype=torch.float64)
