@@ -253,6 +253,15 @@ def test_float64_models_report_the_downcast() -> None:
     assert "float64 computed as float32" in str(report)
 
 
+def test_a_model_that_fails_in_eager_is_reported_not_raised() -> None:
+    model = torch.nn.Linear(4, 3).eval()  # the input has 5 features: eager raises
+    report = neuron_compile.evaluate(model, (torch.randn(2, 5),), steps=1, progress=False)
+    assert not report.ok and report.numerics is None
+    eager = [e for e in report.errors if e.startswith("eager step: ")]
+    assert eager and "mat1 and mat2 shapes cannot be multiplied" in eager[0], report.errors
+    assert "fails without torch.compile" in str(report)
+
+
 @pytest.mark.parametrize(
     "source, spec, match",
     [

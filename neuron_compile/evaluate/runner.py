@@ -52,6 +52,12 @@ def _to_float64(x: torch.Tensor) -> torch.Tensor:
     return x.detach().double().requires_grad_(x.requires_grad) if x.is_floating_point() else x.clone()
 
 
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    """``Type: first line of the message`` for a report."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0][:limit]}" if text else type(e).__name__
+
+
 def _clone(x: torch.Tensor) -> torch.Tensor:
     return x.detach().clone().requires_grad_(x.requires_grad)
 
@@ -135,7 +141,7 @@ class _CollectingBackend:
         except NeuronCompileError as e:
             self.errors.append(f"{label}: {type(e).__name__}: {e}")
         except Exception as e:  # a crash in the backend is a finding too; the evaluation goes on
-            self.errors.append(f"{label}: backend crashed: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+            self.errors.append(f"{label}: backend crashed: {_one_line(e)}")
         return gm.forward
 
 
@@ -170,7 +176,7 @@ def _reference_step(
         a64, k64 = _map_tensors(_to_float64, (args, kwargs))
         return step(ref64, ref64, a64, k64), ""
     except Exception as e:  # some ops have no float64 kernel on CPU
-        why = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}" if str(e) else type(e).__name__
+        why = _one_line(e, 160)
         ref = copy.deepcopy(model).float()
         _disable_dropout(ref)
         a32, k32 = _map_tensors(lambda x: _clone(x).float() if x.is_floating_point() else x.clone(), (args, kwargs))
@@ -261,15 +267,19 @@ def _run(
     try:
         report.dynamo_graphs, report.graph_breaks = _graph_breaks(copy.deepcopy(model), args, kwargs, step.training)
     except Exception as e:
-        report.errors.append(f"explain: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+        report.errors.append(f"explain: {_one_line(e)}")
 
-    say("2/6 reference step (float64 copy of the model)")
-    reference, ref_note = _reference_step(model, step, args, kwargs)
-
-    say(f"3/6 eager steps (1 + {steps} timed)")
+    say(f"2/6 eager steps (1 + {steps} timed)")
     eager_model = copy.deepcopy(model)
     dropped = _disable_dropout(eager_model)
-    eager, report.random_draws = random_draws(lambda: step(eager_model, eager_model, args, kwargs))
+    try:
+        eager, report.random_draws = random_draws(lambda: step(eager_model, eager_model, args, kwargs))
+    except Exception as e:  # nothing to compare the compiled model with
+        report.errors.append(f"eager step: {_one_line(e)} (the model fails without torch.compile; fix that first)")
+        return
+
+    say("3/6 reference step (float64 copy of the model)")
+    reference, ref_note = _reference_step(model, step, args, kwargs)
     report.timing["eager_step_ms"] = _median_ms(lambda: step(eager_model, eager_model, args, kwargs), steps)
 
     say("4/6 cold compile: first compiled step with an empty cache")
@@ -298,7 +308,7 @@ def _run(
         if refused is not None:
             collector.refused.append((refused.graph_name, list(refused.nodes)))
         else:
-            report.errors.append(f"compiled step: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}")
+            report.errors.append(f"compiled step: {_one_line(e)}")
         report.unsupported = root_causes(collector.refused)
         report.errors += collector.errors
         return
