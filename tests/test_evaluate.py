@@ -253,6 +253,45 @@ def test_float64_models_report_the_downcast() -> None:
     assert "float64 computed as float32" in str(report)
 
 
+class _UnusedOutput(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.norm, self.b = torch.nn.Linear(4, 4), torch.nn.LayerNorm(4), torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.a(x)
+        unused = self.norm(h)  # returned from the first graph, ignored by the loss
+        torch._dynamo.graph_break()
+        return self.b(h), unused
+
+
+@pytest.mark.parametrize("gradient", ["zero", "nonzero"])
+def test_zero_gradient_where_eager_has_none_passes_and_is_reported(monkeypatch, gradient: str) -> None:
+    from neuron_compile.evaluate import runner
+
+    if gradient == "nonzero":  # what a wrong gradient would look like: it must still fail
+        real = runner._Step.__call__
+
+        def step(self, model, params, args, kwargs):
+            result = real(self, model, params, args, kwargs)
+            if model is not params:  # the compiled model
+                for name, grad in result["grads"].items():
+                    if name.startswith("grad:norm."):
+                        grad += 1
+            return result
+
+        monkeypatch.setattr(runner._Step, "__call__", step)
+    torch.manual_seed(0)
+    report = neuron_compile.evaluate(_UnusedOutput(), (torch.randn(2, 4),), loss_fn=lambda out: out[0].sum(), steps=1,
+                                     progress=False)  # fmt: skip
+    zero = sorted(t.name for t in report.numerics.tensors if t.passed_by == "zero")
+    if gradient == "zero":
+        assert report.ok and zero == ["grad:norm.bias", "grad:norm.weight"], report
+        assert "2 zero gradient(s) where eager has none" in str(report)
+    else:
+        assert not report.ok and not zero and "no gradient in the eager run" in str(report)
+
+
 def test_a_model_that_fails_in_eager_is_reported_not_raised() -> None:
     model = torch.nn.Linear(4, 3).eval()  # the input has 5 features: eager raises
     report = neuron_compile.evaluate(model, (torch.randn(2, 5),), steps=1, progress=False)

@@ -79,7 +79,8 @@ class TensorVerdict:
     #: Cosine similarity of compiled to eager: what step 4 judges (low precision only).
     cosine_to_eager: float | None = None
     why: str = ""
-    #: Which step of the rule passed it: "exact", "allclose" or "multiple" ('' when it failed).
+    #: Which step of the rule passed it: "exact", "allclose" or "multiple" ('' when it failed); "zero" for
+    #: a zero gradient where eager has none.
     passed_by: str = ""
 
 
@@ -122,6 +123,10 @@ class NumericsVerdict:
         ]
         for t in self.failures[:10]:
             lines.append(f"  FAIL {t.name} {t.dtype}{t.shape}: {t.why}")
+        zero = [t.name for t in self.tensors if t.passed_by == "zero"]
+        if zero:
+            lines.append(f"  {len(zero)} zero gradient(s) where eager has none ({', '.join(zero[:3])}"
+                         f"{', ...' if len(zero) > 3 else ''}): {next(t.why for t in self.tensors if t.passed_by == 'zero')}")
         return "\n".join(lines)
 
 

@@ -381,12 +381,21 @@ def _compare_grads(reference: dict, eager: dict, compiled: dict, tol: float) -> 
         {k: compiled[k] for k in eager if k in compiled and k in reference},
         tol=tol,
     )
-    if missing:
-        from .numerics import TensorVerdict
+    from .numerics import TensorVerdict
 
-        for name in missing:
-            side = "compiled" if name in eager else "eager"
-            verdict.tensors.append(TensorVerdict(name, False, "-", [], None, None, None, None, None,
-                                                 why=f"no gradient in the {side} run"))  # fmt: skip
+    for name in missing:
+        grad = compiled.get(name)
+        if grad is not None and not grad.any():
+            # A parameter used only for a graph output that the loss ignores: eager leaves its .grad None,
+            # AOTAutograd's backward gets a zero cotangent for that output and returns a zero gradient
+            # (aot_eager and Inductor too). The same update for every optimizer but weight decay's.
+            verdict.tensors.append(TensorVerdict(name, True, str(grad.dtype).replace("torch.", ""), list(grad.shape),
+                                                 None, None, None, None, None, passed_by="zero",
+                                                 why="eager leaves it None; AOTAutograd (Inductor too) gives a "
+                                                     "zero gradient when the loss does not use a graph output"))  # fmt: skip
+            continue
+        side = "compiled" if name in eager else "eager"
+        verdict.tensors.append(TensorVerdict(name, False, "-", [], None, None, None, None, None,
+                                             why=f"no gradient in the {side} run"))  # fmt: skip
         verdict.ok = False
     return verdict
