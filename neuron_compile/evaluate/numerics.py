@@ -24,7 +24,11 @@ else float32), ``eager`` and ``compiled`` the model's own dtype:
    eager at the same dtype, not against the reference: low-precision eager is itself ~0.99-0.995 from the
    reference, so a cosine-to-reference floor of ``min(0.99, eager's)`` (this module's rule until
    2026-12-03) demanded compiled be within ~1.5x of eager's error wherever eager sat near 0.99, against
-   the 3x multiple of step 3. Both cosines to the reference are still reported.
+   the 3x multiple of step 3. Both cosines to the reference are still reported. The check applies where
+   eager itself meets it against the reference (``cosine(eager, ref) >= 0.99``): where eager's own result
+   is mostly rounding noise (a BatchNorm over two values in bfloat16, whose gradients eager gets at cosine
+   0.2 to the reference), the compiled run's noise cannot point the same way as eager's, and the distance
+   rule of step 3 (torch's default check) judges alone.
 
 Every verdict keeps both distances, so a test or a report can say how far each side was.
 """
@@ -191,7 +195,12 @@ def judge_tensor(
             f"(compiled is {ratio:.3g}x further than eager)",
             **nums,
         )
-    if low_p and cos_ce < COSINE_MIN and not torch.allclose(compiled, eager, atol=tol, rtol=tol, equal_nan=True):
+    if (
+        low_p
+        and cos_e >= COSINE_MIN
+        and cos_ce < COSINE_MIN
+        and not torch.allclose(compiled, eager, atol=tol, rtol=tol, equal_nan=True)
+    ):
         return verdict(False, f"cosine similarity to eager {cos_ce:.5f} < {COSINE_MIN}", **nums)
     return verdict(True, passed_by="allclose" if close else "multiple", **nums)
 
