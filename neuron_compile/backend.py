@@ -20,7 +20,7 @@ from .graph_checks import (
     check_tensor_kinds,
     data_dependent_error,
     refuse_silent_eager_fallback,
-    warn_shape_recompiles,
+    warn_recompiles,
     warn_mode,
 )
 from .heap import old_objects_frozen
@@ -74,7 +74,7 @@ def neuron_backend(
     refuse_silent_eager_fallback(opts.allow_eager_fallback)
     check_tensor_kinds(gm, example_inputs)
     check_static_shapes(gm, example_inputs)
-    warn_shape_recompiles(gm, example_inputs)
+    warn_recompiles(gm, example_inputs)
     # Imported on first compile: resolving backend="neuron" must not pay for jax and every lowering.
     from . import aot_cache
     from .compiler import compile_graph

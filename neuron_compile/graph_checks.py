@@ -83,15 +83,25 @@ _shapes_by_frame: dict[int, dict[int, tuple[Any, ...]]] = {}
 _warned_frames: set[int] = set()
 #: Distinct input shapes of one function at which the backend says that every new shape is a new compile.
 SHAPES_BEFORE_RECOMPILE_WARNING = 3
+#: Compiles of one function, for any reason, at which it says so (train, eval and a smaller last batch
+#: are three legitimate ones).
+COMPILES_BEFORE_RECOMPILE_WARNING = 4
+_PYTHON_NUMBER_FIX = (
+    "A Python number (an argument, attribute or global that is an int or float) is a constant of the graph: "
+    "each new value compiles again. Pass numbers that change from call to call as tensors "
+    "(torch.tensor(lr)), or keep them fixed."
+)
 
 
-def warn_shape_recompiles(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> None:
-    """Warn once per function when it compiles for its third distinct set of input shapes.
+def warn_recompiles(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> None:
+    """Warn once per function that keeps compiling: at its third distinct set of input shapes, or its
+    fourth compile for any other reason (a Python number that changes each call).
 
-    Static shapes mean one compile per shape, and Dynamo stops (here: raises) at its recompile limit; a
-    training loop whose last batch is smaller compiles twice and is fine, a loop fed every sequence length
-    is not. The warning names the inputs whose sizes vary, the sizes seen and where the inputs are used,
-    while there are compiles left to change the code.
+    Static shapes mean one compile per shape (and per constant), and Dynamo stops (here: raises) at its
+    recompile limit; a training loop whose last batch is smaller compiles twice and is fine, a loop fed
+    every sequence length or a new float each step is not. The warning names the inputs whose sizes vary
+    and where they are used, or Dynamo's reason for the last recompile, while there are compiles left to
+    change the code.
     """
     compile_id = torch._guards.CompileContext.current_compile_id()
     if compile_id is None:
@@ -106,7 +116,8 @@ def warn_shape_recompiles(gm: torch.fx.GraphModule, example_inputs: list[Any]) -
     seen = _shapes_by_frame.setdefault(compile_id.frame_id, {})
     seen[compile_id.frame_compile_id] = shapes
     distinct = list(dict.fromkeys(s for s in seen.values() if len(s) == len(shapes)))
-    if len(distinct) < SHAPES_BEFORE_RECOMPILE_WARNING:
+    compiles = compile_id.frame_compile_id + 1
+    if len(distinct) < SHAPES_BEFORE_RECOMPILE_WARNING and compiles < COMPILES_BEFORE_RECOMPILE_WARNING:
         return
     _warned_frames.add(compile_id.frame_id)
     varying = []
@@ -122,16 +133,41 @@ def warn_shape_recompiles(gm: torch.fx.GraphModule, example_inputs: list[Any]) -
     function = _compiled_function(gm)
     where = f"{function[0]} ({function[1]}:{function[2]})" if function else "a function"
     message = (
-        f"neuron backend: {where} is compiled for {len(distinct)} different sets of input shapes; each new "
-        f"shape is a full compile, and at torch._dynamo.config.recompile_limit={dynamo_config.recompile_limit} "
-        f"compiles (this is compile {compile_id.frame_compile_id + 1}) the next one raises "
-        f"FailOnRecompileLimitHit. Inputs whose shapes vary:\n" + "\n".join(varying) + "\n" + _STATIC_SHAPE_FIX
+        f"neuron backend: {where} is compiled for the {_ordinal(compiles)} time; each compile is a full one, "
+        f"and after torch._dynamo.config.recompile_limit={dynamo_config.recompile_limit} compiles the next "
+        f"raises FailOnRecompileLimitHit. "
     )
+    if varying:
+        message += (
+            f"It has seen {len(distinct)} different sets of input shapes; inputs whose shapes vary:\n"
+            + "\n".join(varying) + "\n" + _STATIC_SHAPE_FIX
+        )
+    else:
+        reason = _recompile_reason()
+        message += (f"Dynamo's reason for the last recompile: {reason}\n" if reason else "") + _PYTHON_NUMBER_FIX
     # Attributed to the compiled function: the Python stack here is Dynamo's.
     if function is None:
         warnings.warn(message, NeuronRecompileWarning, stacklevel=2)
     else:
         warnings.warn_explicit(message, NeuronRecompileWarning, function[1], function[2])
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def _recompile_reason() -> str | None:
+    """The failed guard Dynamo gives for this recompile (``n == 2  # f(x, n) ...``), first line only.
+
+    Dynamo records it in its metrics context and only logs it (at the recompile limit); torch has no
+    public getter, so this reads the context's dict and gives None if that ever moves."""
+    from torch._dynamo.utils import get_metrics_context
+
+    reason = getattr(get_metrics_context(), "_metrics", {}).get("recompile_reason")
+    if not isinstance(reason, str) or not reason.strip():
+        return None
+    guard = reason.strip().splitlines()[0].split("#")[0]  # after '#': Dynamo's source comment
+    return re.sub(r"^\d+/\d+: ", "", guard).strip() or None  # and its "frame/compile:" prefix
 
 
 _OUTER_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')

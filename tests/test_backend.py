@@ -199,9 +199,26 @@ def test_third_input_shape_warns_once_naming_the_inputs_that_vary() -> None:
         fn(torch.randn(4), w)
     (warning,) = [w for w in caught if issubclass(w.category, NeuronRecompileWarning)]
     text = str(warning.message)
-    assert "scale" in text and "3 different sets of input shapes" in text and "recompile_limit" in text
+    assert "scale" in text and "4th time" in text and "3 different sets of input shapes" in text
+    assert "recompile_limit" in text
     assert "L['x']: shapes [1], [2], [3]" in text and "L['w']" not in text
     assert warning.filename == __file__
+
+
+def test_fourth_compile_for_a_python_number_warns_with_dynamos_reason() -> None:
+    def shift(x: torch.Tensor, step: int) -> torch.Tensor:
+        return x + step
+
+    fn = torch.compile(shift, backend="neuron", dynamic=False)
+    x = torch.randn(3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(5):
+            torch.testing.assert_close(fn(x, step), x + step)
+    (warning,) = [w for w in caught if issubclass(w.category, NeuronRecompileWarning)]
+    text = str(warning.message)
+    assert "shift" in text and "4th time" in text and "shapes" not in text, text
+    assert "last recompile: step == 2" in text and "torch.tensor(" in text, text
 
 
 def test_recompile_warning_names_a_torch_module_that_has_no_stack_trace() -> None:
