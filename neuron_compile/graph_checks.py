@@ -81,11 +81,11 @@ def refuse_silent_eager_fallback(allow: bool) -> None:
 # frame id -> {frame compile id -> input shapes}; a frame is one function Dynamo compiles.
 _shapes_by_frame: dict[int, dict[int, tuple[Any, ...]]] = {}
 _warned_frames: set[int] = set()
-#: Distinct input shapes of one function at which the backend says that every new shape is a new compile.
-SHAPES_BEFORE_RECOMPILE_WARNING = 3
-#: Compiles of one function, for any reason, at which it says so (train, eval and a smaller last batch
-#: are three legitimate ones).
-COMPILES_BEFORE_RECOMPILE_WARNING = 4
+#: Distinct input shapes, or compiles for any reason, of one function at which the backend says that each
+#: is a new compile: past the few a model legitimately has (a smaller last batch; train and eval; layers of
+#: a few sizes sharing the code after a graph break), three compiles before Dynamo's default limit of 8.
+SHAPES_BEFORE_RECOMPILE_WARNING = 5
+COMPILES_BEFORE_RECOMPILE_WARNING = 5
 _PYTHON_NUMBER_FIX = (
     "A Python number (an argument, attribute or global that is an int or float) is a constant of the graph: "
     "each new value compiles again. Pass numbers that change from call to call as tensors "
@@ -94,12 +94,12 @@ _PYTHON_NUMBER_FIX = (
 
 
 def warn_recompiles(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> None:
-    """Warn once per function that keeps compiling: at its third distinct set of input shapes, or its
-    fourth compile for any other reason (a Python number that changes each call).
+    """Warn once per function that keeps compiling: at its fifth distinct set of input shapes, or its
+    fifth compile for any other reason (a Python number that changes each call).
 
     Static shapes mean one compile per shape (and per constant), and Dynamo stops (here: raises) at its
     recompile limit; a training loop whose last batch is smaller compiles twice and is fine, a loop fed
-    every sequence length or a new float each step is not. The warning names the inputs whose sizes vary
+    every sequence length or a new number each step is not. The warning names the inputs whose sizes vary
     and where they are used, or Dynamo's reason for the last recompile, while there are compiles left to
     change the code.
     """
@@ -119,15 +119,21 @@ def warn_recompiles(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> None
     compiles = compile_id.frame_compile_id + 1
     if len(distinct) < SHAPES_BEFORE_RECOMPILE_WARNING and compiles < COMPILES_BEFORE_RECOMPILE_WARNING:
         return
-    _warned_frames.add(compile_id.frame_id)
-    varying = []
+    varying, module_sizes_vary = [], False
     for i, node in enumerate(placeholders[: len(shapes)]):
         sizes = list(dict.fromkeys(s[i] for s in distinct))
         if len(sizes) > 1:
+            name = _input_name(node)
+            module_sizes_vary |= "._parameters[" in name or "._buffers[" in name
             varying.append(
-                f"  {_input_name(node)}: shapes {', '.join(str(list(s)) for s in sizes)} "
+                f"  {name}: shapes {', '.join(str(list(s)) for s in sizes)} "
                 f"(used at {provenance.user_source(next(iter(node.users), node))})"
             )
+    if module_sizes_vary:
+        # The same code run for layers of different sizes (a graph break inside a module's forward makes
+        # every layer call one resume function): one compile per layer size, bounded by the model.
+        return
+    _warned_frames.add(compile_id.frame_id)
     import torch._dynamo.config as dynamo_config
 
     function = _compiled_function(gm)
