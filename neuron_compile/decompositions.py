@@ -146,7 +146,8 @@ def _sdpa_flash_for_cpu_backward(
     ``query`` and ``key``: ``logsumexp`` is not used because torch's decomposition of the forward puts the
     attention weights in its place. Computed in float32 for 16-bit inputs, as the CPU kernel accumulates.
     The forward's mask is already additive (SDPA converts a boolean one before choosing this kernel), and
-    the kernel takes no dropout."""
+    the kernel takes no dropout. A query whose every key is masked has zero weights, hence zero gradients,
+    as in the kernel (whose forward gives it a zero output)."""
     torch._check(dropout_p == 0.0, lambda: f"CPU flash attention takes no dropout, got {dropout_p}")
     q, k, v, do, o = (_opmath(t) for t in (query, key, value, grad_out, out))
     groups = q.size(-3) // k.size(-3)  # grouped-query attention: each key/value head serves `groups` heads
@@ -158,7 +159,7 @@ def _sdpa_flash_for_cpu_backward(
         scores = scores.masked_fill(~causal, float("-inf"))
     if attn_mask is not None:
         scores = scores + _opmath(attn_mask)
-    weights = torch.softmax(scores, dim=-1)
+    weights = torch.ops.aten._safe_softmax(scores, -1)
     grad_v = weights.transpose(-2, -1) @ do
     grad_scores = weights * (do @ v.transpose(-2, -1) - (do * o).sum(-1, keepdim=True))
     grad_q = grad_scores @ k * scale

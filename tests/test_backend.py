@@ -350,25 +350,48 @@ def test_bfloat16_roundtrip_through_dlpack() -> None:
     assert out.dtype == torch.bfloat16 and torch.equal(out, x * 2 + 1)
 
 
-def test_sdpa_with_mask_forward_and_backward() -> None:
-    q, k, v = (torch.randn(2, 3, 5, 8, requires_grad=True) for _ in range(3))
-    mask = torch.rand(5, 5) > 0.3
-    mask[:, 0] = True
-
-    def fn(q, k, v):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum()
-
-    out = torch.compile(fn, backend="neuron", dynamic=False)(q, k, v)
-    grads = torch.autograd.grad(out, (q, k, v))
-    ref = fn(q, k, v)
-    ref_grads = torch.autograd.grad(ref, (q, k, v))
-    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
-    for g, r in zip(grads, ref_grads):
-        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-5)
+def _attention_mask(kind: str) -> torch.Tensor:
+    """A [5, 5] mask; "padded" hides every key from queries 0 and 1, as a left-padded batch row does."""
+    keep = torch.rand(5, 5, generator=torch.Generator().manual_seed(1)) > 0.3
+    keep[:, 0] = True
+    if kind.startswith("padded"):
+        keep[:2] = False
+    if kind.endswith("float"):
+        return torch.zeros(5, 5).masked_fill(~keep, float("-inf"))
+    return keep
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-@pytest.mark.parametrize(("causal", "masked"), [(False, False), (True, False), (False, True)], ids=["plain", "causal", "mask"])
+@pytest.mark.parametrize("kind", ["bool", "float", "padded-bool", "padded-float"])
+def test_sdpa_with_mask_forward_and_backward(kind: str, dtype: torch.dtype) -> None:
+    """Eager SDPA gives a query with every key masked a zero output and zero gradients, not NaN."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 8, generator=g).to(dtype).requires_grad_() for _ in range(3))
+    mask = _attention_mask(kind)
+    mask = mask if mask.dtype == torch.bool else mask.to(dtype)
+    grad_out = torch.randn(2, 3, 5, 8, generator=g).to(dtype)
+
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    out = torch.compile(fn, backend="neuron", dynamic=False)(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    ref = fn(q, k, v)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), grad_out)
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+    for name, got, want in zip(["output", "grad q", "grad k", "grad v"], (out, *grads), (ref, *ref_grads)):
+        assert not got.isnan().any(), f"{name} [{kind}, {dtype}] has NaN"
+        torch.testing.assert_close(got, want, **tol, msg=lambda m: f"{name} [{kind}, {dtype}]: {m}")
+    if kind.startswith("padded"):
+        assert not out[..., :2, :].any(), "a query with every key masked attends to nothing"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    ("causal", "masked"),
+    [(False, None), (True, None), (False, "random"), (False, "padded")],
+    ids=["plain", "causal", "mask", "padded"],
+)
 @pytest.mark.parametrize("kv_heads", [4, 2], ids=["mha", "gqa"])
 def test_cpu_flash_attention_backward_decomposition_matches_the_kernel(kv_heads, causal, masked, dtype) -> None:
     aten = torch.ops.aten
@@ -376,6 +399,8 @@ def test_cpu_flash_attention_backward_decomposition_matches_the_kernel(kv_heads,
     q = torch.randn(2, 4, 5, 8, generator=g)
     k, v = (torch.randn(2, kv_heads, 7, 8, generator=g) for _ in range(2))
     mask = torch.randn(5, 7, generator=g) * 2 if masked else None
+    if masked == "padded":  # queries 0 and 1 see no key: the kernel gives them zero gradients
+        mask[:2] = float("-inf")
     grad_out = torch.randn(2, 4, 5, 8, generator=g)
 
     def backward(fn, dt):

@@ -113,12 +113,19 @@ def test_training_steps_match_reference(name: str, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("padding", ["unpadded", "left-padded"])
 @pytest.mark.parametrize("name", ["llama", "mixtral"])
-def test_greedy_generate_static_cache_two_graphs(name: str) -> None:
-    """Prefill and decode are the only graphs for any number of new tokens; tokens equal eager's."""
+def test_greedy_generate_static_cache_two_graphs(name: str, padding: str) -> None:
+    """Prefill and decode are the only graphs for any number of new tokens; tokens equal eager's. A
+    left-padded batch has queries that see no key at all (the padding), which SDPA answers with zeros."""
     model = ZOO[name]().model.eval()
-    ids = ZOO[name]().inputs["input_ids"][:, :6]
+    ids = ZOO[name]().inputs["input_ids"][:, :6].clone()
     kw: dict[str, Any] = dict(max_new_tokens=5, do_sample=False, cache_implementation="static", pad_token_id=0)
+    if padding == "left-padded":
+        mask = torch.ones_like(ids)
+        mask[0, :3] = 0
+        ids[mask == 0] = 0
+        kw["attention_mask"] = mask
     with torch.no_grad():
         expected = model.generate(ids, **kw)
         STATS.reset()

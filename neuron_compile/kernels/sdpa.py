@@ -32,7 +32,9 @@ def sdpa_math(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> torch.Tensor:
-    """Reference math of ``F.scaled_dot_product_attention`` (same semantics as torch's docs)."""
+    """Reference math of ``F.scaled_dot_product_attention`` (torch's docs), with torch's rule for a query
+    whose every key is masked (a left-padded position of a padded batch): its output is zero, not NaN, as
+    torch's math and CPU flash kernels give it (``_safe_softmax``)."""
     L, S = query.size(-2), key.size(-2)
     scale_factor = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
     if enable_gqa:
@@ -48,7 +50,7 @@ def sdpa_math(
             scores = scores.masked_fill(~attn_mask, float("-inf"))
         else:
             scores = scores + attn_mask
-    weights = torch.softmax(scores, dim=-1)
+    weights = torch.ops.aten._safe_softmax(scores, -1)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p, training=True)
     return torch.matmul(weights, value)
