@@ -1,19 +1,23 @@
 """Compiled optimizer steps (``torch.compile(opt.step)``, ``clip_grad_norm_``) match eager.
 
 Dynamo traces optimizer code to ops a model's graph rarely holds: ``_foreach_*`` lists (``foreach=True``,
-``clip_grad_norm_``) and ``prims.fma`` (its form of ``addcmul_(..., value=)``). Each ``_foreach_*`` overload
+``clip_grad_norm_``), ``prims.fma`` (its form of ``addcmul_(..., value=)``) and
+``prims.convert_element_type`` (a scheduler's changing learning rate). Each ``_foreach_*`` overload
 is checked alone against eager, then whole steps of the common optimizers.
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any, Callable
 
 import pytest
 import torch
 
+from neuron_compile import STATS
 from neuron_compile.decompositions import _foreach_decompositions
+from neuron_compile.errors import NeuronWarning
 from neuron_compile.evaluate import compare_to_reference
 
 FOREACH_OPS = sorted(_foreach_decompositions(), key=str)
@@ -99,3 +103,38 @@ def test_compiled_optimizer_step_with_clipping_matches_eager(name: str, dtype: t
         torch.testing.assert_close(norm, twin_norm, **tol, msg=lambda m: f"{name} step {i} grad norm: {m}")
         for (n, p), q in zip(model.named_parameters(), twin.parameters()):
             torch.testing.assert_close(p, q, **tol, msg=lambda m: f"{name} step {i} {n}: {m}")
+
+
+@pytest.mark.parametrize(
+    "lr_kind, dynamic", [("float", None), ("tensor", False)], ids=["float-lr-default-dynamic", "tensor-lr-static"]
+)
+def test_compiled_step_under_an_lr_scheduler(lr_kind: str, dynamic: bool | None) -> None:
+    """A scheduler changes ``lr`` every step. Dynamo passes a changing float as a float64 scalar input
+    (cast with ``prims.convert_element_type``); a tensor ``lr`` is an input already. Either way one
+    graph (two for the float: its first value is a constant), eager's parameters, no float64 warning."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    twin = copy.deepcopy(model)
+
+    def make(params: Any) -> tuple[torch.optim.Optimizer, Any]:
+        opt = torch.optim.AdamW(params, lr=0.01 if lr_kind == "float" else torch.tensor(0.01))
+        return opt, torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+
+    (opt, sched), (twin_opt, twin_sched) = make(model.parameters()), make(twin.parameters())
+    STATS.reset()
+    step = torch.compile(opt.step, backend="neuron", dynamic=dynamic)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(10):
+            g = torch.Generator().manual_seed(i)
+            for p, q in zip(model.parameters(), twin.parameters()):
+                p.grad = torch.randn(p.shape, generator=g)
+                q.grad = p.grad.clone()
+            step()
+            twin_opt.step()
+            sched.step()
+            twin_sched.step()
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+    assert STATS.count() <= 2, STATS.graphs
+    assert not [w for w in caught if issubclass(w.category, NeuronWarning)], [str(w.message) for w in caught]

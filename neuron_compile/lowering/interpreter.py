@@ -530,10 +530,17 @@ def lower_graph(
         if spec.kind == "tensor" and isinstance(meta, torch.Tensor):
             spec.spec = TensorSpec(spec.spec.shape, meta.dtype)
     wide = (torch.float64, torch.complex128)  # computed as float32 / complex64 pairs
-    downcast = any(isinstance(s, TensorSpec) and s.dtype in wide for s in input_specs) or any(
-        isinstance(t, torch.Tensor) and t.dtype in wide
-        for n in gm.graph.nodes
-        for t in (n.meta.get("val") if isinstance(n.meta.get("val"), (tuple, list)) else [n.meta.get("val")])
+    # 0-d float64 values that only feed narrower math are left out: a Python float that Dynamo passes as a
+    # float64 scalar (a learning rate a scheduler changes) is a float32 operand in eager too, since a 0-d
+    # tensor does not set the dtype of an op with a dimensioned one. A float64 output still counts.
+    downcast = (
+        any(isinstance(s, TensorSpec) and s.dtype in wide and s.shape for s in input_specs)
+        or any(isinstance(m, torch.Tensor) and m.dtype in wide for m in metas)
+        or any(
+            isinstance(t, torch.Tensor) and t.dtype in wide and t.dim() > 0
+            for n in gm.graph.nodes
+            for t in (n.meta.get("val") if isinstance(n.meta.get("val"), (tuple, list)) else [n.meta.get("val")])
+        )
     )
     return LoweredGraph(
         name=name,

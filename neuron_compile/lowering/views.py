@@ -126,7 +126,9 @@ def flip(x, dims):
     return lax.rev(x, tuple(canonical_dim(d, x.ndim) for d in dims))
 
 
-@register_lowering(aten._to_copy)
+# prims.convert_element_type: Dynamo's cast of a Python float it turned into a float64 scalar input (an
+# optimizer's learning rate that a scheduler changes).
+@register_lowering(aten._to_copy, torch.ops.prims.convert_element_type.default)
 def to_copy(x, *args, **kwargs):
     return convert(x, out_dtype())
 
