@@ -20,11 +20,11 @@ from .graph_checks import (
     check_tensor_kinds,
     data_dependent_error,
     refuse_silent_eager_fallback,
-    warn_recompiles,
     warn_mode,
 )
 from .heap import old_objects_frozen
 from .options import Options
+from .recompiles import warn_recompiles
 
 _graph_ids = itertools.count()
 

@@ -18,6 +18,7 @@ BASE = {"version", "errors", "dtypes", "options", "provenance", "stats", "artifa
 ALLOWED: dict[str, set[str]] = {
     **{unit: set() for unit in BASE},
     "graph_checks": set(),
+    "recompiles": {"graph_checks"},
     "value_checks": {"provenance"},
     "decompositions": set(),
     "debug": set(),
@@ -31,7 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "cache": {"graph_checks", "runtime"},
     "compiler": {"cache", "debug", "distributed", "heap", "graph_checks", "kernels", "legality", "lowering", "runtime", "value_checks"},
     "aot_cache": {"cache", "compiler", "kernels"},
-    "backend": {"aot_cache", "compiler", "decompositions", "graph_checks", "heap", "lowering", "kernels"},
+    "backend": {"aot_cache", "compiler", "decompositions", "graph_checks", "heap", "lowering", "kernels", "recompiles"},
     "__init__": {"cache", "kernels", "nki", "lowering", "evaluate", "bucketing"},
     "evaluate": {"backend", "cache", "compiler", "graph_checks", "kernels", "lowering", "runtime", "debug"},
     "bucketing": set(),
