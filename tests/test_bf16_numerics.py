@@ -180,3 +180,14 @@ def test_verdict_requires_nonfinite_values_where_the_reference_has_them() -> Non
     compiled = torch.tensor([float("-inf"), float("nan"), 1.0], dtype=torch.bfloat16)
     assert not H.accuracy_distances(compiled, eager, reference, _TOL)["ok"]
     assert H.accuracy_distances(eager, eager, reference, _TOL)["ok"]
+
+
+def test_verdict_where_eager_is_nan_judges_against_the_rounded_reference() -> None:
+    """Eager's own kernel gave NaN (16-bit matrix_exp): compiled must be the reference rounded to the
+    dtype, within a couple of ulps; a value past the dtype's range rounds to inf."""
+    reference = torch.tensor([14.0, 1.0, 7e4], dtype=torch.float64)
+    eager = torch.tensor([float("nan"), 1.0, float("nan")], dtype=torch.float16)
+    tol = H._DEFAULT_TOL[torch.float16]
+    assert H.accuracy_distances(reference.half(), eager, reference, tol)["ok"]  # 7e4 -> inf in float16
+    assert not H.accuracy_distances(torch.tensor([15.0, 1.0, float("inf")]).half(), eager, reference, tol)["ok"]
+    assert not H.accuracy_distances(torch.tensor([14.0, 1.0, 6e4]).half(), eager, reference, tol)["ok"]

@@ -287,3 +287,76 @@ def test_factorization_hlo_has_no_data_dependent_addressing(name, fn) -> None:
     text = jax.jit(lambda a: fn(a)).lower(jax.ShapeDtypeStruct((2, 5, 5), jnp.float32)).as_text()
     for op in ("gather", "scatter", "while", "case", "if", "dynamic_slice", "dynamic_update_slice"):
         assert f"stablehlo.{op}" not in text, f"{name}: stablehlo.{op} in the module"
+
+
+# ---- the matrix exponential (lowering/matrix_functions.py) -------------------------------------------------
+def _matrix_exp_input(scale: float, n: int, kind: str) -> torch.Tensor:
+    a = torch.randn(2, n, n, generator=_gen(7), dtype=torch.float64) * scale
+    return a - a.mT if kind == "skew" else a  # skew-symmetric: a rotation, large norms without overflow
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize(
+    "scale, kind",
+    [(0.0, "general"), (1e-3, "general"), (0.5, "general"), (3.0, "general"), (10.0, "general"), (1e3, "skew")],
+    ids=["zero", "tiny", "no-squaring", "few-squarings", "more-squarings", "skew-1e3"],
+)
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_matrix_exp_matches_float64(scale: float, kind: str, n: int, dtype: torch.dtype) -> None:
+    """Scaling and squaring with a static squaring count, forward and gradient. float32: no further from
+    the float64 exponential than eager's own result (compare_to_reference's rule). bfloat16 is computed in
+    float32 and rounded once, so it must be within bfloat16's rounding of the float64 exponential of the
+    same (bfloat16) input; eager's own bfloat16 kernel is no reference (NaN on several of these inputs)."""
+    from neuron_compile.evaluate import compare_to_reference
+
+    a64 = _matrix_exp_input(scale, n, kind)
+    cotangent = torch.randn(a64.shape, generator=_gen(8), dtype=torch.float64)
+    if dtype == torch.bfloat16:
+        a64, cotangent = a64.bfloat16().double(), cotangent.bfloat16().double()
+
+    def run(fn: Callable, dt: torch.dtype) -> dict[str, torch.Tensor]:
+        a = a64.to(dt).requires_grad_()
+        out = fn(a)
+        (grad,) = torch.autograd.grad(out, a, cotangent.to(dt))
+        return {"exp": out.detach(), "grad": grad}
+
+    compiled = torch.compile(la.matrix_exp, backend="neuron", dynamic=False, fullgraph=True)
+    reference, got = run(la.matrix_exp, torch.float64), run(compiled, dtype)
+    what = f"matrix_exp {kind} x{scale} n={n} {dtype}"
+    if dtype == torch.float32:
+        verdict = compare_to_reference(reference, run(la.matrix_exp, dtype), got)
+        assert verdict.ok, f"{what}: " + verdict.describe()
+        return
+    for name, ref in reference.items():
+        error = (got[name].double() - ref).norm() / max(ref.norm().item(), 1e-30)
+        assert error <= 2**-7, f"{what}: {name} relative error {error:.3g} > bfloat16's 2**-7"
+
+
+def test_matrix_exp_past_the_static_squarings_is_nan_not_a_wrong_number() -> None:
+    from neuron_compile.lowering.matrix_functions import MAX_SQUARINGS, THETA_18
+
+    big = THETA_18 * 2.0**MAX_SQUARINGS * 4
+    a = torch.tensor([[0.0, big], [-big, 0.0]])
+    out = torch.compile(la.matrix_exp, backend="neuron", dynamic=False)(a)
+    assert out.isnan().all(), out
+    ok = torch.tensor([[0.0, 1e4], [-1e4, 0.0]])  # ~12 squarings: a rotation by 1e4 radians
+    torch.testing.assert_close(torch.compile(la.matrix_exp, backend="neuron", dynamic=False)(ok),
+                               la.matrix_exp(ok.double()).float(), rtol=0, atol=2e-3)  # fmt: skip
+
+
+def test_orthogonal_parametrization_trains_as_eager() -> None:
+    """``parametrizations.orthogonal``'s default map is the matrix exponential: its forward and backward."""
+    import copy
+
+    torch.manual_seed(0)
+    model = torch.nn.utils.parametrizations.orthogonal(torch.nn.Linear(8, 8))
+    twin = copy.deepcopy(model)
+    x = torch.randn(4, 8)
+    model(x).pow(2).sum().backward()
+    out = torch.compile(twin, backend="neuron", dynamic=False, fullgraph=True)(x)
+    out.pow(2).sum().backward()
+    torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"grad of {name}: {m}")
+    weight = twin.weight.detach()
+    torch.testing.assert_close(weight @ weight.T, torch.eye(8), rtol=0, atol=1e-5)

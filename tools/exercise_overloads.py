@@ -228,6 +228,7 @@ OVERRIDES: dict[str, Callable[[Maker], Args]] = {
     "aten._linalg_slogdet.default": lambda m: ((m(2, 4, 4),), {}),
     "aten.linalg_inv_ex.default": lambda m: ((_dominant(m),), {}),
     "aten._linalg_solve_ex.default": lambda m: ((_dominant(m), m(2, 4, 3)), {}),
+    "aten.linalg_matrix_exp.default": lambda m: ((m(2, 4, 4),), {}),
     # convolutions
     "aten.convolution.default": lambda m: (
         (m(1, 4, 6, 7), m(6, 2, 3, 3), m(6), [1, 2], [1, 0], [1, 1], False, [0, 0], 2), {}),

@@ -13,6 +13,7 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)
     histograms,
     indexing,
     linalg,
+    matrix_functions,
     nn,
     padding,
     pointwise,

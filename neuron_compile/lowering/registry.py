@@ -208,10 +208,6 @@ _UNROLLABLE = (
     "not lowered yet: for a small static size this is an unrolled loop of elementwise ops and matmuls (legal HLO), "
     f"but no such lowering exists here; {_OUTSIDE}"
 )
-_MATRIX_EXP = (
-    "matrix exponential: scaling and squaring picks its Pade degree and number of squarings from the matrix norm "
-    f"(values), a data-dependent choice neuronx-cc cannot run as a conditional; {_OUTSIDE}"
-)
 _linalg = torch.ops.aten
 register_refusal(_linalg.linalg_ldl_factor_ex, _linalg.linalg_ldl_solve, reason=_PIVOTED)
 register_refusal(
@@ -221,4 +217,3 @@ register_refusal(
 register_refusal(
     _linalg.linalg_qr, _linalg.geqrf, _linalg.ormqr, _linalg.linalg_householder_product, reason=_UNROLLABLE,
 )  # fmt: skip
-register_refusal(_linalg.linalg_matrix_exp, reason=_MATRIX_EXP)
