@@ -101,7 +101,8 @@ def neuron_backend(
         decompositions=decomposition_table(),
     )
     try:
-        with contextlib.nullcontext() if aot_cache_off else aot_cache.storing(gm, opts), _no_mkldnn_decompositions():
+        storing = contextlib.nullcontext() if aot_cache_off else aot_cache.storing(gm, opts)
+        with storing, _no_mkldnn_decompositions():
             return compile_with(gm, example_inputs)
     except DATA_DEPENDENT_ERRORS as e:
         raise data_dependent_error(gm, e) from e

@@ -94,7 +94,8 @@ class NeuronFloat64Warning(NeuronWarning):
 
 
 class NeuronRecompileWarning(NeuronWarning):
-    """A function is compiled again and again for new input shapes (static shapes: one compile each)."""
+    """A function is compiled again and again, for new input shapes or new Python numbers (each is a
+    constant of a static graph: one compile each)."""
 
 
 WARNING_CLASSES: dict[str, type[NeuronWarning]] = {

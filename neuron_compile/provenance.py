@@ -73,7 +73,7 @@ def is_library_file(path: str) -> bool:
 
 
 def user_frame(node: torch.fx.Node) -> tuple[str, int] | None:
-    """(file, line) of the innermost frame that produced ``node`` outside torch and transformers (the
+    """(file, line) of the innermost frame that produced ``node`` outside torch and the model libraries (the
     user's call of, e.g., a functional collective or a decomposed op), if Dynamo recorded it; the
     innermost frame when every frame is library code."""
     trace = node.meta.get("stack_trace") or ""

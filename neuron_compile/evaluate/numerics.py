@@ -127,10 +127,10 @@ class NumericsVerdict:
         ]
         for t in self.failures[:10]:
             lines.append(f"  FAIL {t.name} {t.dtype}{t.shape}: {t.why}")
-        zero = [t.name for t in self.tensors if t.passed_by == "zero"]
+        zero = [t for t in self.tensors if t.passed_by == "zero"]
         if zero:
-            lines.append(f"  {len(zero)} zero gradient(s) where eager has none ({', '.join(zero[:3])}"
-                         f"{', ...' if len(zero) > 3 else ''}): {next(t.why for t in self.tensors if t.passed_by == 'zero')}")
+            names = ", ".join(t.name for t in zero[:3]) + (", ..." if len(zero) > 3 else "")
+            lines.append(f"  {len(zero)} zero gradient(s) where eager has none ({names}): {zero[0].why}")
         return "\n".join(lines)
 
 

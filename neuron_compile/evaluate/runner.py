@@ -24,7 +24,7 @@ from ..errors import NeuronCompileError, NeuronFloat64Warning, NeuronUnsupported
 from ..options import Options
 from ..provenance import _describe
 from ..stats import STATS
-from .numerics import DEFAULT_TOL, NumericsVerdict, compare_to_reference, merge
+from .numerics import DEFAULT_TOL, NumericsVerdict, TensorVerdict, compare_to_reference, merge
 from .randomness import random_draws
 from .report import EvaluationReport, GraphBreak, GraphEntry, advice_for, root_causes
 
@@ -278,9 +278,10 @@ def _run(
         report.errors.append(f"eager step: {_one_line(e)} (the model fails without torch.compile; fix that first)")
         return
 
+    report.timing["eager_step_ms"] = _median_ms(lambda: step(eager_model, eager_model, args, kwargs), steps)
+
     say("3/6 reference step (float64 copy of the model)")
     reference, ref_note = _reference_step(model, step, args, kwargs)
-    report.timing["eager_step_ms"] = _median_ms(lambda: step(eager_model, eager_model, args, kwargs), steps)
 
     say("4/6 cold compile: first compiled step with an empty cache")
     compiled_model = copy.deepcopy(model)
@@ -381,18 +382,18 @@ def _compare_grads(reference: dict, eager: dict, compiled: dict, tol: float) -> 
         {k: compiled[k] for k in eager if k in compiled and k in reference},
         tol=tol,
     )
-    from .numerics import TensorVerdict
-
     for name in missing:
         grad = compiled.get(name)
         if grad is not None and not grad.any():
             # A parameter used only for a graph output that the loss ignores: eager leaves its .grad None,
             # AOTAutograd's backward gets a zero cotangent for that output and returns a zero gradient
             # (aot_eager and Inductor too). The same update for every optimizer but weight decay's.
-            verdict.tensors.append(TensorVerdict(name, True, str(grad.dtype).replace("torch.", ""), list(grad.shape),
-                                                 None, None, None, None, None, passed_by="zero",
-                                                 why="eager leaves it None; AOTAutograd (Inductor too) gives a "
-                                                     "zero gradient when the loss does not use a graph output"))  # fmt: skip
+            dtype = str(grad.dtype).replace("torch.", "")
+            verdict.tensors.append(TensorVerdict(
+                name, True, dtype, list(grad.shape), None, None, None, None, None, passed_by="zero",
+                why="eager leaves it None; AOTAutograd (Inductor too) gives a zero gradient when the loss does "
+                    "not use a graph output",
+            ))  # fmt: skip
             continue
         side = "compiled" if name in eager else "eager"
         verdict.tensors.append(TensorVerdict(name, False, "-", [], None, None, None, None, None,
