@@ -37,17 +37,6 @@ torch._dynamo.config.capture_dynamic_output_shape_ops = True
 torch._dynamo.config.allow_rnn = True
 
 
-def _calls_sdpa(gm: torch.fx.GraphModule) -> bool:
-    """Does the Dynamo graph (or a nested subgraph) call SDPA, which ``rewrite_sdpa`` must replace?"""
-    sdpa = (torch.nn.functional.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
-    return any(
-        node.op == "call_function" and node.target in sdpa
-        for module in gm.modules()
-        if isinstance(module, torch.fx.GraphModule)
-        for node in module.graph.nodes
-    )
-
-
 @contextlib.contextmanager
 def _no_mkldnn_decompositions() -> Iterator[None]:
     """Trace with oneDNN off: torch's LSTM decomposition otherwise emits ``aten.mkldnn_rnn_layer``, a CPU
@@ -80,9 +69,9 @@ def neuron_backend(
     from .compiler import compile_graph
     from .decompositions import decomposition_table
 
-    if _calls_sdpa(gm):
-        from .kernels.sdpa import rewrite_sdpa
+    from .kernels.sdpa import calls_attention, rewrite_sdpa
 
+    if calls_attention(gm):
         rewrite_sdpa(gm, opts.kernels)
     graph_id = next(_graph_ids)
 

@@ -386,6 +386,50 @@ def test_sdpa_with_mask_forward_and_backward(kind: str, dtype: torch.dtype) -> N
         assert not out[..., :2, :].any(), "a query with every key masked attends to nothing"
 
 
+def _flex_case(kind: str) -> tuple[dict, int]:
+    """Keyword arguments of ``flex_attention`` for one case, and the number of key/value heads."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def causal(b, h, q, k):
+        return q >= k
+
+    def padded(b, h, q, k):  # batch row 1 hides its first 3 keys: queries 0-2 see nothing
+        return (k >= 3 * b) & (q >= k)
+
+    if kind == "score_mod":
+        return {"score_mod": lambda s, b, h, q, k: s + (q - k) * 0.1}, 4
+    if kind == "causal":
+        return {"block_mask": create_block_mask(causal, None, None, 6, 6, device="cpu")}, 4
+    if kind == "padded":
+        return {"block_mask": create_block_mask(padded, 2, None, 6, 6, device="cpu")}, 4
+    return {"enable_gqa": True, "score_mod": lambda s, b, h, q, k: torch.tanh(s / 2) * 2}, 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("kind", ["score_mod", "causal", "padded", "gqa-softcap"])
+def test_flex_attention_matches_eager(kind: str, dtype: torch.dtype) -> None:
+    """flex_attention runs as torch's own math for it (eager's CPU path): score_mod and mask_mod graphs
+    applied densely, a fully masked query gives zeros. Forward only: torch's flex_attention refuses
+    gradients for CPU tensors itself ("FlexAttention does not support backward on CPU")."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    kwargs, kv_heads = _flex_case(kind)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 6, 8, generator=g).to(dtype)
+    k, v = (torch.randn(2, kv_heads, 6, 8, generator=g).to(dtype) for _ in range(2))
+
+    def fn(q, k, v):
+        return flex_attention(q, k, v, **kwargs)
+
+    out = torch.compile(fn, backend="neuron", dynamic=False, fullgraph=True)(q, k, v)
+    ref = fn(q, k, v)
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+    assert not out.isnan().any(), f"[{kind}, {dtype}] has NaN"
+    torch.testing.assert_close(out, ref, **tol, msg=lambda m: f"flex_attention [{kind}, {dtype}]: {m}")
+    if kind == "padded":
+        assert not out[1, :, :3].any(), "a query with every key masked attends to nothing"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize(
     ("causal", "masked"),
