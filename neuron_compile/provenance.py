@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
 def op_name(node: torch.fx.Node) -> str:
@@ -72,16 +72,21 @@ def is_library_file(path: str) -> bool:
     return os.path.realpath(path).startswith(_LIBRARY_DIRS)
 
 
+def stack_frames(node: torch.fx.Node) -> list[tuple[str, int, str]]:
+    """(file, line, function) of each frame of the stack trace Dynamo recorded for ``node``, outermost
+    first; empty when it recorded none."""
+    return [(path, int(line), name) for path, line, name in _FRAME.findall(node.meta.get("stack_trace") or "")]
+
+
 def user_frame(node: torch.fx.Node) -> tuple[str, int] | None:
     """(file, line) of the innermost frame that produced ``node`` outside torch and the model libraries (the
     user's call of, e.g., a functional collective or a decomposed op), if Dynamo recorded it; the
     innermost frame when every frame is library code."""
-    trace = node.meta.get("stack_trace") or ""
-    frames = _FRAME.findall(trace)
+    frames = stack_frames(node)
     if not frames:
         return None
-    path, line = next((f for f in reversed(frames) if not is_library_file(f[0])), frames[-1])
-    return path, int(line)
+    path, line, _ = next((f for f in reversed(frames) if not is_library_file(f[0])), frames[-1])
+    return path, line
 
 
 _DYNAMO_ROOT = re.compile(r"^L\['[^']*'\]\.?")  # how Dynamo names the compiled frame's module: L['self']

@@ -116,17 +116,14 @@ def _recompile_reason() -> str | None:
     return re.sub(r"^\d+/\d+: ", "", guard).strip() or None  # and its "frame/compile:" prefix
 
 
-_OUTER_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
-
-
 def _compiled_function(gm: torch.fx.GraphModule) -> tuple[str, str, int] | None:
     """(name, file, line) of the function being compiled: the outermost frame of the graph's stack traces,
     past Dynamo's own wrapper around a compiled module's forward."""
     dynamo_dir = os.path.join(os.path.realpath(os.path.dirname(torch._dynamo.__file__)), "")
     for node in gm.graph.nodes:
-        for path, line, name in _OUTER_FRAME.findall(node.meta.get("stack_trace") or ""):
+        for path, line, name in provenance.stack_frames(node):
             if not os.path.realpath(path).startswith(dynamo_dir):
-                return name, path, int(line)
+                return name, path, line
     # Code entirely inside torch (a compiled nn.LSTM) has no stack traces: the root module's forward.
     for node in gm.graph.nodes:
         stack = node.meta.get("nn_module_stack")
