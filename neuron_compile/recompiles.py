@@ -23,10 +23,10 @@ from .graph_checks import STATIC_SHAPE_FIX
 # frame id -> {frame compile id -> input shapes}; a frame is one function Dynamo compiles.
 _shapes_by_frame: dict[int, dict[int, tuple[Any, ...]]] = {}
 _warned_frames: set[int] = set()
-#: Distinct input shapes, or compiles for any reason, of one function at which the backend says that each
-#: is a new compile: past the few a model legitimately has (a smaller last batch; train and eval; layers of
-#: a few sizes sharing the code after a graph break), three compiles before Dynamo's default limit of 8.
-SHAPES_BEFORE_RECOMPILE_WARNING = 5
+#: Compiles of one function at which the backend says that each is a full one (new input shapes or new
+#: Python numbers): past the few a model legitimately has (a smaller last batch; train and eval; layers of a
+#: few sizes sharing the code after a graph break), three compiles before Dynamo's default limit of 8. The
+#: shapes it has seen are at most as many as its compiles, so this also bounds the distinct shapes.
 COMPILES_BEFORE_RECOMPILE_WARNING = 5
 _PYTHON_NUMBER_FIX = (
     "A Python number (an argument, attribute or global that is an int or float) is a constant of the graph: "
@@ -36,8 +36,8 @@ _PYTHON_NUMBER_FIX = (
 
 
 def warn_recompiles(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> None:
-    """Warn once per function that keeps compiling: at its fifth distinct set of input shapes, or its
-    fifth compile for any other reason (a Python number that changes each call).
+    """Warn once per function that keeps compiling: at its fifth compile, whether for new input shapes or
+    for a Python number that changes each call.
 
     Static shapes mean one compile per shape (and per constant), and Dynamo stops (here: raises) at its
     recompile limit; a training loop whose last batch is smaller compiles twice and is fine, a loop fed
@@ -59,7 +59,7 @@ def warn_recompiles(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> None
     seen[compile_id.frame_compile_id] = shapes
     distinct = list(dict.fromkeys(s for s in seen.values() if len(s) == len(shapes)))
     compiles = compile_id.frame_compile_id + 1
-    if len(distinct) < SHAPES_BEFORE_RECOMPILE_WARNING and compiles < COMPILES_BEFORE_RECOMPILE_WARNING:
+    if compiles < COMPILES_BEFORE_RECOMPILE_WARNING:
         return
     varying, module_sizes_vary = [], False
     for i, node in enumerate(placeholders[: len(shapes)]):
