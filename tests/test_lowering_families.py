@@ -328,6 +328,46 @@ def test_bool_accumulation_is_logical_or_and(name) -> None:
     _assert_same(actual, expected, (0, 0), f"{name}(bool[4, 5], bool[5, 5])")
 
 
+MANY_TO_FEW = torch.arange(2048) % 3  # 2048 updates into 3 slots: ~680 each
+MANY_TO_FEW_2D = MANY_TO_FEW[:, None].expand(2048, 8)
+ACCUMULATING_WRITES = {
+    "scatter_add": lambda x, s: x.scatter_add(0, MANY_TO_FEW_2D, s),
+    "scatter_reduce_add_legacy": lambda x, s: x.scatter(0, MANY_TO_FEW_2D, s, reduce="add"),
+    "scatter_reduce_sum": lambda x, s: x.scatter_reduce(0, MANY_TO_FEW_2D, s, "sum", include_self=False),
+    "scatter_reduce_mean": lambda x, s: x.scatter_reduce(0, MANY_TO_FEW_2D, s, "mean"),
+    "index_add": lambda x, s: x.index_add(0, MANY_TO_FEW, s),
+    "index_put_accumulate": lambda x, s: x.index_put((MANY_TO_FEW,), s, accumulate=True),
+    "put_accumulate": lambda x, s: x.put(MANY_TO_FEW * 5, s[:, 0], accumulate=True),
+    # The backward of a gather / index_select / x[idx] is a scatter-add of the output gradient.
+    "gather_backward": lambda x, s: _grad_of(lambda t: t.gather(0, MANY_TO_FEW_2D), x, s),
+    "index_select_backward": lambda x, s: _grad_of(lambda t: t.index_select(0, MANY_TO_FEW), x, s),
+    "index_backward": lambda x, s: _grad_of(lambda t: t[MANY_TO_FEW], x, s),
+}
+
+
+def _grad_of(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, cotangent: torch.Tensor) -> torch.Tensor:
+    leaf = x.detach().requires_grad_()
+    return torch.autograd.grad(fn(leaf), leaf, cotangent)[0]
+
+
+@pytest.mark.parametrize("dtype", [BF16, torch.float16], ids=["bfloat16", "float16"])
+@pytest.mark.parametrize("name", list(ACCUMULATING_WRITES))
+def test_16bit_accumulating_writes_round_once(name: str, dtype: torch.dtype) -> None:
+    """Thousands of updates into one slot: eager's CPU scatter_add/index_add accumulate in float32 and round
+    once; sequential 16-bit sums drift by ~100 ulps. Compiled, every accumulating write is the exact sum of
+    the same 16-bit inputs rounded once (within one rounding), and so never further from it than eager."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 8, generator=gen).to(dtype)
+    s = (torch.randn(2048, 8, generator=gen) + 0.5).to(dtype)
+    fn = ACCUMULATING_WRITES[name]
+    got = torch.compile(fn, backend="neuron", dynamic=False)(x, s)
+    exact = fn(x.double(), s.double())
+    assert got.dtype == dtype
+    ulp = torch.finfo(dtype).eps
+    torch.testing.assert_close(got.double(), exact.to(dtype).double(), rtol=ulp, atol=0,
+                               msg=lambda m: f"{name}({dtype}[3, 8], {dtype}[2048, 8]): {m}")
+
+
 @pytest.mark.parametrize(
     "fn,reason",
     [

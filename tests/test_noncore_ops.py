@@ -180,6 +180,13 @@ CASES: list[Case] = [
             ((1, 2, 3, 4, 5), "nearest", "border", False, (F32,)),
         ]
     ],  # fmt: skip
+    # a fixed grid (warping, augmentation): the backward is asked for the input's gradient only
+    *[
+        Case(f"grid_sample.{len(shape) - 2}d.fixed_grid", lambda x, g: F.grid_sample(x, g, align_corners=False),
+             lambda dt, shape=shape: (_r(*shape)(dt), (torch.rand(*_grid_shape(shape)) * 2.6 - 1.3).to(dt)),
+             grad_args=(0,))
+        for shape in [(2, 3, 5, 6), (1, 2, 3, 4, 5)]
+    ],
     # ties: the smallest of the most frequent values, at its last occurrence (eager's stable sort up to 16)
     Case("mode.ties", lambda x: torch.mode(x, 1), lambda dt: (torch.randint(0, 4, (3, 12)).to(dt),)),
     Case("mode.dim0_keepdim", lambda x: torch.mode(x, 0, keepdim=True),

@@ -171,9 +171,12 @@ def _backward(grad, x, grid, interpolation_mode, padding_mode, align_corners, ou
     _, pullback = jax.vjp(forward, convert(x, acc), convert(grid, acc))
     grad_x, grad_grid = pullback(convert(grad, acc))
     wanted = current().out
+    if wanted[1] is not None and not output_mask[1]:
+        # torch still returns a grid gradient when none was asked for (uninitialized memory): zeros here.
+        grad_grid = jnp.zeros_like(grad_grid)
     return (
         convert(grad_x, x.dtype) if output_mask[0] and wanted[0] is not None else None,
-        convert(grad_grid, grid.dtype) if output_mask[1] and wanted[1] is not None else None,
+        convert(grad_grid, grid.dtype) if wanted[1] is not None else None,
     )
 
 

@@ -10,13 +10,18 @@ Index semantics, the same for every op here:
   unspecified), so does XLA.
 - Integer/bool scatter reductions (scatter_add, index_put(accumulate=True), ...) lower fine, but the
   legality pass refuses them: neuronx-cc has no integer scatter reduction.
+- Accumulating writes (add, multiply, mean) of 16-bit floats accumulate in float32 and round once
+  (``_accumulating``), as eager's CPU scatter_add/index_add/scatter_reduce kernels do: summing thousands of
+  updates into one slot in bfloat16 drifts by hundreds of ulps (an MoE's token combine, the backward of
+  gather or index_select). Eager's index_put(accumulate=True) and put(accumulate=True) round after every
+  update; here they take the float32 path too, which only brings them closer to the exact sum.
 - Data-dependent output shapes (``nonzero``, ``masked_select``, indexing with a boolean mask) cannot be
   compiled for static shapes and are refused with the reason.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -25,7 +30,16 @@ from jax import lax
 
 from .registry import Unsupported, register_lowering, register_refusal
 from .scan import associative_scan
-from .semantics import broadcast, canonical_dim, convert, is_array, is_float, out_dtype, out_shape
+from .semantics import (
+    broadcast,
+    canonical_dim,
+    convert,
+    in_opmath,
+    is_array,
+    is_float,
+    out_dtype,
+    out_shape,
+)
 
 aten = torch.ops.aten
 
@@ -72,15 +86,33 @@ def _reduction(how: str, dtype: Any) -> str:
     return _BOOL_REDUCTION.get(how, how) if dtype == jnp.bool_ else how
 
 
+_ACCUMULATING = frozenset({"add", "mul", "multiply", "sum", "prod", "mean"})
+
+
+def _accumulating(write: Callable[[Any, Any], Any], x: Any, values: Any, how: str) -> Any:
+    """``write(x, values)``: with an accumulating reduction ``how``, 16-bit floats computed in float32
+    and rounded once (see the module's docstring); other writes as they are."""
+    if how in _ACCUMULATING and is_array(values):
+        return in_opmath(write, x, values)
+    return write(x, values)
+
+
+def _write(x: Any, where: Any, values: Any, how: str) -> Any:
+    """``x`` with ``values`` written at ``where`` (an ``.at[]`` index) by reduction ``how``; updates out of
+    range are dropped."""
+
+    def write(base, v):
+        return getattr(base.at[where], _reduction(how, base.dtype))(v, mode="drop")
+
+    return _accumulating(write, x, values, how)
+
+
 def _scatter(x, dim, index, src, how: str) -> Any:
     if index.size == 0:  # as in gather, an empty index of any rank writes nothing
         return x
     xs, index = _as_nd(x), _as_nd(index)
-    dim = canonical_dim(dim, xs.ndim)
-    src = _src_window(src, index.shape, xs.dtype)
-    ref = xs.at[_coords(index, dim)]
-    out = getattr(ref, _reduction(how, xs.dtype))(src, mode="drop")
-    return jnp.reshape(out, x.shape)
+    coords = _coords(index, canonical_dim(dim, xs.ndim))
+    return jnp.reshape(_write(xs, coords, _src_window(src, index.shape, xs.dtype), how), x.shape)
 
 
 _TORCH_SCATTER_REDUCE = {"add": "add", "multiply": "multiply", "sum": "add", "prod": "multiply",
@@ -121,25 +153,25 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
     if reduce not in ("sum", "prod", "mean", "amax", "amin"):
         raise Unsupported(f"scatter_reduce with reduce='{reduce}'")
     xs, index = _as_nd(x), _as_nd(index)
-    d = canonical_dim(dim, xs.ndim)
-    coords = _coords(index, d)
+    coords = _coords(index, canonical_dim(dim, xs.ndim))
     src = _src_window(src, index.shape, xs.dtype)
-    base = xs
-    if not include_self:
-        # Positions that receive an update start from the reduction's identity instead of self.
-        hit = jnp.zeros(xs.shape, jnp.bool_).at[coords].set(True, mode="drop")
-        base = jnp.where(hit, jnp.asarray(_identity(xs.dtype, reduce), xs.dtype), xs)
-    if reduce == "mean":
-        total = base.at[coords].add(src, mode="drop")
-        count = jnp.zeros(xs.shape, xs.dtype).at[coords].add(jnp.ones_like(src), mode="drop")
-        if include_self:
-            count = count + 1
-        count = jnp.where(count == 0, jnp.ones_like(count), count)
-        out = total / count if is_float(xs.dtype) else jnp.floor_divide(total, count)
-    else:
+
+    def write(base, values):
+        if not include_self:
+            # Positions that receive an update start from the reduction's identity instead of self.
+            hit = jnp.zeros(base.shape, jnp.bool_).at[coords].set(True, mode="drop")
+            base = jnp.where(hit, jnp.asarray(_identity(base.dtype, reduce), base.dtype), base)
+        if reduce == "mean":
+            total = base.at[coords].add(values, mode="drop")
+            count = jnp.zeros(base.shape, base.dtype).at[coords].add(jnp.ones_like(values), mode="drop")
+            if include_self:
+                count = count + 1
+            count = jnp.where(count == 0, jnp.ones_like(count), count)
+            return total / count if is_float(base.dtype) else jnp.floor_divide(total, count)
         how = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}[reduce]
-        out = getattr(base.at[coords], _reduction(how, xs.dtype))(src, mode="drop")
-    return jnp.reshape(out, x.shape)
+        return getattr(base.at[coords], _reduction(how, base.dtype))(values, mode="drop")
+
+    return jnp.reshape(_accumulating(write, xs, src, reduce), x.shape)
 
 
 # ---- advanced indexing --------------------------------------------------------------------------------
@@ -187,10 +219,7 @@ def index_put(x, indices, values, accumulate=False):
     if any(_is_bool(i) for i in indices):
         return _mask_index_put(x, indices, values, accumulate)
     values = convert(values, x.dtype)
-    ref = x.at[_index_tuple(indices)]
-    if accumulate:
-        return getattr(ref, _reduction("add", x.dtype))(values, mode="drop")
-    return ref.set(values, mode="drop")
+    return _write(x, _index_tuple(indices), values, "add" if accumulate else "set")
 
 
 def _along(dim: int, ndim: int, index: Any) -> tuple[Any, ...]:
@@ -209,8 +238,7 @@ def _index_write(x, dim, index, source, how: str) -> Any:
     index = jnp.reshape(index, (-1,))
     if is_array(source):
         source = jnp.reshape(convert(source, xs.dtype), _index_write_shape(xs.shape, dim, index.shape[0]))
-    ref = xs.at[_along(dim, xs.ndim, index)]
-    return jnp.reshape(getattr(ref, _reduction(how, xs.dtype))(source, mode="drop"), x.shape)
+    return jnp.reshape(_write(xs, _along(dim, xs.ndim, index), source, how), x.shape)
 
 
 def _index_write_shape(shape, dim, n):
@@ -247,9 +275,8 @@ def take(x, index):
 
 @register_lowering(aten.put)
 def put(x, index, source, accumulate=False):
-    flat = jnp.reshape(x, (-1,)).at[jnp.reshape(index, (-1,))]
     source = jnp.reshape(convert(source, x.dtype), (-1,))
-    out = getattr(flat, _reduction("add", x.dtype) if accumulate else "set")(source, mode="drop")
+    out = _write(jnp.reshape(x, (-1,)), jnp.reshape(index, (-1,)), source, "add" if accumulate else "set")
     return jnp.reshape(out, x.shape)
 
 
