@@ -11,6 +11,7 @@ from .cache import cache_stats  # importing the cache registers its mega-cache a
 from .errors import (
     NeuronCompileError,
     NeuronDynamicShapeError,
+    NeuronForkedProcessError,
     NeuronOptionsError,
     NeuronUnsupportedOpError,
     UnsupportedNode,
@@ -23,6 +24,7 @@ __all__ = [
     "EvaluationReport",
     "NeuronCompileError",
     "NeuronDynamicShapeError",
+    "NeuronForkedProcessError",
     "NeuronOptionsError",
     "NeuronUnsupportedOpError",
     "Options",

@@ -21,6 +21,7 @@ from .cache import cache_for
 from .errors import WARNING_CLASSES, NeuronFloat64Warning, NeuronUnsupportedOpError, NeuronWarning
 from .heap import old_objects_frozen
 from .options import Options
+from .runtime import jax_adapter
 from .runtime.executor import CompiledGraph
 from .kernels.user_ops import has_user_kernels
 from .value_checks import CheckedGraph, split_value_checks
@@ -132,6 +133,7 @@ def compile_graph(
     expects followed by ``check_outputs`` outputs of value checks (``value_checks``), so its outputs saved
     for the backward are known.
     """
+    jax_adapter.check_not_forked()  # before lowering: jax's MLIR context has threads of its own
     # eager's raise on a value (linalg info, a zero divisor, an index out of range) cannot run in the graph
     checks = split_value_checks(gm, index_bounds=kind != "backward")
     if checks:

@@ -76,6 +76,11 @@ class NeuronDynamicShapeError(NeuronCompileError):
     """Raised when a graph has symbolic shapes: the Neuron compiler needs static shapes."""
 
 
+class NeuronForkedProcessError(NeuronCompileError):
+    """Raised in a process forked after its parent started the CPU target's XLA client (a DataLoader worker,
+    a fork-based multiprocessing pool): compiling or running a graph there would hang."""
+
+
 class NeuronOptionsError(NeuronCompileError, ValueError):
     """Raised for an unknown or malformed backend option."""
 

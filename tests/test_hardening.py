@@ -444,6 +444,38 @@ def test_non_cpu_device_is_a_clear_error() -> None:
     assert "cuda:0" in msg and "float32[3, 2]" in msg and ".cpu()" in msg, msg
 
 
+_FORK_SCRIPT = """
+import os, torch
+from neuron_compile import NeuronForkedProcessError
+f = torch.compile(lambda t: (t @ t.T).relu(), backend="neuron", dynamic=False)
+f(torch.randn(64, 64))
+for what, x in [("run", torch.randn(64, 64)), ("compile", torch.randn(32, 64))]:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            f(x)
+            os._exit(1)
+        except Exception as e:  # a compile error reaches the caller wrapped by Dynamo
+            while e is not None and not isinstance(e, NeuronForkedProcessError):
+                e = e.__cause__ or e.__context__
+            os._exit(0 if e is not None and "spawn" in str(e) else 2)
+    _, status = os.waitpid(pid, 0)
+    print(what, os.waitstatus_to_exitcode(status))
+print("parent", f(torch.randn(32, 64)).shape)
+"""
+
+
+def test_a_forked_child_gets_a_clear_error_instead_of_a_hang() -> None:
+    """XLA's threads do not survive os.fork (a DataLoader worker, a fork pool): in the child, running or
+    compiling a graph used to hang forever; it raises NeuronForkedProcessError, and the parent carries on."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _FORK_SCRIPT], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[:3] == ["run 0", "compile 0", "parent torch.Size([32, 32])"], proc.stdout
+
+
 # -- item 9: debug dumps on a warm cache ---------------------------------------------------------------
 def test_debug_dump_is_written_on_a_warm_cache(tmp_path: pathlib.Path) -> None:
     fn, x = (lambda t: t.sin() * 2), torch.randn(5)

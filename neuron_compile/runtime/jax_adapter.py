@@ -8,6 +8,7 @@ package's own client, so its absence is a clear ImportError.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,8 @@ from torch.utils.dlpack import to_dlpack as _torch_to_capsule
 
 from jax._src.lib import xla_client
 
+from ..errors import NeuronForkedProcessError
+
 
 @functools.lru_cache(maxsize=None)
 def cpu_backend() -> Any:
@@ -39,6 +42,33 @@ def cpu_backend() -> Any:
     (``benchmarks/steady.py``), and jax's own client is left as the user configured it.
     """
     return xla_client.make_cpu_client(asynchronous=False)
+
+
+#: The parent's pid, in a process forked after the parent made its client (None otherwise).
+_forked_from: int | None = None
+
+
+def _after_fork_in_child() -> None:
+    global _forked_from
+    if cpu_backend.cache_info().currsize:
+        _forked_from = os.getppid()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def check_not_forked() -> None:
+    """A forked child inherits the client but not its worker threads (XLA's compile and intra-op pools, and
+    those of jax's MLIR context): a lowering, a compile or a run that needs them waits forever. Say so
+    instead of hanging."""
+    if _forked_from is not None:
+        raise NeuronForkedProcessError(
+            f"neuron backend: process {os.getpid()} was forked from process {_forked_from} after that process "
+            "started the CPU target (XLA), whose threads do not survive a fork: compiling or running a graph "
+            "here would hang. Run compiled models in the main process, or start worker processes with "
+            "'spawn' or 'forkserver' (DataLoader(..., multiprocessing_context='spawn'), "
+            "torch.multiprocessing.set_start_method('spawn')), or fork before the first compile."
+        )
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,6 +87,7 @@ def compile_stablehlo(module_text: str, host_callbacks: list[Any] | tuple[Any, .
     they must be handed over with an MLIR module (running such a module compiled from text alone
     crashes the process).
     """
+    check_not_forked()
     if not host_callbacks and "stablehlo.divide" not in module_text:
         return cpu_backend().compile_and_load(module_text, _cpu_devices(), xla_client.CompileOptions())
     from jax._src.interpreters import mlir
@@ -123,6 +154,7 @@ def serialize_executable(executable: Any) -> bytes:
 
 
 def deserialize_executable(blob: bytes) -> Any:
+    check_not_forked()
     return cpu_backend().deserialize_executable(blob, _cpu_devices(), xla_client.CompileOptions())
 
 
@@ -166,6 +198,8 @@ def device_to_torch(array: Any) -> torch.Tensor:
 
 def execute(executable: Any, buffers: list[Any]) -> list[Any]:
     """Run a single-device executable; ``execute`` itself is this plus a per-call keyword shuffle."""
+    if _forked_from is not None:
+        check_not_forked()
     run = getattr(executable, "execute_sharded", None)
     if run is None:  # pragma: no cover - depends on the jaxlib version
         return executable.execute(buffers)
