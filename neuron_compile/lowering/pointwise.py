@@ -410,7 +410,23 @@ def exp(a):
 
 @register_pointwise(aten.exp2, promotion=INT_TO_FLOAT)
 def exp2(a):
-    return lax.exp2(a)
+    if a.dtype != jnp.float32:
+        return lax.exp2(a)
+    # XLA computes exp2(x) as exp(x * ln 2), whose rounding error grows with |x| (35 ulps near the end of
+    # float32's range; eager is within one). Here 2^x = 2^f * 2^n with n = round(x), |f| <= 1/2: only the
+    # small exp is approximate, and 2^n is exact (built from its exponent bits, as two halves so that
+    # each stays a normal float).
+    # (Ops from neuronx-cc's documented list: floor, not round; a multiply, not a shift left.)
+    x = lax.clamp(jnp.float32(-160), a, jnp.float32(130))  # past these, 2^x is 0 or inf in float32
+    n = lax.floor(lax.add(x, jnp.float32(0.5)))
+    frac = lax.exp(lax.mul(lax.sub(x, n), jnp.float32(math.log(2))))
+    k = lax.convert_element_type(n, jnp.int32)
+    half = lax.shift_right_arithmetic(k, jnp.int32(1))
+
+    def power_of_two(e):
+        return lax.bitcast_convert_type(lax.mul(lax.add(e, jnp.int32(127)), jnp.int32(1 << 23)), jnp.float32)
+
+    return lax.mul(lax.mul(frac, power_of_two(half)), power_of_two(lax.sub(k, half)))
 
 
 @register_pointwise(aten.expm1, promotion=INT_TO_FLOAT)
