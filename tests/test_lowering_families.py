@@ -942,8 +942,43 @@ def test_randperm_is_a_permutation() -> None:
     assert sorted(out.tolist()) == x.tolist() and not torch.equal(out, x)
 
 
+MULTINOMIAL_WEIGHTS = torch.tensor([0.1, 0.2, 0.7, 0.0])
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["float32", "bfloat16"])
+def test_multinomial_without_replacement_draws_ordered_pairs_in_proportion(dtype) -> None:
+    """Two draws without replacement: pair (a, b) comes first-a-then-b with probability w_a * w_b / (1 - w_a);
+    the zero-weight category is never drawn. 20,000 rows: each frequency within 4 standard errors."""
+    torch.manual_seed(0)
+    n = 20000
+    draws = _compiled(lambda w: torch.multinomial(w, 2))(MULTINOMIAL_WEIGHTS.to(dtype).expand(n, 4).contiguous())
+    assert draws.shape == (n, 2) and draws.dtype == torch.int64
+    assert (draws[:, 0] != draws[:, 1]).all() and (draws != 3).all()
+    w = MULTINOMIAL_WEIGHTS.double()
+    for a in range(3):
+        for b in range(3):
+            if a != b:
+                expected = float(w[a] * w[b] / (1 - w[a]))
+                seen = float(((draws[:, 0] == a) & (draws[:, 1] == b)).double().mean())
+                assert abs(seen - expected) < 4 * (expected * (1 - expected) / n) ** 0.5, f"pair ({a}, {b})"
+
+
+def test_multinomial_with_replacement_and_categorical_sample() -> None:
+    """With replacement, every sample is an independent draw in proportion to the weights; a policy's
+    ``Categorical(logits=...).sample()`` (multinomial of one) compiles and draws the same way."""
+    torch.manual_seed(0)
+    rows = MULTINOMIAL_WEIGHTS.expand(4000, 4).contiguous()
+    draws = _compiled(lambda w: torch.multinomial(w, 5, replacement=True))(rows)
+    assert draws.shape == (4000, 5)
+    sampled = _compiled(lambda lg: torch.distributions.Categorical(logits=lg).sample())(rows.log())
+    for got in (draws.flatten(), sampled):
+        freq = torch.bincount(got, minlength=4).double() / got.numel()
+        se = (MULTINOMIAL_WEIGHTS.double() * (1 - MULTINOMIAL_WEIGHTS.double()) / got.numel()).sqrt()
+        assert ((freq - MULTINOMIAL_WEIGHTS.double()).abs() <= 4 * se + 1e-12).all(), freq
+
+
 def test_random_reproducible_under_manual_seed() -> None:
-    fn = _compiled(lambda t: t + torch.rand(4, 5) + F.dropout(torch.ones(4, 5), 0.5))
+    fn = _compiled(lambda t: t + torch.rand(4, 5) + F.dropout(torch.ones(4, 5), 0.5) + torch.multinomial(t + 1, 5))
     x = torch.zeros(4, 5)
     torch.manual_seed(123)
     a = fn(x)

@@ -324,6 +324,7 @@ OVERRIDES: dict[str, Callable[[Maker], Args]] = {
     "aten.randint.low_generator": lambda m: ((-3, 7, [3, 4]), {"generator": None}),
     "aten.randint_like.low_dtype": lambda m: ((m(3, 4), -3, 7), {}),
     "aten.randint_like.low_generator_dtype": lambda m: ((m(3, 4), -3, 7), {"generator": None}),
+    "aten.multinomial.default": lambda m: ((m.pos(3, 4), 2), {}),
     "aten.native_dropout.default": lambda m: ((m(3, 4), 0.5, True), {}),
     "aten.native_dropout_backward.default": lambda m: ((m(3, 4), m.mask(3, 4), 2.0), {}),
     "aten.bernoulli.p": lambda m: ((m(3, 4), 0.3), {}),

@@ -1,4 +1,4 @@
-"""Random ops: rand/randn(+_like), uniform, normal, bernoulli, exponential, randint, randperm,
+"""Random ops: rand/randn(+_like), uniform, normal, bernoulli, exponential, randint, randperm, multinomial,
 native_dropout (+backward).
 
 Every random node draws its bits from one RngBitGenerator (RNG_DEFAULT: the only algorithm the Neuron
@@ -22,7 +22,7 @@ from jax import lax
 
 from .registry import Unsupported, current, register_lowering
 from .semantics import broadcast, convert, in_opmath, is_float, out_dtype, out_shape
-from .sorting import sort_along
+from .sorting import sort_along, top_k
 
 aten = torch.ops.aten
 
@@ -174,6 +174,29 @@ def randperm(n, **kwargs):
     keys = convert(random_bits((n,)), jnp.int64)
     _, perm = sort_along(keys, 0)
     return convert(perm, out_dtype())
+
+
+@register_lowering(aten.multinomial)
+def multinomial(probs, num_samples, replacement=False, *, generator=None):
+    """Gumbel-max: ``argmax_k(log w_k + G_k)`` with i.i.d. standard Gumbel ``G`` is category k with probability
+    ``w_k / sum(w)``, and the ``n`` largest of one such set of keys are ``n`` draws without replacement, in
+    draw order (each next one in proportion to the weights left): eager's own method without replacement
+    (``topk(w / Exponential(1))``, the same keys exponentiated). With replacement each sample gets a set of
+    keys of its own. Zero weights are never drawn. Eager raises on weights that are negative, non-finite or
+    all zero, and on fewer nonzero weights than samples without replacement; here such rows draw arbitrary
+    categories (documented in the README)."""
+    k = probs.shape[-1]
+    n = int(num_samples)
+    if not replacement and n > k:
+        raise Unsupported(f"multinomial of {n} samples without replacement from {k} categories")
+    log_w = jnp.log(convert(probs, jnp.float32))
+    key_shape = (*probs.shape[:-1], n, k) if replacement else probs.shape
+    # uniforms in (0, 1): the grid's midpoints, so that neither log below is infinite
+    u = uniform01(random_bits(key_shape), jnp.float32) + jnp.float32(2.0**-25)
+    keys = (jnp.expand_dims(log_w, -2) if replacement else log_w) - jnp.log(-jnp.log(u))
+    # a top-k, not an argmax: neuronx-cc takes no variadic (value, index) reduce
+    drawn = top_k(keys, 1, keys.ndim - 1)[1][..., 0] if replacement else top_k(keys, n, keys.ndim - 1)[1]
+    return convert(drawn, out_dtype())
 
 
 @register_lowering(aten.native_dropout)

@@ -73,19 +73,24 @@ def sort(x, dim=-1, descending=False, *, stable=None):
     return jnp.reshape(values, x.shape), jnp.reshape(indices, x.shape)
 
 
-@register_lowering(aten.topk)
-def topk(x, k, dim=-1, largest=True, sorted=True):
-    # sorted=False lets torch return the k elements in any order; sorted order is one of them.
-    # Emitted as AwsNeuronTopK (device_calls), the form the device takes, so its limits (k <= 16384,
-    # no 32/64-bit integers) are held against the graph; the CPU target runs this sort + slice.
-    xs = jnp.reshape(x, (1,)) if x.ndim == 0 else x
+def top_k(x: Any, k: int, axis: int, largest: bool = True) -> tuple[Any, Any]:
+    """(values, int positions) of the ``k`` largest (or smallest) elements along ``axis``, in order, ties in
+    their original order. Emitted as AwsNeuronTopK (device_calls), the form the device takes, so its limits
+    (k <= 16384, no 32/64-bit integers) are held against the graph; the CPU target runs a sort + slice."""
 
-    def reference(v):  # ``v``: xs with the top-k axis moved last
+    def reference(v):  # ``v``: x with the top-k axis moved last
         values, indices = sort_along(v, v.ndim - 1, largest)
         pick = lambda a: lax.slice_in_dim(a, 0, k, axis=v.ndim - 1)  # noqa: E731
         return pick(values), pick(indices)
 
-    values, indices = device_calls.topk(xs, k, canonical_dim(dim, xs.ndim), largest, reference)
+    return device_calls.topk(x, k, axis, largest, reference)
+
+
+@register_lowering(aten.topk)
+def topk(x, k, dim=-1, largest=True, sorted=True):
+    # sorted=False lets torch return the k elements in any order; sorted order is one of them.
+    xs = jnp.reshape(x, (1,)) if x.ndim == 0 else x
+    values, indices = top_k(xs, k, canonical_dim(dim, xs.ndim), largest)
     shape = out_shape(0)
     return jnp.reshape(values, shape), jnp.reshape(convert(indices, jnp.int64), shape)
 
