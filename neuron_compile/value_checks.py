@@ -20,6 +20,9 @@ A Trainium graph cannot raise on a value (neuronx-cc has no conditional and no a
   largest index of each (ignored ``nll_loss`` targets aside) become an extra output, and eager's error type
   and message are rebuilt from them (naming the largest or smallest offending index, where eager names the
   first). Forward and inference graphs only: a backward graph's indices are the forward's, checked there.
+- ``multinomial``'s weights: eager refuses a negative, infinite or NaN weight, and a row whose weights sum to
+  0; the sampler would draw arbitrary categories. Two flags ("some weight is invalid", "some row sums to
+  <= 0") become an extra output, and eager's message is raised from them.
 - ``aten._assert_async.msg(condition, message)``, which torch's decompositions emit for their own checks
   (``F.one_hot``'s class values): the condition becomes an extra output and a false one raises
   ``RuntimeError(message)``.
@@ -29,6 +32,7 @@ The cost is one small output per check.
 
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
 from typing import Any
@@ -86,6 +90,11 @@ _BOUNDS = {
         1, None, False, RuntimeError, "Index {p} of input takes value {v} which is not in the valid range [0, {n})")
        for op in (_aten._embedding_bag.default, _aten._embedding_bag_forward_only.default)},
 }  # fmt: skip
+_MULTINOMIAL = _aten.multinomial.default
+_MULTINOMIAL_ERRORS = (  # eager's messages, word for word
+    "probability tensor contains either `inf`, `nan` or element < 0",
+    "invalid multinomial distribution (sum of probabilities <= 0)",
+)
 _ASSERT = _aten._assert_async.msg
 #: aten ops that no lowering sees: taken out of the graph here and run after it (docs/ops.md lists them).
 RUN_AFTER_GRAPH = frozenset({str(_ASSERT)})
@@ -159,7 +168,22 @@ class AssertCheck:
             raise error
 
 
-Check = LinalgCheck | ZeroDivisionCheck | IndexBoundsCheck | AssertCheck
+@dataclass(frozen=True)
+class MultinomialCheck:
+    """Eager's refusal of invalid multinomial weights, from the flags of ``_MULTINOMIAL_ERRORS``."""
+
+    op: str
+    source: str
+
+    def __call__(self, flags: torch.Tensor) -> None:
+        for failed, message in zip(flags.tolist(), _MULTINOMIAL_ERRORS):
+            if failed:
+                error = RuntimeError(message)
+                error.add_note(f"neuron backend: invalid weights in {self.op} at {self.source}")
+                raise error
+
+
+Check = LinalgCheck | ZeroDivisionCheck | IndexBoundsCheck | AssertCheck | MultinomialCheck
 
 
 class CheckedGraph:
@@ -215,6 +239,9 @@ def split_value_checks(gm: torch.fx.GraphModule, index_bounds: bool = True) -> l
             flag = _zero_divisor_flag(graph, node)
             if flag is not None:
                 found.append((ZeroDivisionCheck(op_name(node), user_source(node)), flag))
+        elif node.target is _MULTINOMIAL:
+            node.meta[_CHECKED] = True
+            found.append((MultinomialCheck(op_name(node), user_source(node)), _multinomial_flags(graph, node)))
         elif index_bounds and node.target in _INDEXING:
             node.meta[_CHECKED] = True
             found += _index_checks(graph, node)
@@ -314,6 +341,16 @@ def _index_checks(graph: torch.fx.Graph, node: torch.fx.Node) -> list[tuple[Chec
             n = source.shape[d] if source.dim() else 1
         add(args[rule.index], d, n, rule.negative, rule.error, rule.message)
     return found
+
+
+def _multinomial_flags(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node:
+    """A bool[2] node: some weight is negative, infinite or NaN; some row of weights sums to <= 0."""
+    emit = _Inserter(graph, node)
+    weights = node.args[0]
+    valid = emit(_aten.logical_and.default, emit(_aten.ge.Scalar, weights, 0), emit(_aten.lt.Scalar, weights, math.inf))
+    invalid = emit(_aten.any.default, emit(_aten.logical_not.default, valid))  # NaN is neither >= 0 nor < inf
+    empty_row = emit(_aten.any.default, emit(_aten.le.Scalar, emit(_aten.sum.dim_IntList, weights, [-1]), 0))
+    return emit(_aten.cat.default, [emit(_aten.unsqueeze.default, flag, 0) for flag in (invalid, empty_row)])
 
 
 def _extremes(emit: _Inserter, index: torch.fx.Node, ignore: Any, positions: bool) -> torch.fx.Node:

@@ -977,6 +977,22 @@ def test_multinomial_with_replacement_and_categorical_sample() -> None:
         assert ((freq - MULTINOMIAL_WEIGHTS.double()).abs() <= 4 * se + 1e-12).all(), freq
 
 
+@pytest.mark.parametrize(
+    "weights",
+    [[[0.2, float("nan"), 0.5]], [[0.2, -0.1, 0.5]], [[0.2, float("inf"), 0.5]], [[0.2, 0.3, 0.5], [0.0, 0.0, 0.0]]],
+    ids=["nan", "negative", "inf", "zero_row"],
+)
+def test_multinomial_refuses_invalid_weights_as_eager(weights) -> None:
+    """Eager raises on such weights; the graph cannot, so the check runs after it (value_checks) with eager's
+    message, where the sampler alone would draw arbitrary categories."""
+    w = torch.tensor(weights)
+    with pytest.raises(RuntimeError) as expected:
+        torch.multinomial(w, 1)
+    with pytest.raises(RuntimeError) as got:
+        _compiled(lambda t: torch.multinomial(t, 1))(w)
+    assert str(got.value) == str(expected.value)
+
+
 def test_random_reproducible_under_manual_seed() -> None:
     fn = _compiled(lambda t: t + torch.rand(4, 5) + F.dropout(torch.ones(4, 5), 0.5) + torch.multinomial(t + 1, 5))
     x = torch.zeros(4, 5)

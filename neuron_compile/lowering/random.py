@@ -182,9 +182,8 @@ def multinomial(probs, num_samples, replacement=False, *, generator=None):
     ``w_k / sum(w)``, and the ``n`` largest of one such set of keys are ``n`` draws without replacement, in
     draw order (each next one in proportion to the weights left): eager's own method without replacement
     (``topk(w / Exponential(1))``, the same keys exponentiated). With replacement each sample gets a set of
-    keys of its own. Zero weights are never drawn. Eager raises on weights that are negative, non-finite or
-    all zero, and on fewer nonzero weights than samples without replacement; here such rows draw arbitrary
-    categories (documented in the README)."""
+    keys of its own. Zero weights are drawn only once no other is left (without replacement), as in eager.
+    Eager's refusal of negative, non-finite or all-zero weights is raised after the graph (value_checks)."""
     k = probs.shape[-1]
     n = int(num_samples)
     if not replacement and n > k:
