@@ -198,8 +198,7 @@ def device_to_torch(array: Any) -> torch.Tensor:
 
 def execute(executable: Any, buffers: list[Any]) -> list[Any]:
     """Run a single-device executable; ``execute`` itself is this plus a per-call keyword shuffle."""
-    if _forked_from is not None:
-        check_not_forked()
+    check_not_forked()
     run = getattr(executable, "execute_sharded", None)
     if run is None:  # pragma: no cover - depends on the jaxlib version
         return executable.execute(buffers)
