@@ -977,6 +977,21 @@ def test_multinomial_with_replacement_and_categorical_sample() -> None:
         assert ((freq - MULTINOMIAL_WEIGHTS.double()).abs() <= 4 * se + 1e-12).all(), freq
 
 
+def test_multinomial_uniforms_stay_inside_the_open_interval() -> None:
+    """The Gumbel key -log(-log u) of every 32-bit draw is finite: a u of exactly 1.0 (what a 24-bit grid's
+    last midpoint rounds to in float32) made an infinite key, NaN against a zero weight's -inf, and top-k
+    took the NaN for the largest: a zero-weight category drawn about once per 16 million keys."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from neuron_compile.lowering.random import uniform_open
+
+    bits = np.array([0, 1, 511, 512, 2**31, 2**32 - 513, 2**32 - 512, 2**32 - 1], dtype=np.uint32)
+    u = np.asarray(uniform_open(jnp.asarray(bits)), dtype=np.float64)
+    assert ((u > 0) & (u < 1)).all(), u
+    assert np.isfinite(-np.log(-np.log(u.astype(np.float32)))).all()
+
+
 @pytest.mark.parametrize(
     "weights",
     [[[0.2, float("nan"), 0.5]], [[0.2, -0.1, 0.5]], [[0.2, float("inf"), 0.5]], [[0.2, 0.3, 0.5], [0.0, 0.0, 0.0]]],

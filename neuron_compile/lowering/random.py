@@ -50,6 +50,15 @@ def uniform01(bits: Any, dtype: Any) -> Any:
     return lax.convert_element_type(top, jnp.float32) * jnp.float32(2.0**-digits)
 
 
+def uniform_open(bits: Any) -> Any:
+    """float32 uniforms strictly inside (0, 1), so that ``log(-log(u))`` is finite: the midpoints of a
+    2**-23 grid, [2**-24, 1 - 2**-24], each exact in float32 (a 24-bit grid's last midpoint, 1 - 2**-25,
+    would round to 1.0, and an infinite Gumbel key against a zero weight's -inf is NaN, which top-k takes
+    for the largest: a zero-weight category drawn about once in 16 million keys)."""
+    top = lax.shift_right_logical(bits, jnp.uint32(9))
+    return (lax.convert_element_type(top, jnp.float32) + jnp.float32(0.5)) * jnp.float32(2.0**-23)
+
+
 def _float_out() -> Any:
     dtype = out_dtype()
     if not is_float(dtype):
@@ -190,9 +199,8 @@ def multinomial(probs, num_samples, replacement=False, *, generator=None):
         raise Unsupported(f"multinomial of {n} samples without replacement from {k} categories")
     log_w = jnp.log(convert(probs, jnp.float32))
     key_shape = (*probs.shape[:-1], n, k) if replacement else probs.shape
-    # uniforms in (0, 1): the grid's midpoints, so that neither log below is infinite
-    u = uniform01(random_bits(key_shape), jnp.float32) + jnp.float32(2.0**-25)
-    keys = (jnp.expand_dims(log_w, -2) if replacement else log_w) - jnp.log(-jnp.log(u))
+    gumbel = -jnp.log(-jnp.log(uniform_open(random_bits(key_shape))))
+    keys = (jnp.expand_dims(log_w, -2) if replacement else log_w) + gumbel
     # a top-k, not an argmax: neuronx-cc takes no variadic (value, index) reduce
     drawn = top_k(keys, 1, keys.ndim - 1)[1][..., 0] if replacement else top_k(keys, n, keys.ndim - 1)[1]
     return convert(drawn, out_dtype())
