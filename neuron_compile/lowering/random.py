@@ -202,8 +202,8 @@ def multinomial(probs, num_samples, replacement=False, *, generator=None):
     gumbel = -jnp.log(-jnp.log(uniform_open(random_bits(key_shape))))
     keys = (jnp.expand_dims(log_w, -2) if replacement else log_w) + gumbel
     # a top-k, not an argmax: neuronx-cc takes no variadic (value, index) reduce
-    drawn = top_k(keys, 1, keys.ndim - 1)[1][..., 0] if replacement else top_k(keys, n, keys.ndim - 1)[1]
-    return convert(drawn, out_dtype())
+    _, drawn = top_k(keys, 1 if replacement else n, keys.ndim - 1)
+    return convert(drawn[..., 0] if replacement else drawn, out_dtype())
 
 
 @register_lowering(aten.native_dropout)
