@@ -23,6 +23,8 @@ A Trainium graph cannot raise on a value (neuronx-cc has no conditional and no a
 - ``multinomial``'s weights: eager refuses a negative, infinite or NaN weight, and a row whose weights sum to
   0; the sampler would draw arbitrary categories. Two flags ("some weight is invalid", "some row sums to
   <= 0") become an extra output, and eager's message is raised from them.
+- ``poisson``'s rates: eager refuses a negative or NaN rate; "all rates are >= 0" becomes an extra output
+  (an ``AssertCheck`` with eager's message).
 - ``aten._assert_async.msg(condition, message)``, which torch's decompositions emit for their own checks
   (``F.one_hot``'s class values): the condition becomes an extra output and a false one raises
   ``RuntimeError(message)``.
@@ -95,6 +97,8 @@ _MULTINOMIAL_ERRORS = (  # eager's messages, word for word
     "probability tensor contains either `inf`, `nan` or element < 0",
     "invalid multinomial distribution (sum of probabilities <= 0)",
 )
+_POISSON = _aten.poisson.default
+_POISSON_ERROR = "invalid Poisson rate, expected rate to be non-negative"  # eager's message, word for word
 _ASSERT = _aten._assert_async.msg
 #: aten ops that no lowering sees: taken out of the graph here and run after it (docs/ops.md lists them).
 RUN_AFTER_GRAPH = frozenset({str(_ASSERT)})
@@ -242,6 +246,11 @@ def split_value_checks(gm: torch.fx.GraphModule, index_bounds: bool = True) -> l
         elif node.target is _MULTINOMIAL:
             node.meta[_CHECKED] = True
             found.append((MultinomialCheck(op_name(node), user_source(node)), _multinomial_flags(graph, node)))
+        elif node.target is _POISSON:
+            node.meta[_CHECKED] = True
+            emit = _Inserter(graph, node)
+            valid = emit(_aten.all.default, emit(_aten.ge.Scalar, node.args[0], 0))  # NaN is not >= 0
+            found.append((AssertCheck(_POISSON_ERROR, op_name(node), user_source(node)), valid))
         elif index_bounds and node.target in _INDEXING:
             node.meta[_CHECKED] = True
             found += _index_checks(graph, node)

@@ -325,6 +325,12 @@ OVERRIDES: dict[str, Callable[[Maker], Args]] = {
     "aten.randint_like.low_dtype": lambda m: ((m(3, 4), -3, 7), {}),
     "aten.randint_like.low_generator_dtype": lambda m: ((m(3, 4), -3, 7), {"generator": None}),
     "aten.multinomial.default": lambda m: ((m.pos(3, 4), 2), {}),
+    "aten._standard_gamma.default": lambda m: ((m.pos(3, 4),), {}),
+    "aten._sample_dirichlet.default": lambda m: ((m.pos(3, 4),), {}),
+    "aten.poisson.default": lambda m: ((m.pos(3, 4) * 8,), {}),
+    "aten._standard_gamma_grad.default": lambda m: ((m.pos(3, 4), m.pos(3, 4)), {}),
+    "aten._dirichlet_grad.default": lambda m: (lambda alpha: (
+        (torch.rand(3, 4, generator=m.gen).to(m.dtype) * 0.9 + 0.05, alpha, alpha + m.pos(3, 4)), {}))(m.pos(3, 4)),
     "aten.native_dropout.default": lambda m: ((m(3, 4), 0.5, True), {}),
     "aten.native_dropout_backward.default": lambda m: ((m(3, 4), m.mask(3, 4), 2.0), {}),
     "aten.bernoulli.p": lambda m: ((m(3, 4), 0.3), {}),

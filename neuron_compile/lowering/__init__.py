@@ -7,6 +7,7 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)
     convolution,
     creation,
     distances,
+    distributions,
     factorizations,
     fused_losses,
     grid_sample,
