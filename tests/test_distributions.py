@@ -1,4 +1,4 @@
-"""Samplers that eager runs as rejection loops (Gamma, Dirichlet/Beta, Poisson) and their reparameterized
+"""Samplers that eager runs as rejection loops (Gamma, Dirichlet/Beta, Poisson, Binomial) and their reparameterized
 gradients (lowering/distributions.py). The compiled stream is not eager's, so samples are compared with
 eager's in distribution: a two-sample Kolmogorov-Smirnov distance below its 1e-6 significance bound, under a
 fixed seed. Gradients are compared with eager's float64 values, and training through ``rsample`` with the
@@ -76,6 +76,28 @@ def test_poisson_samples_match_eager_in_distribution(rate) -> None:
     expected = torch.poisson(torch.full((N,), rate, dtype=torch.float64))
     assert (got == got.round()).all() and got.min() >= 0
     assert ks_distance(got, expected) < KS_BOUND, f"Poisson({rate})"
+
+
+_binomial = _compiled(lambda count, p: torch.binomial(count, p))
+
+
+@pytest.mark.parametrize(
+    "count, p", [(10, 0.3), (5, 0.99), (100, 0.1), (20, 0.5), (40, 0.75), (1e4, 0.3), (1e6, 0.001), (1e6, 0.5)]
+)
+def test_binomial_samples_match_eager_in_distribution(count, p) -> None:
+    """Inversion below a mean of 10, BTRS from 10 on (20 x 1/2: its lowest acceptance rate), on min(p, 1 - p)."""
+    torch.manual_seed(0)
+    got = _binomial(torch.full((N,), float(count)), torch.full((N,), p))
+    float64 = {"dtype": torch.float64}
+    expected = torch.binomial(torch.full((N,), float(count), **float64), torch.full((N,), p, **float64))
+    assert (got == got.round()).all() and got.min() >= 0 and got.max() <= count
+    assert ks_distance(got, expected) < KS_BOUND, f"Binomial({count}, {p})"
+
+
+def test_binomial_edge_cases_as_eager() -> None:
+    count = torch.tensor([0.0, -2.0, 10.0, 10.0, 3.0, 7.0])
+    p = torch.tensor([0.5, 0.5, 0.0, 1.0, float("nan"), -0.1])
+    torch.testing.assert_close(_compiled(torch.binomial)(count, p), torch.binomial(count, p), equal_nan=True)
 
 
 @pytest.mark.parametrize("rates", [[1.0, -0.5], [float("nan"), 2.0]], ids=["negative", "nan"])
@@ -181,6 +203,7 @@ def _float64(fn, *args):
     "helper, args",
     [
         ("_poisson_log_pmf", lambda: _around_the_mean([10.0, 1e3, 1e6, 1e7])),
+        ("_binomial_log_pmf", lambda: _binomial_around_the_mean([(20, 0.5), (1e4, 0.3), (1e6, 0.001), (1e7, 0.5)])),
         ("_log1p_remainder", lambda: (np.concatenate([-np.logspace(-6, -0.05, 50), np.logspace(-6, 1, 50)]),)),
         ("_log1p_deficit", lambda: (np.concatenate([-np.logspace(-6, -0.05, 50), np.logspace(-6, 1, 50)]),)),
         ("_digamma_difference", lambda: tuple(np.meshgrid(np.logspace(-3, 4, 30), np.logspace(-6, 3, 30)))),
@@ -210,3 +233,13 @@ def _around_the_mean(rates: list[float]) -> tuple[np.ndarray, np.ndarray]:
         k.append(ks[ks >= 0])
         rate.append(np.full(k[-1].shape, r))
     return np.concatenate(k), np.concatenate(rate)
+
+
+def _binomial_around_the_mean(cases: list[tuple[float, float]]) -> tuple[np.ndarray, ...]:
+    k, count, p = [], [], []
+    for n, q in cases:
+        ks = np.round(n * q + np.sqrt(n * q * (1 - q)) * np.linspace(-6, 6, 41))
+        k.append(np.clip(ks, 0, n))
+        count.append(np.full(ks.shape, n))
+        p.append(np.full(ks.shape, q))
+    return np.concatenate(k), np.concatenate(count), np.concatenate(p)

@@ -328,6 +328,7 @@ OVERRIDES: dict[str, Callable[[Maker], Args]] = {
     "aten._standard_gamma.default": lambda m: ((m.pos(3, 4),), {}),
     "aten._sample_dirichlet.default": lambda m: ((m.pos(3, 4),), {}),
     "aten.poisson.default": lambda m: ((m.pos(3, 4) * 8,), {}),
+    "aten.binomial.default": lambda m: ((torch.full((3, 4), 30.0).to(m.dtype), m.pos(3, 4) / 4), {}),
     "aten._standard_gamma_grad.default": lambda m: ((m.pos(3, 4), m.pos(3, 4)), {}),
     "aten._dirichlet_grad.default": lambda m: (lambda alpha: (
         (torch.rand(3, 4, generator=m.gen).to(m.dtype) * 0.9 + 0.05, alpha, alpha + m.pos(3, 4)), {}))(m.pos(3, 4)),

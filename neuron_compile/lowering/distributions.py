@@ -1,14 +1,14 @@
 """Samplers that eager runs as rejection loops, and their reparameterized gradients: ``_standard_gamma``
-(Gamma, Chi2, StudentT), ``_sample_dirichlet`` (Dirichlet, Beta, LKJCholesky), ``poisson``, with
-``_standard_gamma_grad`` and ``_dirichlet_grad`` (the backward of ``Gamma.rsample``/``Beta.rsample``/
+(Gamma, Chi2, StudentT), ``_sample_dirichlet`` (Dirichlet, Beta, LKJCholesky), ``poisson``, ``binomial``,
+with ``_standard_gamma_grad`` and ``_dirichlet_grad`` (the backward of ``Gamma.rsample``/``Beta.rsample``/
 ``Dirichlet.rsample``).
 
 Eager loops until a candidate is accepted; neuronx-cc takes loops with a static trip count only. So each
 element draws a fixed number of candidates at once and keeps the first accepted one: enough of them that
 all are rejected less than once in 10**13 draws (the worst acceptance rates, measured, are noted at the
 constants below). Then the last candidate is kept, a draw from the proposal distribution, which is close
-to the target: the only departure from eager's distribution. Below rate 10, Poisson is drawn by inversion
-(eager multiplies uniforms: the same distribution).
+to the target: the only departure from eager's distribution. Below a mean of 10, Poisson and Binomial counts
+are drawn by inversion (eager multiplies uniforms or adds geometric variables: the same distributions).
 
 Gamma is sampled as eager does (Marsaglia and Tsang, with the ``alpha < 1`` boost ``G(alpha + 1) *
 U**(1/alpha)``), but in log space: ``log G`` is exact where eager's float64 ``G`` underflows (small
@@ -41,7 +41,10 @@ _F32 = jnp.float32
 _GAMMA_CANDIDATES = 10
 # Hormann's PTRS (Poisson, rate >= 10) rejects 25% at rate 10 (measured), 11% at 1e4: 0.25**24 < 1e-14.
 _POISSON_CANDIDATES = 24
-# Below rate 10, Poisson is drawn by inversion over k = 0 .. 63: P(k > 63 | rate < 10) < 1e-25.
+# Hormann's BTRS (Binomial, count * p >= 10) rejects 29% at count 20, p 1/2, 13% at 3,000 successes: 0.29**26 < 1e-13.
+_BINOMIAL_CANDIDATES = 26
+# Below rate 10 (Poisson) or mean 10 (Binomial), counts are drawn by inversion over k = 0 .. 64:
+# P(k > 64 | mean < 10) < 1e-25.
 _POISSON_INVERSION_TERMS = 64
 _LOG_DBL_MIN = float(np.log(np.finfo(np.float64).tiny))  # eager's float64 gamma samples are clamped there
 
@@ -218,8 +221,8 @@ def standard_gamma_grad(alpha, x):
     dtype = out_dtype()
     alpha, x = _float32(alpha), _float32(x)
     alpha, x = jnp.broadcast_arrays(alpha, x)
-    grad = jnp.where(x < 0.8, _gamma_grad_small_x(alpha, x),
-                     jnp.where(alpha > 8, _gamma_grad_large_alpha(alpha, x), _gamma_grad_rational(alpha, x)))  # fmt: skip
+    larger_x = jnp.where(alpha > 8, _gamma_grad_large_alpha(alpha, x), _gamma_grad_rational(alpha, x))
+    grad = jnp.where(x < 0.8, _gamma_grad_small_x(alpha, x), larger_x)
     return convert(grad, dtype)
 
 
@@ -359,17 +362,22 @@ def dirichlet_grad(x, alpha, total):
 _LOG_FACTORIALS = np.array([math.lgamma(k + 1.0) for k in range(_POISSON_INVERSION_TERMS + 1)])
 
 
-def _poisson_by_inversion(rate: Any, u: Any) -> Any:
-    """``#{k : u < P(X > k)}`` for ``X ~ Poisson(rate)`` and ``u`` uniform in (0, 1]: each tail summed from
-    its far end, so that a tail probability below ``u``'s resolution is never reached by rounding (a sum of
-    the pmf from 0 would round to 1 - 2**-24 or below and give absurd counts about once in 2**24 draws)."""
-    log_rate = lax.log(rate)
-    pmf = [lax.exp(-rate + k * log_rate - jnp.float32(_LOG_FACTORIALS[k])) for k in range(1, len(_LOG_FACTORIALS))]
-    tail, count = jnp.zeros_like(rate), jnp.zeros_like(rate)
-    for k in range(len(pmf) - 1, -1, -1):  # tail = P(X > k) = sum of pmf[k+1 ..]
+def _count_by_inversion(pmf: list[Any], u: Any) -> Any:
+    """``#{k : u < P(X > k)}`` for a count X with ``P(X = k) = pmf[k - 1]`` (k >= 1) and ``u`` uniform in
+    (0, 1]: each tail summed from its far end, so that a tail probability below ``u``'s resolution is never
+    reached by rounding (a sum of the pmf from 0 would round to 1 - 2**-24 or below and give absurd counts
+    about once in 2**24 draws)."""
+    tail, count = jnp.zeros_like(u), jnp.zeros_like(u)
+    for k in range(len(pmf) - 1, -1, -1):  # tail = P(X > k) = sum of pmf[k + 1 ..]
         tail = tail + pmf[k]
         count = count + (u < tail).astype(_F32)
     return count
+
+
+def _poisson_by_inversion(rate: Any, u: Any) -> Any:
+    log_rate = lax.log(rate)
+    return _count_by_inversion(
+        [lax.exp(-rate + k * log_rate - jnp.float32(_LOG_FACTORIALS[k])) for k in range(1, len(_LOG_FACTORIALS))], u)
 
 
 def _stirling_error(k: Any) -> Any:
@@ -380,12 +388,17 @@ def _stirling_error(k: Any) -> Any:
     return jnp.where(k < 10, small, series)
 
 
+def _bd0(x: Any, mean: Any) -> Any:
+    """``x log(x / mean) + mean - x`` (Loader's "bd0", >= 0), as ``mean ((1 + z) log1p(z) - z)`` with ``z = x /
+    mean - 1``, without the cancellation of its terms (each of order ``x log x``)."""
+    z = (x - mean) / mean
+    return mean * (z * z - (1 + z) * _log1p_deficit(z))
+
+
 def _poisson_log_pmf(k: Any, rate: Any) -> Any:
-    """``-rate + k log(rate) - log k!`` for rate >= 10, as ``-rate ((1 + z) log1p(z) - z) - log(2 pi k) / 2 -
-    stirling_error(k)`` with ``z = k / rate - 1``: the direct form cancels terms of order ``k log k``."""
-    z = (k - rate) / rate
-    g = z * z - (1 + z) * _log1p_deficit(z)
-    log_pmf = -rate * g - jnp.float32(0.5) * lax.log(jnp.float32(2 * np.pi) * k) - _stirling_error(k)
+    """``-rate + k log(rate) - log k!`` for rate >= 10, as ``-bd0(k, rate) - log(2 pi k) / 2 -
+    stirling_error(k)``: the direct form cancels terms of order ``k log k``."""
+    log_pmf = -_bd0(k, rate) - jnp.float32(0.5) * lax.log(jnp.float32(2 * np.pi) * k) - _stirling_error(k)
     return jnp.where(k == 0, -rate, log_pmf)
 
 
@@ -415,7 +428,79 @@ def poisson(rates, generator=None):
     bits = random_bits((2 * n + 1, *rates.shape))
     small_rate = jnp.where(rate < 10, rate, jnp.float32(1))  # each branch sees rates it is defined for
     large_rate = jnp.where(rate < 10, jnp.float32(10), rate)
-    count = jnp.where(rate < 10, _poisson_by_inversion(small_rate, _uniforms_open_closed(bits[2 * n])),
-                      _poisson_by_ptrs(large_rate, uniform01(bits[:n], _F32), uniform01(bits[n : 2 * n], _F32)))  # fmt: skip
+    by_inversion = _poisson_by_inversion(small_rate, _uniforms_open_closed(bits[2 * n]))
+    by_ptrs = _poisson_by_ptrs(large_rate, uniform01(bits[:n], _F32), uniform01(bits[n : 2 * n], _F32))
+    count = jnp.where(rate < 10, by_inversion, by_ptrs)
     count = jnp.where(rate == 0, jnp.float32(0), count)
     return convert(jnp.where(rate == jnp.inf, rate, count), dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Binomial: eager's two methods (TensorFlow's): inversion while count * p < 10, Hormann's BTRS from 10 on,
+# both on min(p, 1 - p) (a draw for 1 - p is count minus one for p).
+
+
+def _binomial_by_inversion(count: Any, p: Any, u: Any) -> Any:
+    """Inversion with the pmf by its recurrence ``pmf(k) = pmf(k - 1) (count - k + 1) / k * p / (1 - p)``
+    (eager adds geometric variables: the same distribution)."""
+    odds = p / (1 - p)
+    pmf, term = [], lax.exp(count * lax.log1p(-p))
+    for k in range(1, _POISSON_INVERSION_TERMS + 1):
+        term = term * jnp.maximum(count - (k - 1), 0) / jnp.float32(k) * odds
+        pmf.append(term)
+    return _count_by_inversion(pmf, u)
+
+
+def _binomial_log_pmf(k: Any, count: Any, p: Any) -> Any:
+    """``log(C(count, k) p**k (1 - p)**(count - k))`` for 0 <= k <= count, in Loader's saddle-point form
+    (stirling errors and ``bd0`` deviances: no cancellation of ``count log count`` sized terms)."""
+    q = 1 - p
+    rest = count - k
+    safe_k, safe_rest = jnp.maximum(k, 1), jnp.maximum(rest, 1)
+    log_pmf = (_stirling_error(count) - _stirling_error(safe_k) - _stirling_error(safe_rest)
+               - _bd0(safe_k, count * p) - _bd0(safe_rest, count * q)
+               + jnp.float32(0.5) * lax.log(count / (jnp.float32(2 * np.pi) * safe_k * safe_rest)))  # fmt: skip
+    return jnp.where(k == 0, count * lax.log1p(-p), jnp.where(rest == 0, count * lax.log(p), log_pmf))
+
+
+def _binomial_by_btrs(count: Any, p: Any, u: Any, v: Any) -> Any:
+    """Hormann's BTRS with eager's constants, for count * p >= 10 and p <= 1/2; ``u``, ``v``:
+    ``_BINOMIAL_CANDIDATES`` uniforms each, in [0, 1). Its ratio test compares with ``log(pmf(k) /
+    pmf(mode))``, which eager writes with Stirling tails and computes here from ``_binomial_log_pmf``."""
+    stddev = lax.sqrt(count * p * (1 - p))
+    b = jnp.float32(1.15) + jnp.float32(2.53) * stddev
+    a = jnp.float32(-0.0873) + jnp.float32(0.0248) * b + jnp.float32(0.01) * p
+    c = count * p + jnp.float32(0.5)
+    v_r = jnp.float32(0.92) - jnp.float32(4.2) / b
+    alpha = (jnp.float32(2.83) + jnp.float32(5.1) / b) * stddev
+    mode = jnp.floor((count + 1) * p)
+    u = u - jnp.float32(0.5)
+    us = jnp.float32(0.5) - jnp.abs(u)
+    k = jnp.floor((2 * a / us + b) * u + c)
+    inside = (k >= 0) & (k <= count)
+    k_in = jnp.clip(k, 0, count)
+    fast = (us >= 0.07) & (v <= v_r)
+    ratio = _binomial_log_pmf(k_in, count, p) - _binomial_log_pmf(mode, count, p)
+    accepted = inside & (fast | (lax.log(v * alpha / (a / (us * us) + b)) <= ratio))
+    return _first_accepted(k_in, accepted)
+
+
+@register_lowering(aten.binomial)
+def binomial(counts, probs, generator=None):
+    """Successes as floats of the counts' dtype (float32 arithmetic: exact up to 2**24). As eager: 0 for a
+    count <= 0 or p <= 0, the count for p >= 1, NaN for a NaN p."""
+    dtype = out_dtype()
+    count, prob = jnp.broadcast_arrays(_float32(counts), _float32(probs))
+    flipped = prob > 0.5
+    p = jnp.where(flipped, 1 - prob, prob)
+    p = jnp.where((p > 0) & (count > 0), p, jnp.float32(0.25))  # each branch sees values it is defined for
+    n = _BINOMIAL_CANDIDATES
+    bits = random_bits((2 * n + 1, *count.shape))
+    small = count * p < 10
+    by_inversion = _binomial_by_inversion(jnp.where(small, count, 1), p, _uniforms_open_closed(bits[2 * n]))
+    by_btrs = _binomial_by_btrs(jnp.where(small, 40 / p, count), p, uniform01(bits[:n], _F32),
+                                uniform01(bits[n : 2 * n], _F32))  # fmt: skip
+    draws = jnp.where(small, by_inversion, by_btrs)
+    draws = jnp.where(flipped, count - draws, draws)
+    draws = jnp.where((count <= 0) | (prob <= 0), jnp.float32(0), jnp.where(prob >= 1, count, draws))
+    return convert(jnp.where(jnp.isnan(prob), prob, draws), dtype)
