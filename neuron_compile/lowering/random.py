@@ -13,6 +13,7 @@ exact in the output dtype and never reaches 1.0 (a float32 uniform rounded to bf
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import jax.numpy as jnp
@@ -28,15 +29,23 @@ aten = torch.ops.aten
 
 # The generator state is 128 bits; the per-call seed fills half of it, a constant the rest.
 _STATE_TAIL = (0x6A09E667, 0xBB67AE85)
+_ALGORITHM = lax.RandomAlgorithm.RNG_DEFAULT  # the only one neuronx-cc takes (Philox on XLA CPU)
 
 
 def random_bits(shape: Sequence[int]) -> Any:
-    """uint32 random bits of ``shape`` for the current node (fresh per call of the graph)."""
-    seed = lax.convert_element_type(current().rng_seed(), jnp.uint32)
+    """uint32 random bits of ``shape`` for the current node (fresh per call of the graph).
+
+    On the CPU target they are drawn as uint64 and split: XLA CPU's generator makes 64-bit words about 4x
+    faster per bit than 32-bit ones (measured: 0.24 vs 0.91 ms for 344 KB). Neuron gets uint32 words, as
+    neuronx-cc truncates 64-bit integers without ``--native-int64``. Same distribution, different streams."""
+    ctx = current()
+    seed = lax.convert_element_type(ctx.rng_seed(), jnp.uint32)
     state = jnp.concatenate([seed, jnp.asarray(_STATE_TAIL, jnp.uint32)])
-    _, bits = lax.rng_bit_generator(state, tuple(shape), dtype=jnp.uint32,
-                                    algorithm=lax.RandomAlgorithm.RNG_DEFAULT)
-    return bits
+    count = math.prod(shape)
+    if ctx.target != "cpu" or count < 2:
+        return lax.rng_bit_generator(state, tuple(shape), dtype=jnp.uint32, algorithm=_ALGORITHM)[1]
+    _, words = lax.rng_bit_generator(state, ((count + 1) // 2,), dtype=jnp.uint64, algorithm=_ALGORITHM)
+    return lax.bitcast_convert_type(words, jnp.uint32).reshape(-1)[:count].reshape(tuple(shape))
 
 
 def _digits(dtype: Any) -> int:
@@ -70,12 +79,19 @@ def _uniform(shape: Sequence[int], dtype: Any) -> Any:
     return uniform01(random_bits(shape), dtype)
 
 
+def box_muller(radius_bits: Any, angle_bits: Any) -> tuple[Any, Any]:
+    """Two independent float32 standard normals per pair of 32-bit words (log, sqrt, cos, sin: ops every
+    target has)."""
+    u1 = jnp.float32(1) - uniform01(radius_bits, jnp.float32)  # (0, 1]: log is finite
+    radius = lax.sqrt(jnp.float32(-2) * lax.log(u1))
+    angle = jnp.float32(2 * np.pi) * uniform01(angle_bits, jnp.float32)
+    return radius * lax.cos(angle), radius * lax.sin(angle)
+
+
 def _standard_normal(shape: Sequence[int]) -> Any:
-    """Box-Muller in float32 (log, sqrt, cos: ops every target has)."""
-    bits = random_bits((2, *shape))
-    u1 = jnp.float32(1) - uniform01(bits[0], jnp.float32)  # (0, 1]: log is finite
-    u2 = uniform01(bits[1], jnp.float32)
-    return lax.sqrt(jnp.float32(-2) * lax.log(u1)) * lax.cos(jnp.float32(2 * np.pi) * u2)
+    count = math.prod(shape)
+    bits = random_bits((2, (count + 1) // 2))
+    return jnp.concatenate(box_muller(bits[0], bits[1]))[:count].reshape(tuple(shape))
 
 
 @register_lowering(aten.rand.default, aten.rand.generator, aten.rand_like)
