@@ -127,6 +127,40 @@ def test_fake_quantize_forward_and_backward_match_eager(name: str) -> None:
     assert (want_grad == 0).any() and (want_grad != 0).any()  # both sides of the range are exercised
 
 
+_LEARNABLE = {
+    # zero points that eager rounds: half to even in the forward, zero_point + 0.5 truncated in the backward
+    "per_tensor": (lambda x, s, z: torch._fake_quantize_learnable_per_tensor_affine(x, s, z, -128, 127, 1.0),
+                   [0.07], [[3.0], [-2.5], [-1.7], [2.5]]),
+    "per_tensor_grad_factor": (lambda x, s, z: torch._fake_quantize_learnable_per_tensor_affine(x, s, z, 0, 255, 0.3),
+                               [0.05], [[100.4], [0.5]]),
+    "per_channel": (lambda x, s, z: torch._fake_quantize_learnable_per_channel_affine(x, s, z, 1, 0, 255, 0.5),
+                    [0.1, 0.3, 0.05], [[3.0, 10.5, 127.49], [-4.0, 255.6, 11.5]]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(_LEARNABLE))
+def test_learnable_fake_quantize_matches_eager(name: str) -> None:
+    """LSQ-style QAT (torch.ao's ``_LearnableFakeQuantize``): the value and the gradients of x, the scale and
+    the zero point. Values and dx exactly; the scale and zero-point gradients are sums (summation order)."""
+    fn, scale, zero_points = _LEARNABLE[name]
+    compiled = _compiled(fn)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 3, 5, 6, generator=g) * 3
+    cotangent = torch.randn(4, 3, 5, 6, generator=g)
+    for zero_point in zero_points:
+        results = []
+        for run in (fn, compiled):
+            leaves = [t.clone().requires_grad_() for t in (x, torch.tensor(scale), torch.tensor(zero_point))]
+            out = run(*leaves)
+            out.backward(cotangent)
+            results.append([out.detach()] + [leaf.grad for leaf in leaves])
+        (want, want_dx, want_ds, want_dz), (got, got_dx, got_ds, got_dz) = results
+        assert torch.equal(got, want), f"zero point {zero_point}: {(got - want).abs().max()}"
+        assert torch.equal(got_dx, want_dx), f"zero point {zero_point}"
+        torch.testing.assert_close(got_ds, want_ds, rtol=1e-5, atol=1e-5, msg=f"d scale, zero point {zero_point}")
+        torch.testing.assert_close(got_dz, want_dz, rtol=1e-5, atol=1e-5, msg=f"d zero point, {zero_point}")
+
+
 def test_fake_quantize_with_float_zero_points_is_refused_clearly() -> None:
     x = torch.randn(4, 3)
 

@@ -213,6 +213,14 @@ OVERRIDES: dict[str, Callable[[Maker], Args]] = {
          torch.tensor(2.0)), {"out_dtype": torch.bfloat16}),
     "aten.fake_quantize_per_channel_affine_cachemask.default": lambda m: (
         (m.f32(4, 3) * 4, m.pos(3) * 0.1, torch.tensor([0, 1, -2], dtype=torch.int32), 1, -8, 7), {}),
+    "aten._fake_quantize_learnable_per_tensor_affine.default": lambda m: (
+        (m.f32(4, 3) * 4, m.pos(1) * 0.1, torch.tensor([1.4]), -8, 7), {}),
+    "aten._fake_quantize_learnable_per_tensor_affine_backward.default": lambda m: (
+        (m.f32(4, 3), m.f32(4, 3) * 4, m.pos(1) * 0.1, torch.tensor([1.4]), -8, 7), {}),
+    "aten._fake_quantize_learnable_per_channel_affine.default": lambda m: (
+        (m.f32(4, 3) * 4, m.pos(3) * 0.1, torch.tensor([0.0, 1.4, -2.5]), 1, -8, 7), {}),
+    "aten._fake_quantize_learnable_per_channel_affine_backward.default": lambda m: (
+        (m.f32(4, 3), m.f32(4, 3) * 4, m.pos(3) * 0.1, torch.tensor([0.0, 1.4, -2.5]), 1, -8, 7), {}),
     # factorizations (lowering/factorizations.py): square, symmetric positive-definite or triangular operands
     "aten.linalg_cholesky_ex.default": lambda m: ((_spd(m),), {}),
     "aten.cholesky.default": lambda m: ((_spd(m), True), {}),

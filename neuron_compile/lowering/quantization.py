@@ -106,6 +106,70 @@ def fake_quantize_per_channel_cachemask(x, scale, zero_point, axis, quant_min, q
     if is_float(zero_point.dtype):
         raise Unsupported("per-channel fake quantization with floating-point zero points (eager's learnable-"
                           "quantization path, rounded differently): use integer zero points")  # fmt: skip
+    shape = _channel_shape(x, axis)
+    return _fake_quantize(x, scale.reshape(shape), zero_point.reshape(shape), quant_min, quant_max)
+
+
+# Learnable fake quantization (LSQ: torch.ao's _LearnableFakeQuantize): the scale and zero point are float
+# tensors with gradients. Eager rounds the zero point half to even for the forward (and per channel for the
+# backward too), but truncates ``zero_point + 0.5`` for the per-tensor backward: each as eager.
+
+
+def _rounded_zero_point(zero_point: Any, quant_min: int, quant_max: int) -> Any:
+    return jnp.clip(jnp.round(convert(zero_point, _F32)), quant_min, quant_max)
+
+
+@register_lowering(aten._fake_quantize_learnable_per_tensor_affine)
+def fake_quantize_learnable_per_tensor(x, scale, zero_point, quant_min, quant_max, grad_factor=1.0):
+    zp = _rounded_zero_point(zero_point.reshape(()), quant_min, quant_max)
+    return _fake_quantize(x, convert(scale.reshape(()), _F32), zp, quant_min, quant_max)[0]
+
+
+@register_lowering(aten._fake_quantize_learnable_per_channel_affine)
+def fake_quantize_learnable_per_channel(x, scale, zero_point, axis, quant_min, quant_max, grad_factor=1.0):
+    shape = _channel_shape(x, axis)
+    zp = _rounded_zero_point(zero_point.reshape(shape), quant_min, quant_max)
+    return _fake_quantize(x, convert(scale.reshape(shape), _F32), zp, quant_min, quant_max)[0]
+
+
+def _channel_shape(x: Any, axis: int) -> list[int]:
     shape = [1] * x.ndim
     shape[axis % x.ndim] = x.shape[axis % x.ndim]
-    return _fake_quantize(x, scale.reshape(shape), zero_point.reshape(shape), quant_min, quant_max)
+    return shape
+
+
+def _learnable_grads(grad: Any, x: Any, scale: Any, zp: Any, quant_min: int, quant_max: int,
+                     grad_factor: float) -> tuple[Any, Any, Any]:  # fmt: skip
+    """Per element: d/dx (the straight-through mask), d/dscale and d/dzero_point of the fake-quantized
+    value times ``grad`` (eager's kernel: ``q = round(zp + x / scale)``; outside [quant_min, quant_max] the
+    clamped bound's derivatives, inside ``(x_fq - x) / scale`` for the scale and 0 for the zero point)."""
+    g, xf = convert(grad, _F32), convert(x, _F32)
+    q = jnp.round(zp + xf * (jnp.asarray(1.0, _F32) / scale))
+    inside = (q >= quant_min) & (q <= quant_max)
+    factor = jnp.asarray(grad_factor, _F32)
+    fake_quantized = (jnp.clip(q, quant_min, quant_max) - zp) * scale
+    bound = jnp.where(q < quant_min, jnp.asarray(quant_min, _F32), jnp.asarray(quant_max, _F32))
+    d_scale = jnp.where(inside, g * (fake_quantized - xf) * (jnp.asarray(1.0, _F32) / scale), g * (bound - zp)) * factor
+    d_zero_point = jnp.where(inside, jnp.zeros_like(g), -g * scale * factor)
+    return jnp.where(inside, g, jnp.zeros_like(g)), d_scale, d_zero_point
+
+
+@register_lowering(aten._fake_quantize_learnable_per_tensor_affine_backward)
+def fake_quantize_learnable_per_tensor_backward(grad, x, scale, zero_point, quant_min, quant_max, grad_factor=1.0):
+    zp = jnp.trunc(jnp.clip(convert(zero_point.reshape(()), _F32) + 0.5, quant_min, quant_max))
+    dx, d_scale, d_zero_point = _learnable_grads(grad, x, convert(scale.reshape(()), _F32), zp, quant_min,
+                                                 quant_max, grad_factor)  # fmt: skip
+    return (convert(dx, node_dtype(0)), convert(jnp.sum(d_scale).reshape(1), node_dtype(1)),
+            convert(jnp.sum(d_zero_point).reshape(1), node_dtype(2)))  # fmt: skip
+
+
+@register_lowering(aten._fake_quantize_learnable_per_channel_affine_backward)
+def fake_quantize_learnable_per_channel_backward(grad, x, scale, zero_point, axis, quant_min, quant_max,
+                                                 grad_factor=1.0):  # fmt: skip
+    shape = _channel_shape(x, axis)
+    zp = _rounded_zero_point(zero_point.reshape(shape), quant_min, quant_max)
+    dx, d_scale, d_zero_point = _learnable_grads(grad, x, convert(scale.reshape(shape), _F32), zp, quant_min,
+                                                 quant_max, grad_factor)  # fmt: skip
+    others = tuple(d for d in range(x.ndim) if d != axis % x.ndim)
+    return (convert(dx, node_dtype(0)), convert(jnp.sum(d_scale, axis=others), node_dtype(1)),
+            convert(jnp.sum(d_zero_point, axis=others), node_dtype(2)))  # fmt: skip
