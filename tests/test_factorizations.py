@@ -151,6 +151,17 @@ FORWARD: list[tuple[str, Callable[..., Any], Callable[..., tuple[torch.Tensor, .
     *[(f"linalg.solve_ex {k.__name__}", la.solve_ex, _with_rhs(k)) for k in (general, ill, singular)],
     ("linalg.solve(left=False)", lambda a, b: la.solve(a, b.mT, left=False), _with_rhs(general)),
     ("linalg.solve vector", lambda a, b: la.solve(a, b[..., 0]), _with_rhs(general)),
+    # stage 3: Householder QR (LAPACK's reflectors, so eager's signs); tall, wide, rank-deficient
+    *[(f"linalg.qr(mode={mode}) {k.__name__}", lambda a, mode=mode: la.qr(a, mode=mode), _factor(k))
+      for mode in ("reduced", "complete", "r") for k in (general, ill, singular)],
+    *[(f"linalg.qr(mode={mode}) {shape}", lambda a, mode=mode: la.qr(a, mode=mode),
+       lambda batch, n, shape=shape: (torch.randn(*batch, *shape, generator=_gen(3)),))
+      for mode in ("reduced", "complete") for shape in ((7, 3), (3, 7), (200, 5))],
+    ("linalg.qr zero columns", la.qr,
+     lambda batch, n: (torch.tensor([[1.0, 2.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 3.0]]).expand(*batch, 3, 3),)),
+    ("geqrf", torch.geqrf, lambda batch, n: (torch.randn(*batch, 5, 3, generator=_gen(4)),)),
+    ("linalg.householder_product", la.householder_product,
+     lambda batch, n: torch.geqrf(torch.randn(*batch, 5, 3, generator=_gen(4)))),
 ]  # fmt: skip
 
 @pytest.mark.parametrize("name,fn,build", FORWARD, ids=[row[0] for row in FORWARD])
@@ -206,6 +217,10 @@ GRADS: list[tuple[str, Callable[..., Any], Callable[..., tuple[torch.Tensor, ...
     ("linalg.slogdet", lambda a: la.slogdet(a)[1], _factor(general)),
     ("linalg.inv", la.inv, _factor(general)),
     ("linalg.solve", la.solve, _with_rhs(general)),
+    ("linalg.qr", la.qr, _factor(general)),
+    ("linalg.qr tall", la.qr, lambda batch, n: (torch.randn(*batch, 7, n, generator=_gen(5)),)),
+    ("linalg.householder_product", la.householder_product,
+     lambda batch, n: torch.geqrf(torch.randn(*batch, 6, n, generator=_gen(6)))),
 ]
 
 
@@ -282,7 +297,7 @@ def test_16_bit_operands_are_refused_as_eager_refuses_them(dtype) -> None:
 
 
 # ---- the claim the lowering rests on: pivoting without gather/scatter, loops or conditionals -----------------
-@pytest.mark.parametrize("name,fn", [("lu", F.lu_f32), ("cholesky", F.cholesky_f32)])
+@pytest.mark.parametrize("name,fn", [("lu", F.lu_f32), ("cholesky", F.cholesky_f32), ("qr", F.geqrf_f32)])
 def test_factorization_hlo_has_no_data_dependent_addressing(name, fn) -> None:
     text = jax.jit(lambda a: fn(a)).lower(jax.ShapeDtypeStruct((2, 5, 5), jnp.float32)).as_text()
     for op in ("gather", "scatter", "while", "case", "if", "dynamic_slice", "dynamic_update_slice"):
@@ -360,3 +375,20 @@ def test_orthogonal_parametrization_trains_as_eager() -> None:
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"grad of {name}: {m}")
     weight = twin.weight.detach()
     torch.testing.assert_close(weight @ weight.T, torch.eye(8), rtol=0, atol=1e-5)
+
+
+def test_householder_orthogonal_parametrization_trains_as_eager() -> None:
+    """``orthogonal(..., orthogonal_map="householder")`` (a non-square weight): geqrf-packed reflectors through
+    ``householder_product``, forward and backward."""
+    import copy
+
+    torch.manual_seed(0)
+    model = torch.nn.utils.parametrizations.orthogonal(torch.nn.Linear(8, 5), orthogonal_map="householder")
+    twin = copy.deepcopy(model)
+    x = torch.randn(4, 8)
+    model(x).pow(2).sum().backward()
+    out = torch.compile(twin, backend="neuron", dynamic=False, fullgraph=True)(x)
+    out.pow(2).sum().backward()
+    torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"grad of {name}: {m}")

@@ -1,5 +1,6 @@
 """Linear-algebra factorizations of matrices with static sizes: triangular solves, Cholesky, LU with partial
-pivoting, and what is built on them (solve, inverse, det, slogdet, lu_solve, lu_unpack).
+pivoting, and what is built on them (solve, inverse, det, slogdet, lu_solve, lu_unpack); Householder QR
+(linalg.qr, geqrf, householder_product).
 
 Shapes are static, so factoring an n x n matrix is n unrolled steps, each a handful of elementwise ops,
 compares, selects and reductions over the whole (batched) matrix: all documented neuronx-cc ops, with no
@@ -462,3 +463,111 @@ def linalg_solve_ex(a: Any, b: Any, *, left: bool = True, check_errors: bool = F
         x = x[..., :, 0] if left else x[..., 0, :]
     x = jnp.broadcast_to(x, out_shape(0))
     return convert(x, out_dtype(0)), convert(lu, out_dtype(1)), pivots, info
+
+
+# ---- QR (Householder) -----------------------------------------------------------------------------------
+def _column_norm(col: Any) -> Any:
+    """Euclidean norm over the last dim, scaled by the largest magnitude first (as LAPACK's dnrm2 avoids
+    overflow: squares of float32 values past 1.8e19 would be inf)."""
+    scale = jnp.max(jnp.abs(col), axis=-1, keepdims=True)
+    safe = jnp.where(scale == 0, jnp.ones((), col.dtype), scale)
+    scaled = col / safe
+    return (safe * jnp.sqrt(jnp.sum(scaled * scaled, axis=-1, keepdims=True)))[..., 0]
+
+
+def geqrf_f32(a: Any) -> tuple[Any, Any, Any]:
+    """(R [..., m, n] with zeros below the diagonal, Householder vectors V [..., m, k] (unit at row j of
+    column j, zeros above), tau [..., k]) of float32 [..., m, n], k = min(m, n): LAPACK's dgeqr2 with its
+    dlarfg reflectors, so R's signs are eager's. Step j reflects rows j.. of every column:
+    beta = -sign(alpha) * ||(alpha, x)||, tau = (beta - alpha) / beta, v = (1, x / (alpha - beta)); a column
+    already zero below the diagonal gets tau = 0 (no reflection), as in dlarfg."""
+    m, n = a.shape[-2], a.shape[-1]
+    rows = _iota(m)
+    zero = jnp.zeros((), a.dtype)
+    vectors, taus = [], []
+    for j in range(min(m, n)):
+        column = a[..., :, j]
+        alpha = column[..., j]
+        below = jnp.where(rows > j, column, zero)
+        x_norm = _column_norm(below)
+        reflect = x_norm != 0
+        one = jnp.ones((), a.dtype)
+        beta = -jnp.where(alpha < 0, -one, one) * _column_norm(jnp.stack([alpha, x_norm], -1))
+        beta = jnp.where(reflect, beta, alpha)
+        safe_beta = jnp.where(reflect, beta, jnp.ones((), a.dtype))
+        tau = jnp.where(reflect, (beta - alpha) / safe_beta, zero)
+        denominator = jnp.where(reflect, alpha - beta, jnp.ones((), a.dtype))
+        v = jnp.where(rows == j, jnp.ones((), a.dtype), below / denominator[..., None])
+        w = jnp.sum(v[..., :, None] * a, axis=-2)  # v^T A
+        a = a - tau[..., None, None] * v[..., :, None] * w[..., None, :]
+        # column j is now (R[:j, j], beta, 0, ...): set exactly, as LAPACK stores beta and the vector there
+        a = jnp.where((_iota(n) == j)[None, :] & (rows >= j)[:, None],
+                      jnp.where(rows == j, beta[..., None], zero)[..., :, None], a)  # fmt: skip
+        vectors.append(v)
+        taus.append(tau)
+    v_all = jnp.stack(vectors, axis=-1) if vectors else jnp.zeros(a.shape[:-1] + (0,), a.dtype)
+    tau_all = jnp.stack(taus, axis=-1) if taus else jnp.zeros(a.shape[:-2] + (0,), a.dtype)
+    return a, v_all, tau_all
+
+
+def householder_product_f32(v: Any, tau: Any, columns: int) -> Any:
+    """``H_0 H_1 ... H_{k-1}`` applied to the first ``columns`` columns of the identity (LAPACK's dorg2r),
+    ``H_j = I - tau_j v_j v_j^T``; ``v`` [..., m, k] holds the vectors as columns."""
+    m = v.shape[-2]
+    q = jnp.broadcast_to(jnp.eye(m, columns, dtype=v.dtype), v.shape[:-2] + (m, columns))
+    for j in range(tau.shape[-1] - 1, -1, -1):
+        vj = v[..., :, j]
+        w = jnp.sum(vj[..., :, None] * q, axis=-2)
+        q = q - tau[..., j, None, None] * vj[..., :, None] * w[..., None, :]
+    return q
+
+
+def _packed_vectors(a: Any, k: int) -> Any:
+    """The Householder vectors of a geqrf-packed [..., m, n]: column j below the diagonal, 1 on it."""
+    m = a.shape[-2]
+    rows = _iota(m)[:, None]
+    cols = _iota(k)[None, :]
+    return jnp.where(rows > cols, a[..., :, :k], jnp.where(rows == cols, jnp.ones((), a.dtype), jnp.zeros((), a.dtype)))
+
+
+@register_lowering(aten.linalg_qr.default)
+def linalg_qr(a: Any, mode: str = "reduced") -> Any:
+    """Q, R by Householder reflections (eager's LAPACK geqrf + orgqr, so the same signs): ``mode`` "reduced"
+    (Q [m, k]), "complete" (Q [m, m]) or "r" (an empty Q). Unrolled over the k = min(m, n) columns, so k is
+    bounded as every factorization here; m (a tall matrix's rows) is not."""
+    m, n = a.shape[-2], a.shape[-1]
+    k = min(m, n)
+    _check_order(k)
+    r, v, tau = geqrf_f32(_f32(a))
+    if mode == "complete":
+        q_columns, r = m, r
+    else:
+        q_columns, r = k, r[..., :k, :]
+    triangle = _iota(r.shape[-2])[:, None] <= _iota(n)[None, :]
+    r = jnp.where(triangle, r, jnp.zeros((), r.dtype))
+    if mode == "r":
+        return jnp.zeros((0,), out_dtype(0)), convert(r, out_dtype(1))
+    return convert(householder_product_f32(v, tau, q_columns), out_dtype(0)), convert(r, out_dtype(1))
+
+
+@register_lowering(aten.geqrf.default)
+def geqrf(a: Any) -> Any:
+    """LAPACK's packed form: R on and above the diagonal, the Householder vectors below it; and tau."""
+    k = min(a.shape[-2], a.shape[-1])
+    _check_order(k)
+    r, v, tau = geqrf_f32(_f32(a))
+    m, n = a.shape[-2], a.shape[-1]
+    below = _iota(m)[:, None] > _iota(n)[None, :]
+    v_full = jnp.concatenate([v, jnp.zeros(v.shape[:-1] + (n - k,), v.dtype)], axis=-1) if n > k else v
+    packed = jnp.where(below, v_full, r)
+    return convert(packed, out_dtype(0)), convert(tau, out_dtype(1))
+
+
+@register_lowering(aten.linalg_householder_product.default)
+def linalg_householder_product(a: Any, tau: Any) -> Any:
+    """``H_0 ... H_{k-1}`` times the first n columns of the identity, the vectors read from ``a`` [..., m, n]
+    below its diagonal (``torch.geqrf``'s packing; the orthogonal parametrization's "householder" map)."""
+    k = tau.shape[-1]
+    _check_order(k)
+    a32, tau32 = _batch_broadcast(_f32(a), _f32(tau), core=(2, 1))
+    return convert(householder_product_f32(_packed_vectors(a32, k), tau32, a.shape[-1]), out_dtype())

@@ -214,6 +214,4 @@ register_refusal(
     _linalg._linalg_eigh, _linalg.linalg_eig, _linalg._linalg_eigvals, _linalg.linalg_eigvals, _linalg._linalg_svd,
     reason=_ITERATIVE,
 )  # fmt: skip
-register_refusal(
-    _linalg.linalg_qr, _linalg.geqrf, _linalg.ormqr, _linalg.linalg_householder_product, reason=_UNROLLABLE,
-)  # fmt: skip
+register_refusal(_linalg.ormqr, reason=_UNROLLABLE)
