@@ -162,6 +162,10 @@ FORWARD: list[tuple[str, Callable[..., Any], Callable[..., tuple[torch.Tensor, .
     ("geqrf", torch.geqrf, lambda batch, n: (torch.randn(*batch, 5, 3, generator=_gen(4)),)),
     ("linalg.householder_product", la.householder_product,
      lambda batch, n: torch.geqrf(torch.randn(*batch, 5, 3, generator=_gen(4)))),
+    *[(f"ormqr(left={left}, transpose={t})", lambda a, tau, c, left=left, t=t: torch.ormqr(a, tau, c, left, t),
+       lambda batch, n, left=left: (*torch.geqrf(torch.randn(*batch, 5, 3, generator=_gen(4))),
+                                    torch.randn(*batch, *((5, 2) if left else (2, 5)), generator=_gen(8))))
+      for left in (True, False) for t in (False, True)],
 ]  # fmt: skip
 
 @pytest.mark.parametrize("name,fn,build", FORWARD, ids=[row[0] for row in FORWARD])

@@ -321,9 +321,8 @@ def test_signbit_is_exact(dtype) -> None:
         (torch.linalg.ldl_factor, "Bunch-Kaufman"),
         (torch.linalg.eigh, "until convergence"),
         (torch.linalg.svd, "until convergence"),
-        (lambda a: torch.ormqr(a, torch.ones(2), a), "not lowered yet"),
     ],
-    ids=["ldl_factor", "eigh", "svd", "ormqr"],
+    ids=["ldl_factor", "eigh", "svd"],
 )
 def test_linalg_decompositions_are_refused_with_the_reason(fn, reason) -> None:
     a = torch.tensor([[4.0, 1.0], [1.0, 3.0]])

@@ -232,6 +232,7 @@ OVERRIDES: dict[str, Callable[[Maker], Args]] = {
     "aten.linalg_lu.default": lambda m: ((m(2, 3, 5),), {}),
     "aten.lu_unpack.default": lambda m: (torch.linalg.lu_factor(_dominant(m)), {}),
     "aten.linalg_householder_product.default": lambda m: ((m.f32(5, 3), m.f32(3)), {}),
+    "aten.ormqr.default": lambda m: ((m.f32(5, 3), m.f32(3), m.f32(5, 2)), {}),
     "aten.linalg_lu_solve.default": lambda m: ((*torch.linalg.lu_factor(_dominant(m)), m(2, 4, 3)), {"adjoint": True}),
     "aten._linalg_det.default": lambda m: ((m(2, 4, 4),), {}),
     "aten._linalg_slogdet.default": lambda m: ((m(2, 4, 4),), {}),

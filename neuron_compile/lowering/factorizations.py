@@ -1,6 +1,6 @@
 """Linear-algebra factorizations of matrices with static sizes: triangular solves, Cholesky, LU with partial
 pivoting, and what is built on them (solve, inverse, det, slogdet, lu_solve, lu_unpack); Householder QR
-(linalg.qr, geqrf, householder_product).
+(linalg.qr, geqrf, householder_product, ormqr).
 
 Shapes are static, so factoring an n x n matrix is n unrolled steps, each a handful of elementwise ops,
 compares, selects and reductions over the whole (batched) matrix: all documented neuronx-cc ops, with no
@@ -571,3 +571,21 @@ def linalg_householder_product(a: Any, tau: Any) -> Any:
     _check_order(k)
     a32, tau32 = _batch_broadcast(_f32(a), _f32(tau), core=(2, 1))
     return convert(householder_product_f32(_packed_vectors(a32, k), tau32, a.shape[-1]), out_dtype())
+
+
+@register_lowering(aten.ormqr.default)
+def ormqr(a: Any, tau: Any, other: Any, left: bool = True, transpose: bool = False) -> Any:
+    """``Q C``, ``Q^T C``, ``C Q`` or ``C Q^T`` for the Q of ``torch.geqrf``'s packing (LAPACK's dorm2r),
+    one reflector at a time: ``H C = C - tau v (v^T C)``, ``C H = C - tau (C v) v^T``."""
+    k = tau.shape[-1]
+    _check_order(k)
+    a32, tau32, c = _batch_broadcast(_f32(a), _f32(tau), _f32(other), core=(2, 1, 2))
+    v = _packed_vectors(a32, k)
+    order = range(k) if left == transpose else range(k - 1, -1, -1)  # Q = H_0 H_1 ... H_{k-1}
+    for j in order:
+        vj, tj = v[..., :, j], tau32[..., j, None, None]
+        if left:
+            c = c - tj * vj[..., :, None] * jnp.sum(vj[..., :, None] * c, axis=-2)[..., None, :]
+        else:
+            c = c - tj * jnp.sum(c * vj[..., None, :], axis=-1)[..., :, None] * vj[..., None, :]
+    return convert(c, out_dtype())

@@ -204,14 +204,10 @@ _ITERATIVE = (
     "eigen/singular value decomposition: an iteration run until convergence, whose trip count depends on the "
     f"values, and neuronx-cc runs only loops with a static trip count; {_OUTSIDE}"
 )
-_UNROLLABLE = (
-    "not lowered yet: for a small static size this is an unrolled loop of elementwise ops and matmuls (legal HLO), "
-    f"but no such lowering exists here; {_OUTSIDE}"
-)
 _linalg = torch.ops.aten
 register_refusal(_linalg.linalg_ldl_factor_ex, _linalg.linalg_ldl_solve, reason=_PIVOTED)
 register_refusal(
     _linalg._linalg_eigh, _linalg.linalg_eig, _linalg._linalg_eigvals, _linalg.linalg_eigvals, _linalg._linalg_svd,
     reason=_ITERATIVE,
 )  # fmt: skip
-register_refusal(_linalg.ormqr, reason=_UNROLLABLE)
+
