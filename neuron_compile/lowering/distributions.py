@@ -45,7 +45,7 @@ _POISSON_CANDIDATES = 24
 _BINOMIAL_CANDIDATES = 26
 # Below rate 10 (Poisson) or mean 10 (Binomial), counts are drawn by inversion over k = 0 .. 64:
 # P(k > 64 | mean < 10) < 1e-25.
-_POISSON_INVERSION_TERMS = 64
+_INVERSION_TERMS = 64
 _LOG_DBL_MIN = float(np.log(np.finfo(np.float64).tiny))  # eager's float64 gamma samples are clamped there
 
 
@@ -372,7 +372,7 @@ def _count_by_inversion(pmf: list[Any], u: Any) -> Any:
 
 def _poisson_by_inversion(rate: Any, u: Any) -> Any:
     pmf, term = [], lax.exp(-rate)
-    for k in range(1, _POISSON_INVERSION_TERMS + 1):
+    for k in range(1, _INVERSION_TERMS + 1):
         term = term * rate / jnp.float32(k)
         pmf.append(term)
     return _count_by_inversion(pmf, u)
@@ -450,7 +450,7 @@ def _binomial_by_inversion(count: Any, p: Any, u: Any) -> Any:
     (eager adds geometric variables: the same distribution)."""
     odds = p / (1 - p)
     pmf, term = [], lax.exp(count * lax.log1p(-p))
-    for k in range(1, _POISSON_INVERSION_TERMS + 1):
+    for k in range(1, _INVERSION_TERMS + 1):
         term = term * jnp.maximum(count - (k - 1), 0) / jnp.float32(k) * odds
         pmf.append(term)
     return _count_by_inversion(pmf, u)
