@@ -155,14 +155,17 @@ def check_compiled(case: Case, dtype: torch.dtype) -> None:
                 _assert_same(a.grad, e.grad, grad_tol, f"{what} grad of input {i}")
 
 
-def run_aten(fn: Callable[..., Any], inputs: list[Any], tracing_mode: str = "real") -> list[torch.Tensor]:
-    """Lower the aten graph of ``fn`` (no decompositions) and run it on the CPU target."""
+def run_aten(
+    fn: Callable[..., Any], inputs: list[Any], tracing_mode: str = "real", form: str = "cpu"
+) -> list[torch.Tensor]:
+    """Lower the aten graph of ``fn`` (no decompositions) and run it on the CPU target; ``form="neuron"``
+    runs the module lowered for the neuron target (valid HLO for XLA CPU when it holds no device call)."""
 
     def as_tuple(*args):
         return tuple(tensor_leaves(fn(*args)))
 
     gm = make_fx(as_tuple, tracing_mode=tracing_mode)(*inputs)
-    lowered = lower_graph(gm, list(inputs), "families")
+    lowered = lower_graph(gm, list(inputs), "families", target=form)
     target = CpuTarget()
     executable = target.compile(lowered.stablehlo())
     graph = CompiledGraph("families", target, executable, lowered.inputs, lowered.outputs, lowered.needs_rng_seed)
@@ -933,6 +936,31 @@ def test_uniform_normal_bernoulli_exponential_randint() -> None:
     assert ri.dtype == torch.int64 and ri.min() == 3 and ri.max() == 10
     assert abs(ri.float().mean() - 6.5) < 0.1
     assert ril.dtype == torch.float32 and set(ril.unique().tolist()) == {0.0, 1.0, 2.0, 3.0, 4.0}
+
+
+@pytest.mark.parametrize("form", ["cpu", "neuron"])
+def test_random_bits_per_target_form(form) -> None:
+    """The neuron form draws uint32 generator words (neuronx-cc truncates 64-bit integers), the CPU form
+    uint64 words split in two (XLA CPU makes them ~4x faster per bit); both give the same distributions:
+    uniform mean and variance, normal moments, dropout's keep rate, each within 5 standard errors."""
+
+    def draws(x):
+        return torch.rand_like(x), torch.randn_like(x), torch.native_dropout(x, 0.3, True)[1]
+
+    x = torch.zeros(300, 200)
+    words = [line for line in lower_graph(make_fx(draws)(x), [x], "rng", target=form).stablehlo().splitlines()
+             if "rng_bit_generator" in line]  # fmt: skip
+    assert words and all(("xui32>)" in w) == (form == "neuron") for w in words), words
+    torch.manual_seed(0)
+    uniform, normal, keep = run_aten(draws, [x], form=form)
+    n = x.numel()
+    assert abs(float(uniform.mean()) - 0.5) < 5 * (1 / 12 / n) ** 0.5
+    assert abs(float(uniform.var()) - 1 / 12) < 5 * (1 / 180 / n) ** 0.5
+    assert abs(float(normal.mean())) < 5 / n**0.5 and abs(float(normal.var()) - 1) < 5 * (2 / n) ** 0.5
+    assert abs(float(normal.pow(4).mean()) - 3) < 5 * (96 / n) ** 0.5
+    assert abs(float(keep.float().mean()) - 0.7) < 5 * (0.21 / n) ** 0.5
+    pairs = uniform.flatten().view(-1, 2) - 0.5  # the two halves of one 64-bit word on the CPU form
+    assert abs(float((pairs[:, 0] * pairs[:, 1]).mean() * 12)) < 5 / (n / 2) ** 0.5  # correlation
 
 
 def test_randperm_is_a_permutation() -> None:
