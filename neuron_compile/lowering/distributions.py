@@ -22,7 +22,6 @@ log1p(z)``, distances from the mean) are computed in forms that do not.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import jax.numpy as jnp
@@ -31,6 +30,7 @@ import torch
 from jax import lax
 
 from .random import box_muller, random_bits, uniform01
+from .stable_forms import bd0, log1p_deficit, log1p_remainder, stirling_error
 from .registry import Unsupported, register_lowering
 from .semantics import convert, is_float, out_dtype
 
@@ -74,28 +74,6 @@ def _first_accepted(candidates: Any, accepted: Any) -> Any:
     return chosen
 
 
-def _log1p_series(t: Any, terms: int) -> Any:
-    """``(log1p(t) - t + t**2/2 - t**3/3) / t**4`` by its series, to ``t**terms``."""
-    series = jnp.zeros_like(t)
-    for k in range(terms, 3, -1):
-        series = series * t + jnp.float32((-1) ** (k + 1) / k)
-    return series
-
-
-def _log1p_remainder(t: Any) -> Any:
-    """``log1p(t) - t + t**2/2 - t**3/3``, O(t**4): by its series below |t| = 1/2 (to t**28: the next term
-    is below 1e-7 relative), where the direct sum cancels more than ~50-fold."""
-    direct = lax.log1p(t) - t + t * t * (jnp.float32(0.5) - t / jnp.float32(3))
-    return jnp.where(jnp.abs(t) < 0.5, _log1p_series(t, 28) * (t * t) * (t * t), direct)
-
-
-def _log1p_deficit(z: Any) -> Any:
-    """``z - log1p(z)`` (>= 0, O(z**2)): by its series below |z| = 1/4 (to z**14: the next term is below
-    1e-8 relative), where the direct difference cancels more than ~10-fold."""
-    series = z * z * (jnp.float32(0.5) - z / jnp.float32(3) - _log1p_series(z, 14) * (z * z))
-    return jnp.where(jnp.abs(z) < 0.25, series, z - lax.log1p(z))
-
-
 def _log_standard_gamma(alpha: Any, bits: Any) -> Any:
     """``log G`` with ``G ~ Gamma(alpha, 1)`` (float32 ``alpha``); ``bits`` has ``2 * _GAMMA_CANDIDATES + 1``
     planes of ``alpha``'s shape. ``-inf`` where ``alpha <= 0`` or NaN (eager returns 0 there)."""
@@ -109,7 +87,7 @@ def _log_standard_gamma(alpha: Any, bits: Any) -> Any:
     t = c * x
     # Accept when log u < x**2/2 + d (1 - v + log v), v = (1 + t)**3; with d t**2 = x**2/9 that is
     # 3 d (log1p(t) - t + t**2/2 - t**3/3), whose terms cancel to O(t**4): computed as such, not by difference.
-    accepted = (t > -1) & (lax.log(u) < jnp.float32(3) * d * _log1p_remainder(t))
+    accepted = (t > -1) & (lax.log(u) < jnp.float32(3) * d * log1p_remainder(t))
     log_sample = _first_accepted(lax.log(d) + jnp.float32(3) * lax.log1p(t), accepted)
     boost = lax.log(_uniforms_open_closed(bits[2 * n])) / alpha
     log_sample = log_sample + jnp.where(boosted, boost, jnp.float32(0))
@@ -178,7 +156,7 @@ def _gamma_grad_large_alpha(alpha: Any, x: Any) -> Any:
                                            + 107 * inv + 3600 * r) / jnp.float32(1244160)  # fmt: skip
     denom = lax.sqrt(8 * alpha)
     term2 = denom / (alpha - x)
-    term3 = jnp.power(alpha * _log1p_deficit(rel), -1.5)
+    term3 = jnp.power(alpha * log1p_deficit(rel), -1.5)
     term23 = jnp.where(x < alpha, term2 - term3, term2 + term3)
     term1 = lax.log1p(rel) * term23 - lax.sqrt(2 * inv) * (alpha + x) / ((alpha - x) * (alpha - x))
     stirling = 1 + inv / 12 * (1 + inv / 24)
@@ -294,7 +272,7 @@ def _beta_grad_alpha_mid(x: Any, alpha: Any, beta: Any) -> Any:
              / (lax.sqrt(2 * alpha / beta) * jnp.power(total, 1.5) * axbx * axbx))  # fmt: skip
     term2 = -0.5 * lax.log1p(e / mean)
     term3 = lax.sqrt(8 * alpha * beta / total) / axbx
-    kl = alpha * _log1p_deficit(e / mean) + beta * _log1p_deficit(-e / mean_complement)
+    kl = alpha * log1p_deficit(e / mean) + beta * log1p_deficit(-e / mean_complement)
     term4 = jnp.power(kl, -1.5)
     far = stirling * prefactor * (term1 + term2 * (term3 + jnp.where(x < mean, term4, -term4)))
     return jnp.where((mean - 0.1 * std <= x) & (x <= mean + 0.1 * std), near, far)
@@ -378,32 +356,10 @@ def _poisson_by_inversion(rate: Any, u: Any) -> Any:
     return _count_by_inversion(pmf, u)
 
 
-# log k! - (k log k - k + log(2 pi k) / 2) for k = 1 .. 9; from 10 on its asymptotic series is exact to float32.
-_STIRLING_ERRORS = [math.lgamma(k + 1.0) - (k * math.log(k) - k + 0.5 * math.log(2 * math.pi * k))
-                    for k in range(1, 10)]  # fmt: skip
-
-
-def _stirling_error(k: Any) -> Any:
-    """``log k! - (k log k - k + log(2 pi k) / 2)`` for k >= 1 (below 10: of ``floor(k)``, from a table, as
-    eager's Stirling tails)."""
-    inv2 = 1 / (k * k)
-    result = (jnp.float32(1 / 12) - inv2 * (jnp.float32(1 / 360) - inv2 / jnp.float32(1260))) / k
-    for j, value in enumerate(_STIRLING_ERRORS, start=1):
-        result = jnp.where((k >= j) & (k < j + 1), jnp.float32(value), result)
-    return result
-
-
-def _bd0(x: Any, mean: Any) -> Any:
-    """``x log(x / mean) + mean - x`` (Loader's "bd0", >= 0), as ``mean ((1 + z) log1p(z) - z)`` with ``z = x /
-    mean - 1``, without the cancellation of its terms (each of order ``x log x``)."""
-    z = (x - mean) / mean
-    return mean * (z * z - (1 + z) * _log1p_deficit(z))
-
-
 def _poisson_log_pmf(k: Any, rate: Any) -> Any:
     """``-rate + k log(rate) - log k!`` for rate >= 10, as ``-bd0(k, rate) - log(2 pi k) / 2 -
     stirling_error(k)``: the direct form cancels terms of order ``k log k``."""
-    log_pmf = -_bd0(k, rate) - jnp.float32(0.5) * lax.log(jnp.float32(2 * np.pi) * k) - _stirling_error(k)
+    log_pmf = -bd0(k, rate) - jnp.float32(0.5) * lax.log(jnp.float32(2 * np.pi) * k) - stirling_error(k)
     return jnp.where(k == 0, -rate, log_pmf)
 
 
@@ -462,8 +418,8 @@ def _binomial_log_pmf(k: Any, count: Any, p: Any) -> Any:
     q = 1 - p
     rest = count - k
     safe_k, safe_rest = jnp.maximum(k, 1), jnp.maximum(rest, 1)
-    log_pmf = (_stirling_error(count) - _stirling_error(safe_k) - _stirling_error(safe_rest)
-               - _bd0(safe_k, count * p) - _bd0(safe_rest, count * q)
+    log_pmf = (stirling_error(count) - stirling_error(safe_k) - stirling_error(safe_rest)
+               - bd0(safe_k, count * p) - bd0(safe_rest, count * q)
                + jnp.float32(0.5) * lax.log(count / (jnp.float32(2 * np.pi) * safe_k * safe_rest)))  # fmt: skip
     return jnp.where(k == 0, count * lax.log1p(-p), jnp.where(rest == 0, count * lax.log(p), log_pmf))
 
