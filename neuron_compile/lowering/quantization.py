@@ -144,12 +144,13 @@ def _learnable_grads(grad: Any, x: Any, scale: Any, zp: Any, quant_min: int, qua
     value times ``grad`` (eager's kernel: ``q = round(zp + x / scale)``; outside [quant_min, quant_max] the
     clamped bound's derivatives, inside ``(x_fq - x) / scale`` for the scale and 0 for the zero point)."""
     g, xf = convert(grad, _F32), convert(x, _F32)
-    q = jnp.round(zp + xf * (jnp.asarray(1.0, _F32) / scale))
+    inv_scale = jnp.asarray(1.0, _F32) / scale
+    q = jnp.round(zp + xf * inv_scale)
     inside = (q >= quant_min) & (q <= quant_max)
     factor = jnp.asarray(grad_factor, _F32)
     fake_quantized = (jnp.clip(q, quant_min, quant_max) - zp) * scale
     bound = jnp.where(q < quant_min, jnp.asarray(quant_min, _F32), jnp.asarray(quant_max, _F32))
-    d_scale = jnp.where(inside, g * (fake_quantized - xf) * (jnp.asarray(1.0, _F32) / scale), g * (bound - zp)) * factor
+    d_scale = jnp.where(inside, g * (fake_quantized - xf) * inv_scale, g * (bound - zp)) * factor
     d_zero_point = jnp.where(inside, jnp.zeros_like(g), -g * scale * factor)
     return jnp.where(inside, g, jnp.zeros_like(g)), d_scale, d_zero_point
 
