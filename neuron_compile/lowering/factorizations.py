@@ -475,6 +475,12 @@ def _column_norm(col: Any) -> Any:
     return (safe * jnp.sqrt(jnp.sum(scaled * scaled, axis=-1, keepdims=True)))[..., 0]
 
 
+def _reflect(c: Any, v: Any, tau: Any) -> Any:
+    """``H C = C - tau v (v^T C)`` for one Householder reflector ``v`` [..., m] of ``C`` [..., m, n]."""
+    w = jnp.sum(v[..., :, None] * c, axis=-2)
+    return c - tau[..., None, None] * v[..., :, None] * w[..., None, :]
+
+
 def geqrf_f32(a: Any) -> tuple[Any, Any, Any]:
     """(R [..., m, n] with zeros below the diagonal, Householder vectors V [..., m, k] (unit at row j of
     column j, zeros above), tau [..., k]) of float32 [..., m, n], k = min(m, n): LAPACK's dgeqr2 with its
@@ -498,8 +504,7 @@ def geqrf_f32(a: Any) -> tuple[Any, Any, Any]:
         tau = jnp.where(reflect, (beta - alpha) / safe_beta, zero)
         denominator = jnp.where(reflect, alpha - beta, jnp.ones((), a.dtype))
         v = jnp.where(rows == j, jnp.ones((), a.dtype), below / denominator[..., None])
-        w = jnp.sum(v[..., :, None] * a, axis=-2)  # v^T A
-        a = a - tau[..., None, None] * v[..., :, None] * w[..., None, :]
+        a = _reflect(a, v, tau)
         # column j is now (R[:j, j], beta, 0, ...): set exactly, as LAPACK stores beta and the vector there
         a = jnp.where((_iota(n) == j)[None, :] & (rows >= j)[:, None],
                       jnp.where(rows == j, beta[..., None], zero)[..., :, None], a)  # fmt: skip
@@ -516,9 +521,7 @@ def householder_product_f32(v: Any, tau: Any, columns: int) -> Any:
     m = v.shape[-2]
     q = jnp.broadcast_to(jnp.eye(m, columns, dtype=v.dtype), v.shape[:-2] + (m, columns))
     for j in range(tau.shape[-1] - 1, -1, -1):
-        vj = v[..., :, j]
-        w = jnp.sum(vj[..., :, None] * q, axis=-2)
-        q = q - tau[..., j, None, None] * vj[..., :, None] * w[..., None, :]
+        q = _reflect(q, v[..., :, j], tau[..., j])
     return q
 
 
@@ -539,10 +542,8 @@ def linalg_qr(a: Any, mode: str = "reduced") -> Any:
     k = min(m, n)
     _check_order(k)
     r, v, tau = geqrf_f32(_f32(a))
-    if mode == "complete":
-        q_columns, r = m, r
-    else:
-        q_columns, r = k, r[..., :k, :]
+    q_columns = m if mode == "complete" else k
+    r = r if mode == "complete" else r[..., :k, :]
     triangle = _iota(r.shape[-2])[:, None] <= _iota(n)[None, :]
     r = jnp.where(triangle, r, jnp.zeros((), r.dtype))
     if mode == "r":
@@ -582,10 +583,8 @@ def ormqr(a: Any, tau: Any, other: Any, left: bool = True, transpose: bool = Fal
     a32, tau32, c = _batch_broadcast(_f32(a), _f32(tau), _f32(other), core=(2, 1, 2))
     v = _packed_vectors(a32, k)
     order = range(k) if left == transpose else range(k - 1, -1, -1)  # Q = H_0 H_1 ... H_{k-1}
+    if not left:
+        c = _mT(c)  # C H = (H C^T)^T: H is symmetric
     for j in order:
-        vj, tj = v[..., :, j], tau32[..., j, None, None]
-        if left:
-            c = c - tj * vj[..., :, None] * jnp.sum(vj[..., :, None] * c, axis=-2)[..., None, :]
-        else:
-            c = c - tj * jnp.sum(c * vj[..., None, :], axis=-1)[..., :, None] * vj[..., None, :]
-    return convert(c, out_dtype())
+        c = _reflect(c, v[..., :, j], tau32[..., j])
+    return convert(c if left else _mT(c), out_dtype())

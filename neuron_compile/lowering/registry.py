@@ -210,4 +210,3 @@ register_refusal(
     _linalg._linalg_eigh, _linalg.linalg_eig, _linalg._linalg_eigvals, _linalg.linalg_eigvals, _linalg._linalg_svd,
     reason=_ITERATIVE,
 )  # fmt: skip
-
