@@ -85,11 +85,11 @@ def test_random_ops_in_a_loop_body_draw_fresh_numbers_each_step(loop: str) -> No
 
 def test_unsupported_op_in_a_loop_body_is_reported_once_with_its_line() -> None:
     def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return scan(lambda c, x_t: (c + 1, torch.linalg.eigvalsh(x_t + x_t.mT)), torch.zeros(()), x)  # LINE_BODY
+        return scan(lambda c, x_t: (c + 1, torch.linalg.eigvals(x_t).real), torch.zeros(()), x)  # LINE_BODY
 
     line = next(i for i, l in enumerate(open(__file__).read().splitlines(), 1) if l.rstrip().endswith("# LINE_BODY"))
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
         torch.compile(fn, backend="neuron", dynamic=False, fullgraph=True)(torch.rand(10, 3, 3))
     message = str(info.value)
-    assert "1 node(s)" in message and message.count("aten._linalg_eigh.default") == 1, message
+    assert "1 node(s)" in message and message.count("aten.linalg_eig.default") == 1, message
     assert f"test_control_flow.py:{line}" in message, message
