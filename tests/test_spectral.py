@@ -148,6 +148,8 @@ def test_svd_matches_eager(kind: str, m: int, n: int, full: bool) -> None:
     for name, q in (("U^T U", u.double().mT @ u.double()), ("Vh Vh^T", vh.double() @ vh.double().mT)):
         gap = (q - torch.eye(q.shape[-1], dtype=torch.float64)).abs().max()
         assert gap <= 16 * max(m, n) * EPS, f"{where}: |{name} - I| = {gap:.3g}"
+    if kind == "zero":  # no direction is determined: eager's identity, as OpInfo's subgradients at zero expect
+        assert torch.equal(u, u_eager) and torch.equal(vh, vh_eager), f"{where}: U, Vh of a zero matrix"
     if kind == "random":
         torch.testing.assert_close(u[..., :k].abs(), u_eager[..., :k].abs(), atol=2e-4 * m, rtol=0, msg=where)
         torch.testing.assert_close(vh[..., :k, :].abs(), vh_eager[..., :k, :].abs(), atol=2e-4 * n, rtol=0, msg=where)
@@ -195,6 +197,8 @@ USES: list[tuple[str, Callable[..., torch.Tensor], tuple[int, ...]]] = [
     ("least squares by pinv", lambda x: la.pinv(x) @ torch.arange(6.0)[:, None], (6, 3)),
     ("ZCA whitening", _whiten, (16, 4)),
     ("rank-2 approximation", _low_rank, (6, 5)),
+    ("spectral norm at zero (subgradient)", lambda x: la.matrix_norm(0 * x, ord=2), (4, 3)),
+    ("nuclear norm at zero (subgradient)", lambda x: la.matrix_norm(0 * x, ord="nuc"), (3, 4)),
 ]
 
 

@@ -228,12 +228,15 @@ def _fixed_vectors(m: int, k: int, dtype: Any) -> Any:
 def _complete(u: Any, known: Any, columns: int) -> Any:
     """``columns`` orthonormal columns whose first u.shape[-1] are ``u``'s where ``known`` [..., n]; the others
     span the rest: fixed vectors with the known columns projected out (twice, for orthogonality to rounding),
-    then orthogonalized among themselves by Jacobi rotations and normalized."""
+    then orthogonalized among themselves by Jacobi rotations and normalized. Orthonormal candidates
+    (the identity's, where nothing is known) come through unrotated."""
     m, n = u.shape[-2], u.shape[-1]
     known = jnp.concatenate([known, jnp.zeros(known.shape[:-1] + (columns - n,), bool)], axis=-1)
     u = jnp.concatenate([u, jnp.zeros(u.shape[:-1] + (columns - n,), u.dtype)], axis=-1)
     kept = jnp.where(known[..., None, :], u, jnp.zeros((), u.dtype))
-    w = jnp.broadcast_to(_fixed_vectors(m, columns, u.dtype), u.shape)
+    # Nothing known (a zero matrix): the identity's columns, as eager's U there.
+    nothing_known = ~jnp.any(known, axis=-1)[..., None, None]
+    w = jnp.where(nothing_known, jnp.eye(m, columns, dtype=u.dtype), _fixed_vectors(m, columns, u.dtype))
     for _ in range(2):
         w = w - kept @ (_mT(kept) @ w)
     x = jnp.where(known[..., None, :], u, w)
