@@ -624,6 +624,14 @@ ATEN_PADDING = [
              (F32, BF16))
         for i, p in enumerate(([-4, 5, 0, 0], [0, 0, 2, -4], [-1, 2, -2, -1], [1, -3, 0, 0]))
     ],
+    # Negative reflection pads crop too: output j reads input reflect(j - low) (the OpInfo pad.reflect sample).
+    *[
+        Case(f"reflection_pad2d_negative_{i}", lambda x, p=p: aten.reflection_pad2d(x, p), [randn(2, 3, 4, 4)],
+             (F32, BF16))
+        for i, p in enumerate(([-2, 1, 0, 0], [0, 0, 3, -3], [-1, 2, -2, -1], [1, -3, 0, 0]))
+    ],
+    Case("reflection_pad2d_negative_backward", lambda g, x: aten.reflection_pad2d_backward(g, x, [-2, 1, 3, -1]),
+         [_grad_probe((1, 2, 6, 3)), randn(1, 2, 4, 4)], tol="sum"),
     Case("replication_pad1d_negative_backward", lambda g, x: aten.replication_pad1d_backward(g, x, [-4, 5]),
          [_grad_probe((2, 3, 5)), randn(2, 3, 4)], tol="sum"),
     Case("replication_pad2d_negative_backward", lambda g, x: aten.replication_pad2d_backward(g, x, [-1, 2, 2, -4]),
