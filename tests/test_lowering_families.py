@@ -407,6 +407,13 @@ SORTING = [
     Case("topk_largest", lambda x: torch.topk(x, 3, dim=1), [distinct(3, 7)], (F32,)),
     Case("topk_smallest_dim0", lambda x: torch.topk(x, 2, dim=0, largest=False), [distinct(5, 3)]),
     Case("topk_nan", lambda x: torch.topk(x, 3, dim=1), [_nan_ties]),
+    # The device's TopK takes no integers and k <= 16384: these are a sort and a slice instead.
+    Case("topk_int", lambda x: torch.topk(x, 3, dim=1), [const(torch.tensor([[5, -3, 4, 2**40, -(2**40), 0, 7]]))],
+         (I64,)),
+    Case("topk_int_smallest", lambda x: torch.topk(x, 2, dim=0, largest=False), [distinct(5, 3, scale=4)],
+         (torch.int32, torch.uint8)),
+    Case("topk_k_past_device_limit", lambda x: torch.topk(x, 16385), [distinct(16400, scale=1)], (F32,),
+         grad=False),
     Case("kthvalue", lambda x: torch.kthvalue(x, 2, dim=1), [distinct(3, 5)]),
     Case("kthvalue_keepdim", lambda x: torch.kthvalue(x, 3, dim=0, keepdim=True), [distinct(4, 3)]),
     Case("median_dim", lambda x: torch.median(x, dim=1), [distinct(3, 6)]),
@@ -446,11 +453,10 @@ TIES = {
 
 
 def _ties_params() -> list[Any]:
-    # Eager has no bool topk/kthvalue; int64 topk is refused (the device's TopK takes no 64-bit integers).
+    # Eager has no bool topk/kthvalue.
     dtypes = {F32: "float32", BF16: "bfloat16", I64: "int64", torch.bool: "bool"}
     return [pytest.param(n, d, id=f"{n}-{i}") for n in TIES for d, i in dtypes.items()
-            if not (n.startswith(("topk", "kthvalue")) and d == torch.bool)
-            and not (n.startswith("topk") and d == I64)]
+            if not (n.startswith(("topk", "kthvalue")) and d == torch.bool)]
 
 
 @pytest.mark.parametrize("name,dtype", _ties_params())

@@ -39,9 +39,10 @@ def _dimension_numbers(ndim: int, channels_last: bool = False) -> tuple[str, str
 
 
 def _acc(dtype: Any) -> Any:
-    if not is_float(dtype):
-        raise Unsupported(f"convolution of dtype {jnp.dtype(dtype)} (eager supports floating point only)")
-    return opmath_dtype(dtype)
+    if jnp.dtype(dtype) == jnp.bool_:
+        raise Unsupported("convolution of dtype bool (eager has no bool kernel either)")
+    # Integers accumulate in their own dtype, wrapping as eager's integer kernels do.
+    return opmath_dtype(dtype) if is_float(dtype) else jnp.dtype(dtype)
 
 
 def _transposed_kernel(w: Any, groups: int) -> Any:
