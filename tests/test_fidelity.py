@@ -308,6 +308,8 @@ MODULES = [
     ("dynamic-while", lambda x, n: lax.fori_loop(0, n, lambda i, v: v * 2, x), (F32, S32), "static trip count"),
     ("runtime-dus", lambda x, n: lax.dynamic_update_slice(x, x[:1], (n, n * 0)), (F32, S32), "constant indices"),
     ("integer-dot", lambda x, n: x @ x.T, (I32, S32), "integer dot"),
+    ("integer-conv", lambda a, k: lax.conv_general_dilated(a.astype(jnp.int32), k.astype(jnp.int32), (1, 1), "SAME"),
+     (IMG, KER), "integer convolution"),
     ("sra-on-i8", lambda x, n: lax.shift_right_arithmetic(x.astype(jnp.int8), jnp.int8(1)), (I32, S32), "32-bit"),
     ("conv-dilations", lambda a, k: lax.conv_general_dilated(a, k, (1, 1), ((0, 0), (0, 0)), lhs_dilation=(2, 2),
                                                              rhs_dilation=(2, 2)), (IMG, KER), "dilation"),

@@ -243,6 +243,7 @@ INDEXING = [
     Case("index_fill", lambda x: x.index_fill(1, COLS_13, 3.0), [randn(3, 4)]),
     Case("take", lambda x: torch.take(x, FLAT), [randn(3, 4)]),
     Case("take_negative", lambda x: torch.take(x, FLAT_NEGATIVE), [randn(3, 4)]),
+    Case("take_0d_index", lambda x: torch.take(x, torch.tensor(-3)), [randn(3, 4)]),  # a gather, not a dynamic_slice
     Case("take_along_dim", lambda x: torch.take_along_dim(x, IDX, 1), [randn(2, 4)],
          requires=("aten.remainder.Scalar",)),
     Case("select_scatter", lambda x, s: torch.select_scatter(x, s, 0, -1), [randn(3, 4), randn(4)]),
