@@ -11,6 +11,7 @@ and, where the values are well separated, |V| against eager's |V|.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -261,13 +262,33 @@ def test_a_lane_that_has_not_converged_is_nan(monkeypatch: pytest.MonkeyPatch, s
         assert not bool(jnp.isnan(out[1]).any()), f"{name} of an already diagonal lane"
 
 
-def test_non_finite_input_gives_nan() -> None:
-    a = torch.randn(2, 4, 4)
-    a[0, 1, 2] = float("nan")
-    a[0, 2, 1] = float("nan")
-    w = _compiled(la.eigvalsh)(a)
-    assert bool(w[0].isnan().all()) and bool(w[1].isfinite().all())
-    torch.testing.assert_close(w[1], la.eigvalsh(a[1]), rtol=1e-5, atol=1e-5)
+NON_FINITE = [
+    ("eigvalsh", la.eigvalsh, "linalg.eigh: "),
+    ("eigh", la.eigh, "linalg.eigh: "),
+    ("svdvals", la.svdvals, "linalg.svd: "),
+    ("svd", la.svd, "linalg.svd: "),
+    ("pinv", la.pinv, "linalg.svd: "),
+    ("pinv(hermitian)", lambda x: la.pinv(x, hermitian=True), "linalg.eigh: "),
+]
+
+
+@pytest.mark.parametrize("name,fn,message", NON_FINITE, ids=[n for n, _, _ in NON_FINITE])
+def test_non_finite_input_raises_eagers_error(name: str, fn: Callable[..., Any], message: str) -> None:
+    """Eager's LAPACK does not converge on NaN and raises LinAlgError; so does the compiled call (a value check
+    on its NaN result), naming the op. Finite inputs in the same graph are unaffected."""
+    a = torch.randn(3, 4, 4, generator=torch.Generator().manual_seed(0))
+    a[1, 1, 2] = a[1, 2, 1] = a[2, 0, 0] = float("nan")  # eager names the first failing batch element
+    with pytest.raises(torch.linalg.LinAlgError) as eager:
+        fn(a)
+    compiled = _compiled(fn)
+    with pytest.raises(torch.linalg.LinAlgError, match=message) as ours:
+        compiled(a)
+    # word for word, but for LAPACK's error code at the end of eager's eigh message
+    assert str(ours.value) == re.sub(r" \(error code: \d+\)", "", str(eager.value)), name
+    assert "neuron backend: a check of aten." in "".join(getattr(ours.value, "__notes__", [])), name
+    a[1, 1, 2] = a[1, 2, 1] = a[2, 0, 0] = 0.0
+    if name in ("eigvalsh", "svdvals", "pinv"):  # finite again: no error, eager's values
+        torch.testing.assert_close(compiled(a), fn(a), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("hermitian", [False, True])
