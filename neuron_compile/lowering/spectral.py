@@ -40,8 +40,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from .factorizations import _diagonal, _f32, _iota, _mT, _op_name
-from .registry import Unsupported, current, register_lowering
+from .matrix_common import check_order, diagonal, float32_operand, iota, mT
+from .registry import current, register_lowering
 from .semantics import convert, out_dtype, out_shape
 from .sorting import sort_key
 
@@ -54,12 +54,7 @@ MAX_ORDER = 128
 
 
 def _check_order(n: int) -> None:
-    if n > MAX_ORDER:
-        raise Unsupported(
-            f"{_op_name()} of order {n}: Jacobi sweeps are lowered for orders up to {MAX_ORDER} (the work grows "
-            "as n^3 log n); run it outside the compiled region (torch.compiler.disable on the function that "
-            "calls it)"
-        )
+    check_order(n, MAX_ORDER, "Jacobi sweeps: the work grows as n^3 log n")
 
 
 def _sweeps(n: int) -> int:
@@ -116,7 +111,7 @@ def _sort_last_axis(values: Any, padding: int | None, *arrays: Any, descending: 
     ``padding`` (if any) goes last."""
     keys = sort_key(values, descending)
     if padding is not None:
-        keys = jnp.where(_iota(keys.shape[-1]) == padding, jnp.iinfo(keys.dtype).max, keys)
+        keys = jnp.where(iota(keys.shape[-1]) == padding, jnp.iinfo(keys.dtype).max, keys)
     out = []
     for array in arrays:
         shaped = jnp.broadcast_to(keys[..., None, :], array.shape) if array.ndim > keys.ndim else keys
@@ -146,24 +141,24 @@ def eigh_f32(a: Any, lower: bool = True) -> tuple[Any, Any]:
     n = a.shape[-1]
     triangle = a.ndim - 2, a.ndim - 1
     part = jnp.tril(a) if lower else jnp.triu(a)
-    a = part + _mT(jnp.tril(part, -1) if lower else jnp.triu(part, 1))
+    a = part + mT(jnp.tril(part, -1) if lower else jnp.triu(part, 1))
     scale = _scale(a)
     a = _pad_even(a / scale, triangle)
     order = a.shape[-1]
     h = order // 2
-    rows, cols = _iota(order)[:, None], _iota(order)[None, :]
-    diagonal = rows == cols
-    partners = (rows % h == cols % h) & ~diagonal if h else diagonal
+    rows, cols = iota(order)[:, None], iota(order)[None, :]
+    on_diagonal = rows == cols
+    partners = (rows % h == cols % h) & ~on_diagonal if h else on_diagonal
 
     def one_round(_: Any, state: tuple[Any, Any]) -> tuple[Any, Any]:
         a, v = state
-        d = _diagonal(a)
-        app, aqq, apq = d[..., :h], d[..., h:], _diagonal(a[..., :h, h:])
+        d = diagonal(a)
+        app, aqq, apq = d[..., :h], d[..., h:], diagonal(a[..., :h, h:])
         c, s, t = _rotation(app, aqq, apq)
         a = _rotate(_rotate(a, c, s, a.ndim - 2), c, s, a.ndim - 1)
         # the rotated pairs' own entries exactly (zero off-diagonal, Rutishauser's diagonal update)
         d = jnp.concatenate([app - t * apq, aqq + t * apq], axis=-1)
-        a = jnp.where(diagonal, d[..., :, None], jnp.where(partners, jnp.zeros((), a.dtype), a))
+        a = jnp.where(on_diagonal, d[..., :, None], jnp.where(partners, jnp.zeros((), a.dtype), a))
         v = _rotate(v, c, s, v.ndim - 1)
         return _next_pairs(_next_pairs(a, a.ndim - 2), a.ndim - 1), _next_pairs(v, v.ndim - 1)
 
@@ -171,8 +166,8 @@ def eigh_f32(a: Any, lower: bool = True) -> tuple[Any, Any]:
     v = jnp.broadcast_to(jnp.eye(order, dtype=a.dtype), a.shape)
     norm = jnp.sqrt(jnp.sum(a * a, axis=triangle))
     a, v = lax.fori_loop(0, rounds, one_round, (a, v)) if order > 1 else (a, v)
-    off = jnp.sqrt(jnp.sum(jnp.where(diagonal, jnp.zeros((), a.dtype), a * a), axis=triangle))
-    w = _diagonal(a)
+    off = jnp.sqrt(jnp.sum(jnp.where(on_diagonal, jnp.zeros((), a.dtype), a * a), axis=triangle))
+    w = diagonal(a)
     w, v = _sort_last_axis(w, n if order != n else None, w, v[..., :n, :])
     w, v = _nan_unless(off <= _TOLERANCE * norm, w[..., :n] * scale[..., 0], v[..., :n])
     return w, v
@@ -184,7 +179,7 @@ def linalg_eigh(a: Any, UPLO: str = "L", compute_v: bool = True) -> Any:
     _check_order(a.shape[-1])
     if a.shape[-1] == 0:
         return jnp.zeros(out_shape(0), out_dtype(0)), jnp.zeros(out_shape(1), out_dtype(1))
-    w, v = eigh_f32(_f32(a), lower=UPLO.upper() == "L")
+    w, v = eigh_f32(float32_operand(a), lower=UPLO.upper() == "L")
     vectors = convert(v, out_dtype(1)) if compute_v else jnp.zeros(out_shape(1), out_dtype(1))
     return convert(w, out_dtype(0)), vectors
 
@@ -238,7 +233,7 @@ def _complete(u: Any, known: Any, columns: int) -> Any:
     nothing_known = ~jnp.any(known, axis=-1)[..., None, None]
     w = jnp.where(nothing_known, jnp.eye(m, columns, dtype=u.dtype), _fixed_vectors(m, columns, u.dtype))
     for _ in range(2):
-        w = w - kept @ (_mT(kept) @ w)
+        w = w - kept @ (mT(kept) @ w)
     x = jnp.where(known[..., None, :], u, w)
     x, known = _pad_even(x, (x.ndim - 1,)), _pad_even(known, (known.ndim - 1,))
     x, _ = _orthogonalize_columns(x, None, _sweeps(columns) * (x.shape[-1] - 1), frozen=known)
@@ -252,16 +247,16 @@ def svd_f32(a: Any, compute_uv: bool, full_matrices: bool) -> tuple[Any, Any, An
     k = min(m, n), by one-sided Jacobi on the columns of ``a`` (of a^T when a is wide)."""
     m, n = a.shape[-2], a.shape[-1]
     if m < n:
-        u, s, vh = svd_f32(_mT(a), compute_uv, full_matrices)
-        return (_mT(vh), s, _mT(u)) if compute_uv else (u, s, vh)
+        u, s, vh = svd_f32(mT(a), compute_uv, full_matrices)
+        return (mT(vh), s, mT(u)) if compute_uv else (u, s, vh)
     scale = _scale(a)
     x = _pad_even(a / scale, (a.ndim - 1,))
     order = x.shape[-1]
     rounds = _sweeps(n) * (order - 1)
     v = jnp.broadcast_to(jnp.eye(order, dtype=a.dtype), x.shape[:-2] + (order, order)) if compute_uv else None
     x, v = _orthogonalize_columns(x, v, rounds)
-    gram = _mT(x) @ x
-    sigma = jnp.sqrt(_diagonal(gram))
+    gram = mT(x) @ x
+    sigma = jnp.sqrt(diagonal(gram))
     off = jnp.sqrt(jnp.sum(jnp.where(jnp.eye(order, dtype=bool), jnp.zeros((), a.dtype), gram * gram), axis=(-2, -1)))
     converged = off <= _TOLERANCE * jnp.sqrt(jnp.sum(gram * gram, axis=(-2, -1)))
     padding = n if order != n else None
@@ -274,7 +269,7 @@ def svd_f32(a: Any, compute_uv: bool, full_matrices: bool) -> tuple[Any, Any, An
     known = s > 0
     u = _complete(x / jnp.where(known, s, jnp.ones((), s.dtype))[..., None, :], known, m if full_matrices else n)
     s, u, v = _nan_unless(converged, s * scale[..., 0], u, v)
-    return u, s, _mT(v)
+    return u, s, mT(v)
 
 
 @register_lowering(aten._linalg_svd.default)
@@ -286,7 +281,7 @@ def linalg_svd(a: Any, full_matrices: bool = False, compute_uv: bool = True, dri
     if min(m, n) == 0:  # eager: the identity where a square U or Vh is asked for
         u, vh = (jnp.broadcast_to(jnp.eye(*out_shape(i)[-2:], dtype=out_dtype(i)), out_shape(i)) for i in (0, 2))
         return u, jnp.zeros(out_shape(1), out_dtype(1)), vh
-    u, s, vh = svd_f32(_f32(a), compute_uv, full_matrices)
+    u, s, vh = svd_f32(float32_operand(a), compute_uv, full_matrices)
     if not compute_uv:
         return jnp.zeros(out_shape(0), out_dtype(0)), convert(s, out_dtype(1)), jnp.zeros(out_shape(2), out_dtype(2))
     return convert(u, out_dtype(0)), convert(s, out_dtype(1)), convert(vh, out_dtype(2))
@@ -301,7 +296,7 @@ def linalg_pinv(a: Any, *, atol: Any = None, rtol: Any = None, hermitian: bool =
     _check_order(min(m, n))
     if min(m, n) == 0:
         return jnp.zeros(out_shape(), out_dtype())
-    a32 = _f32(a)
+    a32 = float32_operand(a)
     default_rtol = jnp.float32(torch.finfo(current().node.args[0].meta["val"].dtype).eps * max(m, n))
     zero = jnp.zeros((), jnp.float32)
     atol32 = zero if atol is None else convert(atol, jnp.float32)
@@ -312,10 +307,10 @@ def linalg_pinv(a: Any, *, atol: Any = None, rtol: Any = None, hermitian: bool =
     if hermitian:
         w, u = eigh_f32(a32)
         magnitude = jnp.abs(w)
-        largest, vh = jnp.max(magnitude, axis=-1, keepdims=True), _mT(u)
+        largest, vh = jnp.max(magnitude, axis=-1, keepdims=True), mT(u)
     else:
         u, magnitude, vh = svd_f32(a32, compute_uv=True, full_matrices=False)
         w, largest = magnitude, magnitude[..., :1]
     tolerance = jnp.maximum(atol32[..., None], rtol32[..., None] * largest)
     inverse = jnp.where(magnitude > tolerance, 1 / jnp.where(w == 0, jnp.ones((), w.dtype), w), zero)
-    return convert((_mT(vh) * inverse[..., None, :]) @ _mT(u), out_dtype())
+    return convert((mT(vh) * inverse[..., None, :]) @ mT(u), out_dtype())

@@ -7,11 +7,8 @@ package's own client, so its absence is a clear ImportError.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -153,21 +150,7 @@ def host_callbacks_of(lowered: Any) -> list[Any]:
 
 
 def serialize_executable(executable: Any) -> bytes:
-    # No garbage collection inside XLA's call: a collection there can run other executables' finalizers. The
-    # full suite segfaulted here, deterministically, late in one run order (session 16), and not in any subset.
-    with _no_garbage_collection():
-        return bytes(executable.serialize())
-
-
-@contextlib.contextmanager
-def _no_garbage_collection() -> Iterator[None]:
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+    return bytes(executable.serialize())
 
 
 def deserialize_executable(blob: bytes) -> Any:
