@@ -25,6 +25,10 @@ A Trainium graph cannot raise on a value (neuronx-cc has no conditional and no a
   <= 0") become an extra output, and eager's message is raised from them.
 - ``poisson``'s rates: eager refuses a negative or NaN rate; "all rates are >= 0" becomes an extra output
   (an ``AssertCheck`` with eager's message).
+- eigh's, svd's and pinv's convergence: eager's LAPACK raises ``LinAlgError`` when it does not converge (a
+  non-finite input included); the Jacobi lowering leaves NaN values there, so "all values (pinv: all
+  entries) are finite" becomes an extra output (an ``AssertCheck`` raising ``LinAlgError`` with eager's message; eigh's without LAPACK's
+  error code).
 - ``aten._assert_async.msg(condition, message)``, which torch's decompositions emit for their own checks
   (``F.one_hot``'s class values): the condition becomes an extra output and a false one raises
   ``RuntimeError(message)``.
@@ -100,6 +104,17 @@ _MULTINOMIAL_ERRORS = (  # eager's messages, word for word
 _POISSON = _aten.poisson.default
 _POISSON_ERROR = "invalid Poisson rate, expected rate to be non-negative"  # eager's message, word for word
 _ASSERT = _aten._assert_async.msg
+#: Spectral decompositions: eager's LAPACK raises when it does not converge (non-finite input included);
+#: ours leaves NaN there (lowering/spectral.py). (op, index of its values output, eager's message.)
+_EIGH = ("linalg.eigh", "The algorithm failed to converge because the input matrix is ill-conditioned or has too "
+         "many repeated eigenvalues.")
+_SVD = ("linalg.svd", "The algorithm failed to converge because the input matrix contained non-finite values.")
+#: op -> (index of its values output, None: the result itself; trailing dims of one batch element; message)
+_CONVERGENCE = {
+    _aten._linalg_eigh.default: (0, 1, _EIGH),
+    _aten._linalg_svd.default: (1, 1, _SVD),
+    _aten.linalg_pinv.atol_rtol_tensor: (None, 2, _SVD),  # hermitian=True: _EIGH
+}
 #: aten ops that no lowering sees: taken out of the graph here and run after it (docs/ops.md lists them).
 RUN_AFTER_GRAPH = frozenset({str(_ASSERT)})
 #: Advanced indexing: a list of optional index tensors, the k-th indexing dim k, negative indices allowed.
@@ -173,6 +188,27 @@ class AssertCheck:
 
 
 @dataclass(frozen=True)
+class ConvergenceCheck:
+    """Eager's LinAlgError of a spectral decomposition that did not converge, from one "values are finite" flag
+    per batch element (eager's message, naming the first failing element of a batch; LAPACK's error code,
+    which eager's eigh message ends with, has no counterpart here)."""
+
+    api: str
+    reason: str
+    batched: bool
+    op: str
+    source: str
+
+    def __call__(self, finite: torch.Tensor) -> None:
+        failed = (~finite.reshape(-1)).nonzero()
+        if failed.numel():
+            where = f"(Batch element {int(failed[0])}): " if self.batched else ""
+            error = torch.linalg.LinAlgError(f"{self.api}: {where}{self.reason}")
+            error.add_note(f"neuron backend: a check of {self.op} at {self.source}")
+            raise error
+
+
+@dataclass(frozen=True)
 class MultinomialCheck:
     """Eager's refusal of invalid multinomial weights, from the flags of ``_MULTINOMIAL_ERRORS``."""
 
@@ -187,7 +223,7 @@ class MultinomialCheck:
                 raise error
 
 
-Check = LinalgCheck | ZeroDivisionCheck | IndexBoundsCheck | AssertCheck | MultinomialCheck
+Check = LinalgCheck | ZeroDivisionCheck | IndexBoundsCheck | AssertCheck | ConvergenceCheck | MultinomialCheck
 
 
 class CheckedGraph:
@@ -246,6 +282,17 @@ def split_value_checks(gm: torch.fx.GraphModule, index_bounds: bool = True) -> l
         elif node.target is _MULTINOMIAL:
             node.meta[_CHECKED] = True
             found.append((MultinomialCheck(op_name(node), user_source(node)), _multinomial_flags(graph, node)))
+        elif node.target in _CONVERGENCE:
+            node.meta[_CHECKED] = True
+            position, core, (api, reason) = _CONVERGENCE[node.target]
+            api, reason = _EIGH if node.kwargs.get("hermitian", False) else (api, reason)
+            emit = _Inserter(graph, node)
+            values = node if position is None else emit(operator.getitem, node, position)
+            ndim = values.meta["val"].dim()
+            finite = emit(_aten.eq.Scalar, emit(_aten.sub.Tensor, values, values), 0)  # x - x is NaN for inf/NaN
+            finite = emit(_aten.all.dims, finite, list(range(ndim - core, ndim)))
+            check = ConvergenceCheck(api, reason, ndim > core, op_name(node), user_source(node))
+            found.append((check, finite))
         elif node.target is _POISSON:
             node.meta[_CHECKED] = True
             emit = _Inserter(graph, node)

@@ -1,4 +1,5 @@
 import os
+import sys
 import tempfile
 
 import pytest
@@ -11,11 +12,27 @@ os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="neuron
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def _drop_compiled_fn_globals() -> None:
+    """Dynamo stores each compiled graph in the globals of the compiled function's module
+    (``__compiled_fn_<n>_<uuid>``); ``torch._dynamo.reset()`` leaves it there, and Dynamo drops it only when
+    that code object dies, which a test module's functions never do. Without this every graph of the suite
+    stays alive, its XLA executable holding ~3 memory maps per JIT-compiled kernel: late in the suite the
+    process reached Linux's vm.max_map_count (65,530), XLA's allocations failed, and the process died (a
+    segfault in the C++ unwinder, from ``executable.serialize()``)."""
+    for module in list(sys.modules.values()):
+        names = getattr(module, "__dict__", None)
+        if not isinstance(names, dict):
+            continue
+        for name in [n for n in names if isinstance(n, str) and n.startswith("__compiled_fn_")]:
+            names[name] = None  # not deleted: Dynamo's own cleanup deletes the name when the code object dies
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+    _drop_compiled_fn_globals()
 
 
 @pytest.fixture

@@ -61,12 +61,16 @@ def captured(monkeypatch):
 
 
 # -- programs that break one documented restriction --------------------------------------------------
-def topk_int64(x):
-    return torch.topk(x, 3).values + 1  # <- offender
+def int16_values(x):
+    return x.to(torch.int16) + 1  # <- offender
 
 
-def topk_k_too_large(x):
-    return torch.topk(x, 16385).values * 2  # <- offender
+def conv_int64(x):
+    return torch.nn.functional.conv2d(x, x[:, :2, :3, :3].flip(0), padding=1) // 3  # <- offender
+
+
+def scatter_add_int64(x):
+    return torch.zeros(8, dtype=torch.int64).scatter_add(0, x % 8, x)  # <- offender
 
 
 def f8_e4m3fn(x):
@@ -93,8 +97,12 @@ def _spd(n: int) -> torch.Tensor:
 
 
 RESTRICTED = [
-    pytest.param(topk_int64, lambda: torch.randint(-1000, 1000, (4, 50)), "does not support 32/64-bit", {}, id="topk-int64"),
-    pytest.param(topk_k_too_large, lambda: torch.randn(20000), "k=16385", {}, id="topk-k>16384"),
+    pytest.param(int16_values, lambda: torch.randint(-1000, 1000, (4, 50)), "int16 is not a NeuronCore data type", {},
+                 id="int16"),
+    pytest.param(scatter_add_int64, lambda: torch.randint(0, 1000, (50,)), "scatter with a combining update on i64",
+                 {}, id="scatter-add-int64"),
+    pytest.param(conv_int64, lambda: torch.randint(-100, 100, (2, 2, 5, 5)), "no integer matmul datapath", {},
+                 id="conv-int64"),
     pytest.param(f8_e4m3fn, lambda: torch.randn(64), "float8_e4m3fn is not available", {}, id="f8e4m3fn-trn2"),
     pytest.param(host_custom_call, lambda: _spd(6), "only implements AwsNeuron*", {"atol": 1e-5, "rtol": 1e-5},
                  id="non-AwsNeuron-custom-call"),
@@ -300,6 +308,8 @@ MODULES = [
     ("dynamic-while", lambda x, n: lax.fori_loop(0, n, lambda i, v: v * 2, x), (F32, S32), "static trip count"),
     ("runtime-dus", lambda x, n: lax.dynamic_update_slice(x, x[:1], (n, n * 0)), (F32, S32), "constant indices"),
     ("integer-dot", lambda x, n: x @ x.T, (I32, S32), "integer dot"),
+    ("integer-conv", lambda a, k: lax.conv_general_dilated(a.astype(jnp.int32), k.astype(jnp.int32), (1, 1), "SAME"),
+     (IMG, KER), "integer convolution"),
     ("sra-on-i8", lambda x, n: lax.shift_right_arithmetic(x.astype(jnp.int8), jnp.int8(1)), (I32, S32), "32-bit"),
     ("conv-dilations", lambda a, k: lax.conv_general_dilated(a, k, (1, 1), ((0, 0), (0, 0)), lhs_dilation=(2, 2),
                                                              rhs_dilation=(2, 2)), (IMG, KER), "dilation"),
@@ -384,11 +394,11 @@ def test_debug_dump_of_a_training_step(tmp_path, caplog, monkeypatch):
 @pytest.mark.parametrize(
     "fn, make, op, expected",
     [
-        (lambda x: torch.topk(x, 3).values, lambda: torch.arange(10), "aten.topk.default", "no:"),
+        (lambda x: x.to(torch.int16), lambda: torch.arange(10), "aten._to_copy.default", "no:"),
         (lambda x: torch.remainder(x, 3.0), lambda: torch.randn(8), "aten.remainder.Scalar", "yes (assumed:"),
         (lambda x: x * 2, lambda: torch.randn(8), "aten.mul.Tensor", "yes"),
     ],
-    ids=["topk-int64", "remainder", "mul"],
+    ids=["int16", "remainder", "mul"],
 )
 def test_verdicts_by_op(captured, fn, make, op, expected) -> None:
     with warnings.catch_warnings():

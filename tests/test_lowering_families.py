@@ -243,6 +243,7 @@ INDEXING = [
     Case("index_fill", lambda x: x.index_fill(1, COLS_13, 3.0), [randn(3, 4)]),
     Case("take", lambda x: torch.take(x, FLAT), [randn(3, 4)]),
     Case("take_negative", lambda x: torch.take(x, FLAT_NEGATIVE), [randn(3, 4)]),
+    Case("take_0d_index", lambda x: torch.take(x, torch.tensor(-3)), [randn(3, 4)]),  # a gather, not a dynamic_slice
     Case("take_along_dim", lambda x: torch.take_along_dim(x, IDX, 1), [randn(2, 4)],
          requires=("aten.remainder.Scalar",)),
     Case("select_scatter", lambda x, s: torch.select_scatter(x, s, 0, -1), [randn(3, 4), randn(4)]),
@@ -407,6 +408,13 @@ SORTING = [
     Case("topk_largest", lambda x: torch.topk(x, 3, dim=1), [distinct(3, 7)], (F32,)),
     Case("topk_smallest_dim0", lambda x: torch.topk(x, 2, dim=0, largest=False), [distinct(5, 3)]),
     Case("topk_nan", lambda x: torch.topk(x, 3, dim=1), [_nan_ties]),
+    # The device's TopK takes no integers and k <= 16384: these are a sort and a slice instead.
+    Case("topk_int", lambda x: torch.topk(x, 3, dim=1), [const(torch.tensor([[5, -3, 4, 2**40, -(2**40), 0, 7]]))],
+         (I64,)),
+    Case("topk_int_smallest", lambda x: torch.topk(x, 2, dim=0, largest=False), [distinct(5, 3, scale=4)],
+         (torch.int32, torch.uint8)),
+    Case("topk_k_past_device_limit", lambda x: torch.topk(x, 16385), [distinct(16400, scale=1)], (F32,),
+         grad=False),
     Case("kthvalue", lambda x: torch.kthvalue(x, 2, dim=1), [distinct(3, 5)]),
     Case("kthvalue_keepdim", lambda x: torch.kthvalue(x, 3, dim=0, keepdim=True), [distinct(4, 3)]),
     Case("median_dim", lambda x: torch.median(x, dim=1), [distinct(3, 6)]),
@@ -446,11 +454,10 @@ TIES = {
 
 
 def _ties_params() -> list[Any]:
-    # Eager has no bool topk/kthvalue; int64 topk is refused (the device's TopK takes no 64-bit integers).
+    # Eager has no bool topk/kthvalue.
     dtypes = {F32: "float32", BF16: "bfloat16", I64: "int64", torch.bool: "bool"}
     return [pytest.param(n, d, id=f"{n}-{i}") for n in TIES for d, i in dtypes.items()
-            if not (n.startswith(("topk", "kthvalue")) and d == torch.bool)
-            and not (n.startswith("topk") and d == I64)]
+            if not (n.startswith(("topk", "kthvalue")) and d == torch.bool)]
 
 
 @pytest.mark.parametrize("name,dtype", _ties_params())
@@ -624,6 +631,14 @@ ATEN_PADDING = [
              (F32, BF16))
         for i, p in enumerate(([-4, 5, 0, 0], [0, 0, 2, -4], [-1, 2, -2, -1], [1, -3, 0, 0]))
     ],
+    # Negative reflection pads crop too: output j reads input reflect(j - low) (the OpInfo pad.reflect sample).
+    *[
+        Case(f"reflection_pad2d_negative_{i}", lambda x, p=p: aten.reflection_pad2d(x, p), [randn(2, 3, 4, 4)],
+             (F32, BF16))
+        for i, p in enumerate(([-2, 1, 0, 0], [0, 0, 3, -3], [-1, 2, -2, -1], [1, -3, 0, 0]))
+    ],
+    Case("reflection_pad2d_negative_backward", lambda g, x: aten.reflection_pad2d_backward(g, x, [-2, 1, 3, -1]),
+         [_grad_probe((1, 2, 6, 3)), randn(1, 2, 4, 4)], tol="sum"),
     Case("replication_pad1d_negative_backward", lambda g, x: aten.replication_pad1d_backward(g, x, [-4, 5]),
          [_grad_probe((2, 3, 5)), randn(2, 3, 4)], tol="sum"),
     Case("replication_pad2d_negative_backward", lambda g, x: aten.replication_pad2d_backward(g, x, [-1, 2, 2, -4]),

@@ -645,6 +645,15 @@ CONVS = [
         make=_conv(F.conv_transpose3d, (1, 2, 3, 3, 2), (2, 3, 2, 2, 2), stride=(2, 1, 2)),
         kind="reduce",
     ),
+    Case(  # output_padding >= stride (torch allows it below the dilation): the input gradient is cut to size
+        "conv_transpose2d_output_padding_past_stride",
+        dtypes=F32_ONLY,
+        make=_conv(
+            F.conv_transpose2d, (2, 2, 4, 4), (2, 2, 4, 5), stride=(3, 2), padding=(1, 2), output_padding=(2, 3),
+            groups=2, dilation=4,
+        ),
+        kind="reduce",
+    ),
 ]
 
 

@@ -293,6 +293,12 @@ def _check_dot(c: ModuleChecker, op: ir.Operation) -> Iterator[str]:
 
 
 def _check_convolution(c: ModuleChecker, op: ir.Operation) -> Iterator[str]:
+    types = {element_type(v.type) for v in op.operands}
+    if types & rules.INTEGER_TYPES:  # a convolution runs on the matmul engine, which has no integer datapath
+        yield (
+            f"integer convolution ({'/'.join(sorted(t for t in types if t))}): neuronx-cc has no integer matmul "
+            "datapath (cast to float)"
+        )
     lhs = any(v != 1 for v in _ints(_attr(op, "lhs_dilation")))
     rhs = any(v != 1 for v in _ints(_attr(op, "rhs_dilation")))
     stride = any(v != 1 for v in _ints(_attr(op, "window_strides")))

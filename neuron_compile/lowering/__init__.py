@@ -28,6 +28,7 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)
     selection,
     sorting,
     special,
+    spectral,
     views,
 )
 from . import complex, fft  # noqa: F401,E402  (pair lowerings of complex operands: COMPLEX_LOWERINGS)

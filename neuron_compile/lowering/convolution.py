@@ -39,9 +39,10 @@ def _dimension_numbers(ndim: int, channels_last: bool = False) -> tuple[str, str
 
 
 def _acc(dtype: Any) -> Any:
-    if not is_float(dtype):
-        raise Unsupported(f"convolution of dtype {jnp.dtype(dtype)} (eager supports floating point only)")
-    return opmath_dtype(dtype)
+    if jnp.dtype(dtype) == jnp.bool_:
+        raise Unsupported("convolution of dtype bool (eager has no bool kernel either)")
+    # Integers accumulate in their own dtype, wrapping as eager's integer kernels do.
+    return opmath_dtype(dtype) if is_float(dtype) else jnp.dtype(dtype)
 
 
 def _transposed_kernel(w: Any, groups: int) -> Any:
@@ -207,9 +208,11 @@ def convolution_backward(
     grad_input = grad_weight = grad_bias = None
     if output_mask[0]:
         if transposed:
-            # The adjoint of a transposed convolution is the plain one with the same parameters; its
-            # output size is exactly the input's, since output_padding < stride.
+            # The adjoint of a transposed convolution is the plain one with the same parameters. Its output is
+            # the input's size when output_padding < stride; torch also allows output_padding < dilation, and
+            # then the plain convolution reaches positions past the input's end, which are cut off.
             grad = conv_core(grad_out, weight, stride, padding, dilation, False, (0,), groups, channels_last=channels_last)
+            grad = lax.slice(grad, (0,) * grad.ndim, tuple(min(g, i) for g, i in zip(grad.shape, x.shape)))
         else:
             grad = conv_core(
                 grad_out,

@@ -32,9 +32,9 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 import torch
-from jax import lax
 
-from .registry import Unsupported, current, register_lowering
+from .matrix_common import check_order, diagonal, float32_operand, iota, mT, op_name
+from .registry import Unsupported, register_lowering
 from .semantics import convert, out_dtype, out_shape
 
 aten = torch.ops.aten
@@ -49,42 +49,8 @@ MAX_ORDER = 64
 
 
 # ---- small helpers ------------------------------------------------------------------------------------
-def _op_name() -> str:
-    try:
-        return str(current().node.target)
-    except RuntimeError:
-        return "factorization"
-
-
 def _check_order(*sizes: int) -> None:
-    big = max(sizes, default=0)
-    if big > MAX_ORDER:
-        raise Unsupported(
-            f"{_op_name()} of a matrix of order {big}: factorizations are lowered as unrolled loops for orders "
-            f"up to {MAX_ORDER} (the module grows with the order); run it outside the compiled region "
-            "(torch.compiler.disable on the function that calls it)"
-        )
-
-
-def _f32(x: Any) -> Any:
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise Unsupported(f"{_op_name()} of {jnp.dtype(x.dtype)} (floating dtypes only)")
-    if jnp.dtype(x.dtype).itemsize < 4:
-        # Eager CPU raises here ("lu_cpu" / "cholesky_cpu" not implemented for 'BFloat16'), so there is no
-        # eager result to match; float32 is what eager would need too.
-        raise Unsupported(
-            f"{_op_name()} of {jnp.dtype(x.dtype)}: eager PyTorch has no {jnp.dtype(x.dtype)} kernel for it either; "
-            "cast the operands to float32 (x.float()) around the call"
-        )
-    return convert(x, jnp.float32)
-
-
-def _iota(n: int) -> Any:
-    return lax.iota(jnp.int32, n)
-
-
-def _mT(x: Any) -> Any:
-    return jnp.swapaxes(x, -1, -2)
+    check_order(max(sizes, default=0), MAX_ORDER, "unrolled loops: the module grows with the order")
 
 
 def _batch_broadcast(*xs: Any, core: tuple[int, ...]) -> list[Any]:
@@ -102,7 +68,7 @@ def _row(a: Any, onehot: Any) -> Any:
 
 def _swap_rows(a: Any, k: int, p: Any) -> Any:
     """Rows k (static) and p (int32 [...], per batch element) of ``a`` [..., m, n] exchanged, by select."""
-    rows = _iota(a.shape[-2])
+    rows = iota(a.shape[-2])
     e_k = jnp.broadcast_to(rows == k, a.shape[:-1])
     e_p = rows == p[..., None]
     row_k = a[..., k, :]
@@ -120,14 +86,6 @@ def _apply_pivots(b: Any, pivots: Any, reverse: bool = False) -> Any:
     return b
 
 
-def _diagonal(a: Any) -> Any:
-    """Main diagonal of [..., m, n] as a masked reduction (no gather)."""
-    k = min(a.shape[-2], a.shape[-1])
-    a = a[..., :k, :k]
-    eye = _iota(k)[:, None] == _iota(k)[None, :]
-    return jnp.sum(jnp.where(eye, a, jnp.zeros((), a.dtype)), axis=-1)
-
-
 # ---- triangular solve -----------------------------------------------------------------------------------
 def _trsm_left(a: Any, b: Any, lower: bool, unit: bool) -> Any:
     """X with tri(a) X = b, a [..., n, n], b [..., n, r] (same batch), column-oriented: x_k = b_k / a_kk,
@@ -135,7 +93,7 @@ def _trsm_left(a: Any, b: Any, lower: bool, unit: bool) -> Any:
     not at all if ``unit``. No entry is skipped: a zero pivot gives inf and 0 * inf NaN where the optimized
     BLAS behind eager gives them (reference dtrsm skips zero entries; MKL/OpenBLAS kernels do not)."""
     n = a.shape[-1]
-    rows = _iota(n)
+    rows = iota(n)
     for k in range(n) if lower else reversed(range(n)):
         x = b[..., k, :]
         if not unit:
@@ -153,18 +111,18 @@ def triangular_solve_f32(a: Any, b: Any, upper: bool, left: bool = True, unit: b
     and [..., n, r] / [..., r, n] with broadcast batch dims."""
     a, b = _batch_broadcast(a, b, core=(2, 2))
     if not left:  # X A = B  <=>  A^T X^T = B^T
-        b, transpose = _mT(b), not transpose
+        b, transpose = mT(b), not transpose
     lower = not upper
     if transpose:  # the transpose of a lower factor is upper
-        a, lower = _mT(a), not lower
+        a, lower = mT(a), not lower
     x = _trsm_left(a, b, lower, unit) if a.shape[-1] else b
-    return x if left else _mT(x)
+    return x if left else mT(x)
 
 
 @register_lowering(aten.linalg_solve_triangular.default)
 def linalg_solve_triangular(a: Any, b: Any, *, upper: bool, left: bool = True, unitriangular: bool = False) -> Any:
     _check_order(a.shape[-1])
-    x = triangular_solve_f32(_f32(a), _f32(b), upper, left, unitriangular)
+    x = triangular_solve_f32(float32_operand(a), float32_operand(b), upper, left, unitriangular)
     return convert(jnp.broadcast_to(x, out_shape()), out_dtype())
 
 
@@ -172,7 +130,7 @@ def linalg_solve_triangular(a: Any, b: Any, *, upper: bool, left: bool = True, u
 def triangular_solve(b: Any, a: Any, upper: bool = True, transpose: bool = False, unitriangular: bool = False) -> Any:
     """``torch.triangular_solve(b, A)``: (the solution of op(A) X = b, a copy of A broadcast to the batch)."""
     _check_order(a.shape[-1])
-    x = triangular_solve_f32(_f32(a), _f32(b), upper, True, unitriangular, transpose)
+    x = triangular_solve_f32(float32_operand(a), float32_operand(b), upper, True, unitriangular, transpose)
     return convert(x, out_dtype(0)), convert(jnp.broadcast_to(a, out_shape(1)), out_dtype(1))
 
 
@@ -186,9 +144,9 @@ def cholesky_f32(a: Any, upper: bool = False) -> tuple[Any, Any]:
     left-looking dpotf2 leaves, which eager returns: the columns before j factored, the pivot's updated
     value at (j, j), and A's own values below and to the right of it."""
     if upper:
-        a = _mT(a)
+        a = mT(a)
     n = a.shape[-1]
-    rows = _iota(n)
+    rows = iota(n)
     batch = a.shape[:-2]
     zero = jnp.zeros((), a.dtype)
     info = jnp.zeros(batch, jnp.int32)
@@ -211,7 +169,7 @@ def cholesky_f32(a: Any, upper: bool = False) -> tuple[Any, Any]:
             update = jnp.where(trailing_of[j], col[..., :, None] * col[..., None, :], zero)
             work = jnp.where(failed[..., None, None], work, work - update)
     factor = jnp.where(rows[:, None] >= rows[None, :], out, zero)
-    return (_mT(factor) if upper else factor), info
+    return (mT(factor) if upper else factor), info
 
 
 @register_lowering(aten.linalg_cholesky_ex.default)
@@ -222,7 +180,7 @@ def linalg_cholesky_ex(a: Any, *, upper: bool = False, check_errors: bool = Fals
             "call torch.linalg.cholesky_ex(A) and test its info output instead"
         )
     _check_order(a.shape[-1])
-    factor, info = cholesky_f32(_f32(a), upper)
+    factor, info = cholesky_f32(float32_operand(a), upper)
     return convert(factor, out_dtype(0)), info
 
 
@@ -232,14 +190,14 @@ def cholesky(a: Any, upper: bool = False) -> Any:
     after the graph: compile_graph turns this node into linalg_cholesky_ex plus that check (value_checks.py),
     so this lowering serves graphs lowered without that rewrite."""
     _check_order(a.shape[-1])
-    return convert(cholesky_f32(_f32(a), upper)[0], out_dtype())
+    return convert(cholesky_f32(float32_operand(a), upper)[0], out_dtype())
 
 
 @register_lowering(aten.cholesky_solve.default)
 def cholesky_solve(b: Any, factor: Any, upper: bool = False) -> Any:
     """X with A X = b for A = L L^T (``upper``: U^T U), ``factor`` being L (U): two triangular solves."""
     _check_order(factor.shape[-1])
-    f, b = _batch_broadcast(_f32(factor), _f32(b), core=(2, 2))
+    f, b = _batch_broadcast(float32_operand(factor), float32_operand(b), core=(2, 2))
     if upper:  # U^T (U X) = b
         x = triangular_solve_f32(f, triangular_solve_f32(f, b, upper=True, transpose=True), upper=True)
     else:  # L (L^T X) = b
@@ -252,7 +210,7 @@ def cholesky_inverse(factor: Any, upper: bool = False) -> Any:
     """(L L^T)^-1 (``upper``: (U^T U)^-1) from the factor: cholesky_solve of the identity."""
     n = factor.shape[-1]
     _check_order(n)
-    f = _f32(factor)
+    f = float32_operand(factor)
     eye = jnp.broadcast_to(jnp.eye(n, dtype=jnp.float32), f.shape)
     if upper:
         x = triangular_solve_f32(f, triangular_solve_f32(f, eye, upper=True, transpose=True), upper=True)
@@ -266,7 +224,7 @@ def _pivot_row(col: Any, k: int) -> Any:
     """int32 [...]: LAPACK's idamax over rows >= k of ``col`` [..., m]: the first row of maximal |value|.
     As reference idamax, NaN never beats a number, and a NaN in row k itself is kept as the pivot."""
     m = col.shape[-1]
-    rows = _iota(m)
+    rows = iota(m)
     mag = jnp.abs(col)
     candidate = jnp.logical_and(rows >= k, jnp.logical_not(jnp.isnan(mag)))
     biggest = jnp.max(jnp.where(candidate, mag, jnp.full((), -1.0, mag.dtype)), axis=-1)
@@ -282,7 +240,7 @@ def lu_f32(a: Any) -> tuple[Any, Any, Any]:
     matrix, the column below the pivot is divided by the pivot and its outer product with the pivot row is
     subtracted from the trailing block. A zero pivot sets info (first one, 1-based) and skips the scaling."""
     m, n = a.shape[-2], a.shape[-1]
-    rows, cols = _iota(m), _iota(n)
+    rows, cols = iota(m), iota(n)
     zero = jnp.zeros((), a.dtype)
     info = jnp.zeros(a.shape[:-2], jnp.int32)
     pivots = []
@@ -316,9 +274,9 @@ def _unpack(lu: Any) -> tuple[Any, Any]:
     m, n = lu.shape[-2], lu.shape[-1]
     k = min(m, n)
     zero, one = jnp.zeros((), lu.dtype), jnp.ones((), lu.dtype)
-    r, c = _iota(m)[:, None], _iota(k)[None, :]
+    r, c = iota(m)[:, None], iota(k)[None, :]
     lower = jnp.where(r > c, lu[..., :, :k], jnp.where(r == c, one, zero))
-    r, c = _iota(k)[:, None], _iota(n)[None, :]
+    r, c = iota(k)[:, None], iota(n)[None, :]
     upper = jnp.where(r <= c, lu[..., :k, :], zero)
     return lower, upper
 
@@ -326,14 +284,14 @@ def _unpack(lu: Any) -> tuple[Any, Any]:
 def _permutation(pivots: Any, m: int, dtype: Any) -> Any:
     """P [..., m, m] with A = P L U for getrf's ``pivots``: the row swaps applied to the identity give P^T."""
     eye = jnp.broadcast_to(jnp.eye(m, dtype=dtype), pivots.shape[:-1] + (m, m))
-    return _mT(_apply_pivots(eye, pivots))
+    return mT(_apply_pivots(eye, pivots))
 
 
 def lu_solve_f32(lu: Any, pivots: Any, b: Any, left: bool = True, adjoint: bool = False) -> Any:
     """X with A X = b (``adjoint``: A^T X = b; not ``left``: X A = b / X A^T = b) for A = P L U given as
     getrf's packed ``lu`` [..., n, n] and ``pivots``; b [..., n, r] (left) or [..., r, n]."""
     if not left:  # X op(A) = B  <=>  op(A)^T X^T = B^T
-        return _mT(lu_solve_f32(lu, pivots, _mT(b), True, not adjoint))
+        return mT(lu_solve_f32(lu, pivots, mT(b), True, not adjoint))
     lu, pivots, b = _batch_broadcast(lu, pivots, b, core=(2, 1, 2))
     if lu.shape[-1] == 0:
         return b
@@ -341,14 +299,14 @@ def lu_solve_f32(lu: Any, pivots: Any, b: Any, left: bool = True, adjoint: bool 
         y = _trsm_left(lu, _apply_pivots(b, pivots), lower=True, unit=True)
         return _trsm_left(lu, y, lower=False, unit=False)
     # U^T L^T P^T X = b
-    y = _trsm_left(_mT(lu), b, lower=True, unit=False)
-    y = _trsm_left(_mT(lu), y, lower=False, unit=True)
+    y = _trsm_left(mT(lu), b, lower=True, unit=False)
+    y = _trsm_left(mT(lu), y, lower=False, unit=True)
     return _apply_pivots(y, pivots, reverse=True)
 
 
 def _square(a: Any) -> int:
     if a.shape[-1] != a.shape[-2]:
-        raise Unsupported(f"{_op_name()} of a non-square matrix {tuple(a.shape)}")
+        raise Unsupported(f"{op_name()} of a non-square matrix {tuple(a.shape)}")
     _check_order(a.shape[-1])
     return a.shape[-1]
 
@@ -363,7 +321,7 @@ def linalg_lu_factor_ex(a: Any, *, pivot: bool = True, check_errors: bool = Fals
             "do: call torch.linalg.lu_factor_ex(A) and test its info output instead"
         )
     _check_order(*a.shape[-2:])
-    lu, pivots, info = lu_f32(_f32(a))
+    lu, pivots, info = lu_f32(float32_operand(a))
     return convert(lu, out_dtype(0)), pivots, info
 
 
@@ -373,7 +331,7 @@ def linalg_lu(a: Any, *, pivot: bool = True) -> Any:
     if not pivot:
         raise Unsupported("linalg_lu with pivot=False: eager CPU has no LU without pivoting either")
     _check_order(*a.shape[-2:])
-    lu, pivots, _ = lu_f32(_f32(a))
+    lu, pivots, _ = lu_f32(float32_operand(a))
     lower, upper = _unpack(lu)
     dt = out_dtype(0)
     return convert(_permutation(pivots, a.shape[-2], jnp.float32), dt), convert(lower, dt), convert(upper, dt)
@@ -385,7 +343,7 @@ def lu_unpack(lu: Any, pivots: Any, unpack_data: bool = True, unpack_pivots: boo
     _check_order(*lu.shape[-2:])
     dt = out_dtype(1)
     if unpack_data:
-        lower, upper = (convert(x, dt) for x in _unpack(_f32(lu)))
+        lower, upper = (convert(x, dt) for x in _unpack(float32_operand(lu)))
     else:
         lower, upper = jnp.zeros(out_shape(1), dt), jnp.zeros(out_shape(2), dt)
     if unpack_pivots:
@@ -399,13 +357,13 @@ def lu_unpack(lu: Any, pivots: Any, unpack_data: bool = True, unpack_pivots: boo
 @register_lowering(aten.linalg_lu_solve.default)
 def linalg_lu_solve(lu: Any, pivots: Any, b: Any, *, left: bool = True, adjoint: bool = False) -> Any:
     _square(lu)
-    x = lu_solve_f32(_f32(lu), convert(pivots, jnp.int32), _f32(b), left, adjoint)
+    x = lu_solve_f32(float32_operand(lu), convert(pivots, jnp.int32), float32_operand(b), left, adjoint)
     return convert(jnp.broadcast_to(x, out_shape()), out_dtype())
 
 
 def _pivot_sign(pivots: Any) -> Any:
     """float32 [...]: the determinant of P, -1 per pivot that moved a row."""
-    moved = pivots != _iota(pivots.shape[-1]) + 1
+    moved = pivots != iota(pivots.shape[-1]) + 1
     return jnp.prod(jnp.where(moved, jnp.float32(-1), jnp.float32(1)), axis=-1)
 
 
@@ -413,8 +371,8 @@ def _pivot_sign(pivots: Any) -> Any:
 def linalg_det(a: Any) -> Any:
     """(det, LU, pivots): the product of U's diagonal times the sign of the permutation."""
     _square(a)
-    lu, pivots, _ = lu_f32(_mT(_f32(a)))  # eager factors A^T (LAPACK is column-major) and returns it
-    det = _pivot_sign(pivots) * jnp.prod(_diagonal(lu), axis=-1)
+    lu, pivots, _ = lu_f32(mT(float32_operand(a)))  # eager factors A^T (LAPACK is column-major) and returns it
+    det = _pivot_sign(pivots) * jnp.prod(diagonal(lu), axis=-1)
     return convert(det, out_dtype(0)), convert(lu, out_dtype(1)), pivots
 
 
@@ -422,8 +380,8 @@ def linalg_det(a: Any) -> Any:
 def linalg_slogdet(a: Any) -> Any:
     """(sign, log|det|, LU, pivots); a singular matrix gives sign 0 and -inf, as eager."""
     _square(a)
-    lu, pivots, _ = lu_f32(_mT(_f32(a)))  # eager factors A^T (LAPACK is column-major) and returns it
-    diag = _diagonal(lu)
+    lu, pivots, _ = lu_f32(mT(float32_operand(a)))  # eager factors A^T (LAPACK is column-major) and returns it
+    diag = diagonal(lu)
     sign = _pivot_sign(pivots) * jnp.prod(jnp.sign(diag), axis=-1)
     logabsdet = jnp.sum(jnp.log(jnp.abs(diag)), axis=-1)
     return convert(sign, out_dtype(0)), convert(logabsdet, out_dtype(1)), convert(lu, out_dtype(2)), pivots
@@ -438,7 +396,7 @@ def linalg_inv_ex(a: Any, *, check_errors: bool = False) -> Any:
             "call torch.linalg.inv_ex(A) and test its info output instead"
         )
     n = _square(a)
-    lu, pivots, info = lu_f32(_f32(a))
+    lu, pivots, info = lu_f32(float32_operand(a))
     eye = jnp.broadcast_to(jnp.eye(n, dtype=jnp.float32), lu.shape)
     return convert(lu_solve_f32(lu, pivots, eye), out_dtype(0)), info
 
@@ -454,7 +412,7 @@ def linalg_solve_ex(a: Any, b: Any, *, left: bool = True, check_errors: bool = F
         )
     _square(a)
     vector = b.ndim == 1 or (b.ndim == a.ndim - 1 and tuple(b.shape) == tuple(a.shape[:-1]))
-    a32, b32 = _f32(a), _f32(b)
+    a32, b32 = float32_operand(a), float32_operand(b)
     if vector:
         b32 = b32[..., :, None] if left else b32[..., None, :]
     lu, pivots, info = lu_f32(jnp.broadcast_to(a32, out_shape(1)))
@@ -488,7 +446,7 @@ def geqrf_f32(a: Any) -> tuple[Any, Any, Any]:
     beta = -sign(alpha) * ||(alpha, x)||, tau = (beta - alpha) / beta, v = (1, x / (alpha - beta)); a column
     already zero below the diagonal gets tau = 0 (no reflection), as in dlarfg."""
     m, n = a.shape[-2], a.shape[-1]
-    rows = _iota(m)
+    rows = iota(m)
     zero = jnp.zeros((), a.dtype)
     vectors, taus = [], []
     for j in range(min(m, n)):
@@ -506,7 +464,7 @@ def geqrf_f32(a: Any) -> tuple[Any, Any, Any]:
         v = jnp.where(rows == j, jnp.ones((), a.dtype), below / denominator[..., None])
         a = _reflect(a, v, tau)
         # column j is now (R[:j, j], beta, 0, ...): set exactly, as LAPACK stores beta and the vector there
-        a = jnp.where((_iota(n) == j)[None, :] & (rows >= j)[:, None],
+        a = jnp.where((iota(n) == j)[None, :] & (rows >= j)[:, None],
                       jnp.where(rows == j, beta[..., None], zero)[..., :, None], a)  # fmt: skip
         vectors.append(v)
         taus.append(tau)
@@ -528,8 +486,8 @@ def householder_product_f32(v: Any, tau: Any, columns: int) -> Any:
 def _packed_vectors(a: Any, k: int) -> Any:
     """The Householder vectors of a geqrf-packed [..., m, n]: column j below the diagonal, 1 on it."""
     m = a.shape[-2]
-    rows = _iota(m)[:, None]
-    cols = _iota(k)[None, :]
+    rows = iota(m)[:, None]
+    cols = iota(k)[None, :]
     return jnp.where(rows > cols, a[..., :, :k], jnp.where(rows == cols, jnp.ones((), a.dtype), jnp.zeros((), a.dtype)))
 
 
@@ -541,10 +499,10 @@ def linalg_qr(a: Any, mode: str = "reduced") -> Any:
     m, n = a.shape[-2], a.shape[-1]
     k = min(m, n)
     _check_order(k)
-    r, v, tau = geqrf_f32(_f32(a))
+    r, v, tau = geqrf_f32(float32_operand(a))
     q_columns = m if mode == "complete" else k
     r = r if mode == "complete" else r[..., :k, :]
-    triangle = _iota(r.shape[-2])[:, None] <= _iota(n)[None, :]
+    triangle = iota(r.shape[-2])[:, None] <= iota(n)[None, :]
     r = jnp.where(triangle, r, jnp.zeros((), r.dtype))
     if mode == "r":
         return jnp.zeros((0,), out_dtype(0)), convert(r, out_dtype(1))
@@ -556,9 +514,9 @@ def geqrf(a: Any) -> Any:
     """LAPACK's packed form: R on and above the diagonal, the Householder vectors below it; and tau."""
     k = min(a.shape[-2], a.shape[-1])
     _check_order(k)
-    r, v, tau = geqrf_f32(_f32(a))
+    r, v, tau = geqrf_f32(float32_operand(a))
     m, n = a.shape[-2], a.shape[-1]
-    below = _iota(m)[:, None] > _iota(n)[None, :]
+    below = iota(m)[:, None] > iota(n)[None, :]
     v_full = jnp.concatenate([v, jnp.zeros(v.shape[:-1] + (n - k,), v.dtype)], axis=-1) if n > k else v
     packed = jnp.where(below, v_full, r)
     return convert(packed, out_dtype(0)), convert(tau, out_dtype(1))
@@ -570,7 +528,7 @@ def linalg_householder_product(a: Any, tau: Any) -> Any:
     below its diagonal (``torch.geqrf``'s packing; the orthogonal parametrization's "householder" map)."""
     k = tau.shape[-1]
     _check_order(k)
-    a32, tau32 = _batch_broadcast(_f32(a), _f32(tau), core=(2, 1))
+    a32, tau32 = _batch_broadcast(float32_operand(a), float32_operand(tau), core=(2, 1))
     return convert(householder_product_f32(_packed_vectors(a32, k), tau32, a.shape[-1]), out_dtype())
 
 
@@ -580,11 +538,11 @@ def ormqr(a: Any, tau: Any, other: Any, left: bool = True, transpose: bool = Fal
     one reflector at a time: ``H C = C - tau v (v^T C)``, ``C H = C - tau (C v) v^T``."""
     k = tau.shape[-1]
     _check_order(k)
-    a32, tau32, c = _batch_broadcast(_f32(a), _f32(tau), _f32(other), core=(2, 1, 2))
+    a32, tau32, c = _batch_broadcast(float32_operand(a), float32_operand(tau), float32_operand(other), core=(2, 1, 2))
     v = _packed_vectors(a32, k)
     order = range(k) if left == transpose else range(k - 1, -1, -1)  # Q = H_0 H_1 ... H_{k-1}
     if not left:
-        c = _mT(c)  # C H = (H C^T)^T: H is symmetric
+        c = mT(c)  # C H = (H C^T)^T: H is symmetric
     for j in order:
         c = _reflect(c, v[..., :, j], tau32[..., j])
-    return convert(c if left else _mT(c), out_dtype())
+    return convert(c if left else mT(c), out_dtype())

@@ -269,8 +269,10 @@ def index_fill(x, dim, index, value):
 
 @register_lowering(aten.take)
 def take(x, index):
-    # .at[].get wraps negative indices like torch (jnp.take's "clip" mode would clamp them to 0).
-    return jnp.reshape(x, (-1,)).at[index].get(mode="clip")
+    # .at[].get wraps negative indices like torch (jnp.take's "clip" mode would clamp them to 0). A 0-d index
+    # would become a dynamic_slice at a runtime offset, which neuronx-cc refuses: indices are gathered flat.
+    flat = jnp.reshape(x, (-1,)).at[jnp.reshape(index, (-1,))].get(mode="clip")
+    return jnp.reshape(flat, index.shape)
 
 
 @register_lowering(aten.put)

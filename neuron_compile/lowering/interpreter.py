@@ -111,6 +111,15 @@ def _constant(value: Any) -> Any:
     """A tensor constant baked into the graph, as a jax constant of the device dtype."""
     if not isinstance(value, torch.Tensor):
         return value  # e.g. the GraphModule of an invoke_subgraph
+    if isinstance(value, torch._subclasses.fake_tensor.FakeTensor):
+        # A constant that tracing left without data (seen: an empty tensor inside a scan body). Empty, it has
+        # no values to miss; otherwise there is nothing honest to bake in.
+        if value.numel() == 0:
+            return jnp.zeros(tuple(value.shape), jax_dtype(value.dtype))
+        raise Unsupported(
+            f"a constant {value.dtype}{list(value.shape)} of the traced graph has no data (a fake tensor left by "
+            "tracing); create it from the inputs inside the function, or outside the compiled region"
+        )
     with torch._subclasses.fake_tensor.unset_fake_temporarily():
         t = value.detach().cpu()
         if t.is_complex():  # carried as a (real, imag) pair (lowering/complex.py)
@@ -167,7 +176,11 @@ class _GraphTracer:
             if node.op == "placeholder":
                 env[node] = next(arg_iter)
             elif node.op == "get_attr":
-                env[node] = _constant(getattr(gm, node.target))
+                try:
+                    env[node] = _constant(getattr(gm, node.target))
+                except Unsupported as e:
+                    self.fail(node, str(e))
+                    env[node] = _meta_structs(getattr(gm, node.target))
             elif node.op == "call_function":
                 env[node] = self.call(gm, node, env)
             elif node.op == "output":

@@ -38,35 +38,44 @@ def constant_pad_nd(x, pad, value=0):
     return lax.pad(x, jnp.asarray(value, x.dtype), config)
 
 
+def _take_static(x: Any, axis: int, source: np.ndarray) -> Any:
+    """``x`` indexed along ``axis`` by the constant ``source`` indices, built from static slices: each run of
+    indices that step by +1 is a slice, by -1 a reversed slice, by 0 a broadcast element (no gather)."""
+    parts, start = [], 0
+    while start < len(source):
+        step = int(source[start + 1] - source[start]) if start + 1 < len(source) else 1
+        step = step if step in (-1, 0, 1) else 1
+        stop = start + 1
+        while stop < len(source) and source[stop] - source[stop - 1] == step:
+            stop += 1
+        first, last = int(source[start]), int(source[stop - 1])
+        if step == 0:
+            shape = list(x.shape)
+            shape[axis] = stop - start
+            parts.append(jnp.broadcast_to(lax.slice_in_dim(x, first, first + 1, axis=axis), shape))
+        elif step == 1:
+            parts.append(lax.slice_in_dim(x, first, last + 1, axis=axis))
+        else:
+            parts.append(lax.rev(lax.slice_in_dim(x, last, first + 1, axis=axis), (axis,)))
+        start = stop
+    return lax.concatenate(parts, axis) if len(parts) > 1 else parts[0]
+
+
 def _reflect(x: Any, axis: int, lo: int, hi: int) -> Any:
+    # Eager reads output position j from input reflect(j - lo) (mirrored at both ends, edges not repeated);
+    # negative pads crop. It refuses pads of the dimension's size or more, so one reflection suffices.
     n = x.shape[axis]
-    if lo >= n or hi >= n or lo < 0 or hi < 0:
+    if lo >= n or hi >= n or n + lo + hi <= 0:
         raise Unsupported(f"reflection pad ({lo}, {hi}) of a dimension of size {n}")
-    parts = [lax.rev(lax.slice_in_dim(x, 1, lo + 1, axis=axis), (axis,))] if lo else []
-    parts.append(x)
-    if hi:
-        parts.append(lax.rev(lax.slice_in_dim(x, n - 1 - hi, n - 1, axis=axis), (axis,)))
-    return lax.concatenate(parts, axis) if len(parts) > 1 else x
+    src = np.abs(np.arange(n + lo + hi) - lo)
+    return _take_static(x, axis, np.where(src > n - 1, 2 * (n - 1) - src, src))
 
 
 def _replicate(x: Any, axis: int, lo: int, hi: int) -> Any:
     # Eager reads output position j from input clamp(j - lo, 0, n - 1), which also covers negative pads
     # (crops), including a crop past the far edge: (-4, 5) of size 4 is five copies of the last element.
     n = x.shape[axis]
-    src = np.arange(n + lo + hi) - lo
-    before, after = int(np.sum(src < 0)), int(np.sum(src > n - 1))
-    inside = src[(src >= 0) & (src <= n - 1)]
-
-    def edge(at: int, count: int) -> Any:
-        shape = list(x.shape)
-        shape[axis] = count
-        return jnp.broadcast_to(lax.slice_in_dim(x, at, at + 1, axis=axis), shape)
-
-    parts = [edge(0, before)] if before else []
-    if inside.size:
-        parts.append(lax.slice_in_dim(x, int(inside[0]), int(inside[-1]) + 1, axis=axis))
-    parts += [edge(n - 1, after)] if after else []
-    return lax.concatenate(parts, axis) if len(parts) > 1 else parts[0]
+    return _take_static(x, axis, np.clip(np.arange(n + lo + hi) - lo, 0, n - 1))
 
 
 def _pad_with(edge_fn: Callable[[Any, int, int, int], Any], x: Any, padding: Sequence[int]) -> Any:

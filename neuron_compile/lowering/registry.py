@@ -200,13 +200,11 @@ _PIVOTED = (
     "carry both alternatives. Not lowered (LU with partial pivoting is: lowering/factorizations.py); "
     f"{_OUTSIDE}"
 )
-_ITERATIVE = (
-    "eigen/singular value decomposition: an iteration run until convergence, whose trip count depends on the "
-    f"values, and neuronx-cc runs only loops with a static trip count; {_OUTSIDE}"
+_NONSYMMETRIC = (
+    "eigendecomposition of a general (non-symmetric) matrix: LAPACK's Hessenberg QR iteration deflates where "
+    "the values say, and the eigenvalues are complex, which the device lacks (symmetric eigh/eigvalsh and svd "
+    f"are lowered: lowering/spectral.py); {_OUTSIDE}"
 )
 _linalg = torch.ops.aten
 register_refusal(_linalg.linalg_ldl_factor_ex, _linalg.linalg_ldl_solve, reason=_PIVOTED)
-register_refusal(
-    _linalg._linalg_eigh, _linalg.linalg_eig, _linalg._linalg_eigvals, _linalg.linalg_eigvals, _linalg._linalg_svd,
-    reason=_ITERATIVE,
-)  # fmt: skip
+register_refusal(_linalg.linalg_eig, _linalg._linalg_eigvals, _linalg.linalg_eigvals, reason=_NONSYMMETRIC)

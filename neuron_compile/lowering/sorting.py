@@ -73,17 +73,26 @@ def sort(x, dim=-1, descending=False, *, stable=None):
     return jnp.reshape(values, x.shape), jnp.reshape(indices, x.shape)
 
 
+#: The largest k neuronx-cc's TopK takes (NEURONX_CC_OPS.md).
+_DEVICE_TOPK_MAX_K = 16384
+
+
 def top_k(x: Any, k: int, axis: int, largest: bool = True) -> tuple[Any, Any]:
     """(values, int positions) of the ``k`` largest (or smallest) elements along ``axis``, in order, ties in
-    their original order. Emitted as AwsNeuronTopK (device_calls), the form the device takes, so its limits
-    (k <= 16384, no 32/64-bit integers) are held against the graph; the CPU target runs a sort + slice."""
+    their original order. Floats are emitted as AwsNeuronTopK (device_calls), the form the device takes (the
+    CPU target runs a sort + slice); integers and k > 16384, which the device's TopK refuses, are a sort +
+    slice on both targets."""
 
     def reference(v):  # ``v``: x with the top-k axis moved last
         values, indices = sort_along(v, v.ndim - 1, largest)
         pick = lambda a: lax.slice_in_dim(a, 0, k, axis=v.ndim - 1)  # noqa: E731
         return pick(values), pick(indices)
 
-    return device_calls.topk(x, k, axis, largest, reference)
+    if is_float(x.dtype) and k <= _DEVICE_TOPK_MAX_K:
+        return device_calls.topk(x, k, axis, largest, reference)
+    # The device's TopK refuses integers and k past its limit; a sort and a slice is what it takes instead.
+    values, indices = reference(jnp.moveaxis(x, axis, -1))
+    return jnp.moveaxis(values, -1, axis), jnp.moveaxis(indices, -1, axis)
 
 
 @register_lowering(aten.topk)
