@@ -7,6 +7,7 @@ cache store -> a boxed callable. Each step lives in its own module; this one onl
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from .cache import cache_for
 from .errors import WARNING_CLASSES, NeuronFloat64Warning, NeuronUnsupportedOpError, NeuronWarning
 from .heap import old_objects_frozen
 from .options import Options
-from .runtime import jax_adapter
+from .runtime import jax_adapter, map_budget
 from .runtime.executor import CompiledGraph
 from .kernels.user_ops import has_user_kernels
 from .value_checks import CheckedGraph, split_value_checks
@@ -75,6 +76,7 @@ def build_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Op
     # Looked up at each call, so that a tool's or test's replacement of compiler.lower_graph is used.
     lower_graph = globals().get("lower_graph") or __getattr__("lower_graph")
     target = target_for(opts)
+    map_budget.reserve(f"compiling {name}")  # lowering runs jax (XLA's MLIR, thread pools) whatever the target
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as raised:
         warnings.simplefilter("always", NeuronWarning)
@@ -194,8 +196,11 @@ def compiled_graph(
         debug.log_summary(
             f"neuron_compile: {name}: {artifact.num_ops} aten nodes, cache hit, loaded in {elapsed:.3f}s"
         )
+    # A cached graph may unload its executable near the memory-map limit and load it again from the cache.
+    serialized = None if cache_digest is None else functools.partial(cache_for(opts).executable_blob, cache_digest, opts)
     return CompiledGraph(
-        name, target, executable, artifact.inputs, artifact.outputs, artifact.needs_rng_seed, cache_digest
+        name, target, executable, artifact.inputs, artifact.outputs, artifact.needs_rng_seed, cache_digest,
+        serialized,
     )
 
 

@@ -81,6 +81,11 @@ class NeuronForkedProcessError(NeuronCompileError):
     a fork-based multiprocessing pool): compiling or running a graph there would hang."""
 
 
+class NeuronMemoryMapError(NeuronCompileError):
+    """Raised instead of a JIT that would take the process to the kernel's limit on memory maps
+    (``vm.max_map_count``), where XLA CPU's failure crashes the process (``runtime.map_budget``)."""
+
+
 class NeuronOptionsError(NeuronCompileError, ValueError):
     """Raised for an unknown or malformed backend option."""
 
@@ -101,6 +106,11 @@ class NeuronFloat64Warning(NeuronWarning):
 class NeuronRecompileWarning(NeuronWarning):
     """A function is compiled again and again, for new input shapes or new Python numbers (each is a
     constant of a static graph: one compile each)."""
+
+
+class NeuronMemoryMapWarning(NeuronWarning):
+    """The process holds a large share (``runtime.map_budget.WARN_FRACTION``) of the memory maps the kernel
+    allows it; compiles will be refused near the limit."""
 
 
 WARNING_CLASSES: dict[str, type[NeuronWarning]] = {

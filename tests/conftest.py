@@ -14,11 +14,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def _drop_compiled_fn_globals() -> None:
     """Dynamo stores each compiled graph in the globals of the compiled function's module
-    (``__compiled_fn_<n>_<uuid>``); ``torch._dynamo.reset()`` leaves it there, and Dynamo drops it only when
-    that code object dies, which a test module's functions never do. Without this every graph of the suite
-    stays alive, its XLA executable holding ~3 memory maps per JIT-compiled kernel: late in the suite the
-    process reached Linux's vm.max_map_count (65,530), XLA's allocations failed, and the process died (a
-    segfault in the C++ unwinder, from ``executable.serialize()``)."""
+    (``__compiled_fn_<n>_<uuid>``) and deletes it when the transformed code dies, which ``torch._dynamo.reset()``
+    brings about in most cases, not all (a compiled function whose ``backward()`` breaks the graph keeps its
+    graphs, in every backend). Whatever is left would keep its XLA executable alive, ~3 memory maps per
+    JIT-compiled kernel: before jax's tracebacks were scoped (``jax_adapter.traceback_scope``) that was every
+    graph of the suite, and late in the suite the process reached Linux's vm.max_map_count (65,530) and died
+    (a segfault in the C++ unwinder, from ``executable.serialize()``)."""
     for module in list(sys.modules.values()):
         names = getattr(module, "__dict__", None)
         if not isinstance(names, dict):

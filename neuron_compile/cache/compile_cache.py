@@ -24,7 +24,9 @@ from typing import Any, Callable
 import filelock
 
 from ..artifact import Artifact
+from ..errors import NeuronMemoryMapError
 from ..options import Options
+from ..runtime import map_budget
 from . import entry as E
 from . import megacache
 from .counters import FLUSH_INTERVAL, Counters
@@ -61,6 +63,8 @@ class CompileCache:
         self._swept_roots: set[str] = set()
         self.recorded: set[str] = set()  # keys already handed to torch's mega-cache in this process
         self._remotes: dict[tuple[str, bytes | None, float], RemoteStore] = {}  # each keeps its failure state
+        # Near the memory-map limit the loaded executables this layer alone keeps are the first to go.
+        map_budget.add_relief(self.memory.clear, rank=0)
 
     # ------------------------------------------------------------- directory
     @staticmethod
@@ -147,6 +151,21 @@ class CompileCache:
         if found is not None:
             log.info("neuron cache: hit %s %s, named by AOTAutograd's cache", digest[:12], found.name)
         return found
+
+    def executable_blob(self, digest: str, opts: Options) -> bytes | None:
+        """The serialized executable of entry ``digest`` (memory, then a verified disk entry), not loaded;
+        None when it is not there. For compiled graphs that unload theirs near the memory-map limit."""
+        hit = self.memory.get(digest)
+        if hit is not None:
+            return hit.executable
+        store = self.store_for(opts)
+        if store is None or (not opts.trust_cache_dir and store.entry_untrusted_reason(digest) is not None):
+            return None
+        try:
+            found = store.read(digest)
+        except (E.CorruptEntry, OSError):
+            return None
+        return None if found is None else found[1].executable
 
     def _get_or_build(
         self, key: CacheKey, opts: Options, build: Callable[[], Artifact], t0: float
@@ -245,6 +264,8 @@ class CompileCache:
         parts, artifact = found
         try:
             _load(artifact, opts)
+        except NeuronMemoryMapError:
+            raise  # the process's state, not the entry's
         except Exception as e:  # noqa: BLE001 - e.g. the executable does not fit its own plan
             self._report_remote_rejected(remote, key, f"executable could not be loaded ({type(e).__name__}: {e})", True, root)
             return None, True
@@ -295,6 +316,8 @@ class CompileCache:
         except E.CorruptEntry as e:
             self._report_corrupt(store, key, str(e))
             return None
+        except NeuronMemoryMapError:
+            raise  # the process's state, not the entry's
         except Exception as e:  # noqa: BLE001 - e.g. the runtime refuses the executable blob
             self._report_corrupt(store, key, f"executable could not be loaded ({type(e).__name__}: {e})")
             return None

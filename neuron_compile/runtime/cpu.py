@@ -2,25 +2,29 @@
 
 One local rewrite keeps XLA to the module's semantics: float divisions go through float64, since XLA's
 simplifier would otherwise multiply by a reciprocal where StableHLO divides (``jax_adapter._exact_divisions``).
+XLA CPU's JIT spends memory maps, which Linux caps per process: each compile or load asks ``map_budget``
+first (a refusal is an error; at the cap the process would crash).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import jax_adapter
+from . import jax_adapter, map_budget
 
 
 class CpuTarget:
     name = "cpu"
 
     def compile(self, stablehlo: str, host_callbacks: list[Any] | tuple[Any, ...] = ()) -> Any:
+        map_budget.reserve("compiling this graph")
         return jax_adapter.compile_stablehlo(stablehlo, host_callbacks)
 
     def serialize(self, executable: Any) -> bytes:
         return jax_adapter.serialize_executable(executable)
 
     def deserialize(self, blob: bytes) -> Any:
+        map_budget.reserve("loading a compiled graph")
         return jax_adapter.deserialize_executable(blob)
 
     def version(self) -> str:

@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Any
+import itertools
+import logging
+import threading
+import weakref
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from ..artifact import OutputSpec, TensorSpec
-from . import jax_adapter
+from . import jax_adapter, map_budget
 from .targets import Target
+
+log = logging.getLogger(__name__)
+
+#: Graphs that can unload their executable near the memory-map limit (``map_budget``), weakly held.
+_UNLOADABLE: weakref.WeakSet[CompiledGraph] = weakref.WeakSet()
+#: Orders calls across graphs: ``CompiledGraph.last_call``.
+_CALL_CLOCK = itertools.count(1)
+#: How many of the most recently called graphs keep their executable through a relief: a training step's
+#: forward and backward, with room for a few graph breaks, run without reloading.
+KEEP_LOADED = 8
+#: Held while a graph's executable is dropped or loaded again (reentrant: a reload's JIT may run the reliefs).
+_RELOAD_LOCK = threading.RLock()
 
 
 class CompiledGraph:
@@ -29,7 +45,10 @@ class CompiledGraph:
         outputs: list[OutputSpec],
         needs_rng_seed: bool,
         cache_digest: str | None = None,
+        serialized: Callable[[], bytes | None] | None = None,
     ) -> None:
+        """``serialized`` gives the executable's bytes again (from the compile cache; None if it cannot):
+        with it, the graph may unload its executable near the memory-map limit, to reload it when called."""
         # An instance attribute, so that functools.wraps (used by Dynamo's disable) carries it over.
         self._boxed_call = True
         self.name = name
@@ -58,6 +77,37 @@ class CompiledGraph:
         # has no results and no effects, so it is not run (eager launches no kernel there either).
         self._runs = needs_rng_seed or any(s.kind == "tensor" for s in outputs)
         self.calls = 0
+        self.last_call = 0
+        self._serialized = serialized
+        self._unloaded_blob: bytes | None = None
+        if serialized is not None and self._runs:
+            _UNLOADABLE.add(self)
+
+    def unload(self) -> bool:
+        """Drop the loaded executable, to be loaded again at the next call, if its bytes can be had; whether
+        it was dropped. Frees the memory maps of its JIT-compiled code (``map_budget``)."""
+        if self.executable is None or self._serialized is None:
+            return False
+        if not _RELOAD_LOCK.acquire(blocking=False):  # another thread is loading one: keep this one
+            return False
+        try:
+            blob = self._serialized()
+            if blob is None:
+                return False
+            self._unloaded_blob = blob
+            self.executable = None  # a call already past its executable's lookup holds its own reference
+            return True
+        finally:
+            _RELOAD_LOCK.release()
+
+    def _reload(self) -> Any:
+        """The executable ``unload`` dropped, loaded again (once, whichever thread calls first)."""
+        with _RELOAD_LOCK:
+            if self.executable is None:
+                self.executable = self.target.deserialize(self._unloaded_blob)
+                self._unloaded_blob = None
+                log.info("neuron_compile: reloaded the executable of %s", self.name)
+            return self.executable
 
     def _seed(self) -> Any:
         if not self.needs_rng_seed:
@@ -84,6 +134,7 @@ class CompiledGraph:
 
     def __call__(self, args: list[Any]) -> list[Any]:
         self.calls += 1
+        self.last_call = next(_CALL_CLOCK)
         if not self._runs:
             out = self._outputs_without_running(args)
             args.clear()
@@ -106,9 +157,13 @@ class CompiledGraph:
             # contiguous() is the tensor itself when it already is: DLPack wraps only dense row-major here.
             buffers.append(to_device(t.contiguous()))
         buffers.append(self._seed())
+        executable = self.executable
+        if executable is None:  # unloaded near the memory-map limit
+            executable = self._reload()
         aliased = {i: args[i] for i in self._aliased_inputs}
         args.clear()  # boxed convention: let the caller's inputs be freed as early as possible
-        results = self.target.run(self.executable, buffers)
+        with jax_adapter.traceback_scope():  # results that hold no frame of the caller's (Dynamo's code)
+            results = self.target.run(executable, buffers)
         del buffers
         to_torch = jax_adapter.device_to_torch
         if self._direct is not None:
@@ -157,3 +212,15 @@ def _input_alias(t: torch.Tensor, spec: OutputSpec) -> torch.Tensor:
         # view is taken of a copy laid out as compiled. Same values; only the aliasing is lost.
         t = torch.empty_strided(t.shape, spec.input_stride, dtype=t.dtype, device=t.device).copy_(t)
     return t.as_strided(spec.spec.shape, spec.stride, t.storage_offset() + spec.storage_offset)
+
+
+def _unload_idle_graphs() -> None:
+    """Near the memory-map limit: every graph but the ``KEEP_LOADED`` most recently called unloads its
+    executable (a reload at its next call costs a cache load)."""
+    graphs = sorted(_UNLOADABLE, key=lambda g: g.last_call)
+    idle = graphs[: max(len(graphs) - KEEP_LOADED, 0)]
+    unloaded = sum(g.unload() for g in idle)
+    log.info("neuron_compile: near the memory-map limit, unloaded %d of %d idle graphs", unloaded, len(idle))
+
+
+map_budget.add_relief(_unload_idle_graphs, rank=1)

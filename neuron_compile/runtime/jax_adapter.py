@@ -7,6 +7,7 @@ package's own client, so its absence is a clear ImportError.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from typing import Any
@@ -19,8 +20,10 @@ try:  # private: the low-overhead DLPack import (~4 us; jax.dlpack.from_dlpack t
 
     _DLPACK_TO_BUFFER = getattr(_jaxlib_ext, "dlpack_managed_tensor_to_buffer", None)
     _BUFFER_TO_DLPACK = getattr(_jaxlib_ext, "buffer_to_dlpack_managed_tensor", None)
+    _TRACEBACK_SCOPE = getattr(_jaxlib_ext, "TracebackScope", contextlib.nullcontext)
 except ImportError:  # pragma: no cover - depends on the jaxlib version
     _DLPACK_TO_BUFFER = _BUFFER_TO_DLPACK = None
+    _TRACEBACK_SCOPE = contextlib.nullcontext
 
 from torch.utils.dlpack import from_dlpack as _torch_from_capsule
 from torch.utils.dlpack import to_dlpack as _torch_to_capsule
@@ -80,6 +83,18 @@ def _cpu_devices() -> Any:
 _NARROW_FLOATS = ("f32", "bf16", "f16")
 
 
+def traceback_scope() -> Any:
+    """A context in which the jax objects made record no Python frame above it.
+
+    jax records the Python stack in every array and executable it makes, holding the code objects of the
+    callers' frames. Ours are made inside the call of Dynamo's transformed code (a constant at the first
+    call, every output, a backward compiled lazily from a ``loss.backward()`` in a compiled function), and
+    Dynamo drops a compiled graph only when that code dies: through such a reference every compiled graph
+    lived as long as the process, executables and memory maps included (deleting the model and
+    ``torch._dynamo.reset()`` freed none)."""
+    return _TRACEBACK_SCOPE()
+
+
 def compile_stablehlo(module_text: str, host_callbacks: list[Any] | tuple[Any, ...] = ()) -> Any:
     """XLA CPU executable of a StableHLO module (text), its float divisions made exact (``_exact_divisions``).
 
@@ -88,6 +103,11 @@ def compile_stablehlo(module_text: str, host_callbacks: list[Any] | tuple[Any, .
     crashes the process).
     """
     check_not_forked()
+    with traceback_scope():
+        return _compile(module_text, host_callbacks)
+
+
+def _compile(module_text: str, host_callbacks: list[Any] | tuple[Any, ...]) -> Any:
     if not host_callbacks and "stablehlo.divide" not in module_text:
         return cpu_backend().compile_and_load(module_text, _cpu_devices(), xla_client.CompileOptions())
     from jax._src.interpreters import mlir
@@ -155,7 +175,8 @@ def serialize_executable(executable: Any) -> bytes:
 
 def deserialize_executable(blob: bytes) -> Any:
     check_not_forked()
-    return cpu_backend().deserialize_executable(blob, _cpu_devices(), xla_client.CompileOptions())
+    with traceback_scope():
+        return cpu_backend().deserialize_executable(blob, _cpu_devices(), xla_client.CompileOptions())
 
 
 @functools.lru_cache(maxsize=None)
@@ -185,7 +206,8 @@ def constant_buffer(value: Any) -> Any:
 
     Safe to pass to every call: executables are compiled without input donation, so none writes its inputs.
     """
-    return torch_to_device(torch.from_numpy(np.array(value, copy=True)))
+    with traceback_scope():
+        return torch_to_device(torch.from_numpy(np.array(value, copy=True)))
 
 
 def device_to_torch(array: Any) -> torch.Tensor:
