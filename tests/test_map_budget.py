@@ -200,17 +200,8 @@ import mmap, sys
 import torch
 from neuron_compile.runtime import map_budget
 
-def step(model):
-    model(torch.randn(4, 16)).sum().backward()
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layers = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(4))
-    def forward(self, x):
-        for layer in self.layers:
-            x = torch.nn.functional.gelu(layer(x)) + x.softmax(-1)
-        return x
+def step(x):
+    return torch.nn.functional.gelu(x @ x.T).softmax(-1).sum()
 
 # Lowering once starts jax's client and its threads, as in any process that has compiled before.
 torch.compile(lambda x: torch.tanh(x), backend="neuron", dynamic=False)(torch.randn(3))
@@ -219,14 +210,15 @@ taken = []  # anonymous pages, alternately read-only so that the kernel cannot m
 while map_budget.map_count() < limit - 30:
     for i in range(min(2000, limit - 30 - map_budget.map_count())):
         taken.append(mmap.mmap(-1, 4096, prot=mmap.PROT_READ if i % 2 else mmap.PROT_READ | mmap.PROT_WRITE))
+x = torch.randn(8, 8, requires_grad=True)
 try:
-    step(torch.compile(Net(), backend="neuron", dynamic=False))
+    torch.compile(step, backend="neuron", dynamic=False)(x).backward()
     print("compiled at the limit")
 except Exception as e:
     print("refused:", str(e).splitlines()[1].split(":")[0:3])
 taken.clear()
 torch._dynamo.reset()
-step(torch.compile(Net(), backend="neuron", dynamic=False))
+torch.compile(step, backend="neuron", dynamic=False)(x).backward()
 print("compiled after freeing")
 """
 
