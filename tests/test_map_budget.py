@@ -121,6 +121,16 @@ def test_a_count_far_from_the_limit_vouches_for_a_few_reserves(budget, monkeypat
     assert budget["reads"] == 6
 
 
+def test_no_count_to_read_is_no_check(budget, monkeypatch) -> None:
+    def unreadable() -> int:
+        raise PermissionError("/proc/self/maps")
+
+    monkeypatch.setattr(map_budget, "_read_count", unreadable)
+    map_budget.reserve("g")  # compiles go on, as where the kernel has no limit to read
+    budget["limit"] = None
+    map_budget.reserve("g")
+
+
 def test_counts_are_read_from_the_kernel() -> None:
     limit = map_budget.map_limit()
     assert limit is not None and limit >= 65530 // 2
