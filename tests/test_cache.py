@@ -474,3 +474,26 @@ def test_megacache_damaged_blob_is_skipped(cache_dir):
         NeuronCacheArtifact("0" * 40, b"NCCE" + b"\0" * 30).populate_cache()
     assert not list(DiskStore(str(cache_dir)).entries())
 
+
+
+@pytest.mark.parametrize(
+    "sizes, kept",
+    [
+        ([30, 30, 30], ["a", "b", "c"]),
+        ([60, 30, 30], ["b", "c"]),  # 120 bytes > 100: the least recently used goes
+        ([30, 30, 30, 30, 30], ["c", "d", "e"]),  # (max_bytes binds before the 4-entry capacity)
+        ([10, 10, 10, 10, 10], ["b", "c", "d", "e"]),  # the entry capacity binds
+        ([30, 150], ["b"]),  # the newest stays, however large: its graph is in use
+    ],
+)
+def test_memory_layer_is_bounded_by_entries_and_bytes(sizes, kept):
+    """The in-process layer is all that holds the executables of graphs gone (deleted model, reset): it
+    keeps the most recently used within both bounds."""
+    from types import SimpleNamespace
+
+    from neuron_compile.cache.memory import MemoryLRU
+
+    memory = MemoryLRU(capacity=4, max_bytes=100)
+    for key, size in zip("abcde", sizes):
+        memory.put(key, SimpleNamespace(loaded=object(), executable=b"x" * size))
+    assert [k for k in "abcde" if memory.get(k) is not None] == kept, sizes
