@@ -36,7 +36,8 @@ def cache_dir(tmp_path, monkeypatch):
 
 @pytest.fixture
 def budget(monkeypatch):
-    """``set(count, limit)`` makes the budget see those numbers; ``released`` lists the reliefs run."""
+    """The budget sees ``state["count"]`` maps of ``state["limit"]``; ``released`` lists the reliefs run and
+    ``reads`` counts the reads. The module's state is restored after the test."""
     state: dict[str, Any] = {"count": 0, "limit": 1000, "released": [], "reads": 0}
 
     def read() -> int:
@@ -48,6 +49,8 @@ def budget(monkeypatch):
     monkeypatch.setattr(map_budget, "_warned", False)
     monkeypatch.setattr(map_budget, "_reliefs", [])
     monkeypatch.setattr(map_budget, "_last_read", float("-inf"))  # no earlier count vouches for anything
+    monkeypatch.setattr(map_budget, "_last_count", 0)
+    monkeypatch.setattr(map_budget, "_vouched_since", 0)
     return state
 
 
