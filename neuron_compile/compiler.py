@@ -197,7 +197,9 @@ def compiled_graph(
             f"neuron_compile: {name}: {artifact.num_ops} aten nodes, cache hit, loaded in {elapsed:.3f}s"
         )
     # A cached graph may unload its executable near the memory-map limit and load it again from the cache.
-    serialized = None if cache_digest is None else functools.partial(cache_for(opts).executable_blob, cache_digest, opts)
+    serialized = None
+    if cache_digest is not None:
+        serialized = functools.partial(cache_for(opts).executable_blob, cache_digest, opts)
     return CompiledGraph(
         name, target, executable, artifact.inputs, artifact.outputs, artifact.needs_rng_seed, cache_digest,
         serialized,

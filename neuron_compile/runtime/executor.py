@@ -162,8 +162,7 @@ class CompiledGraph:
             executable = self._reload()
         aliased = {i: args[i] for i in self._aliased_inputs}
         args.clear()  # boxed convention: let the caller's inputs be freed as early as possible
-        with jax_adapter.traceback_scope():  # results that hold no frame of the caller's (Dynamo's code)
-            results = self.target.run(executable, buffers)
+        results = self.target.run(executable, buffers)
         del buffers
         to_torch = jax_adapter.device_to_torch
         if self._direct is not None:

@@ -221,7 +221,8 @@ def device_to_torch(array: Any) -> torch.Tensor:
 def execute(executable: Any, buffers: list[Any]) -> list[Any]:
     """Run a single-device executable; ``execute`` itself is this plus a per-call keyword shuffle."""
     check_not_forked()
-    run = getattr(executable, "execute_sharded", None)
-    if run is None:  # pragma: no cover - depends on the jaxlib version
-        return executable.execute(buffers)
-    return [r[0] for r in run(buffers).disassemble_into_single_device_arrays()]
+    with traceback_scope():  # results that hold no frame of the caller's (Dynamo's transformed code)
+        run = getattr(executable, "execute_sharded", None)
+        if run is None:  # pragma: no cover - depends on the jaxlib version
+            return executable.execute(buffers)
+        return [r[0] for r in run(buffers).disassemble_into_single_device_arrays()]
