@@ -1,14 +1,80 @@
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
 import torch
 
-# Tests never touch the user's real cache; each session gets a fresh one unless a test sets its own.
-os.environ.setdefault("NEURON_COMPILE_CACHE_DIR", tempfile.mkdtemp(prefix="neuron_compile_test_cache_"))
+
+def _private_dir(variable: str, prefix: str) -> None:
+    """Point ``variable`` at a new directory of this process's, removed when it exits.
+
+    Set unconditionally: tests never touch the user's real caches, and each pytest-xdist worker (which
+    inherits the controller's environment) gets directories of its own. A test that needs another sets it.
+    """
+    path = tempfile.mkdtemp(prefix=prefix)
+    os.environ[variable] = path
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+
+
+_private_dir("NEURON_COMPILE_CACHE_DIR", "neuron_compile_test_cache_")
 # PyTorch's cache directory holds AOTAutograd's entries (neuron_compile/aot_cache.py): private too.
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="neuron_compile_test_torch_cache_"))
+_private_dir("TORCHINDUCTOR_CACHE_DIR", "neuron_compile_test_torch_cache_")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+#: torch's config modules whose options no test may leave changed or hidden. pytest >= 9.1's
+#: ``monkeypatch.setattr`` on one of them undoes itself with a ``delattr``, which hides the option for the
+#: rest of the process: every later compile in that worker then failed (issue 36). Use ``config.patch``.
+_TORCH_CONFIGS = ("torch._functorch.config", "torch._dynamo.config", "torch._inductor.config")
+
+
+def _config_state() -> dict[str, dict]:
+    import importlib
+
+    return {name: importlib.import_module(name).get_config_copy() for name in _TORCH_CONFIGS}
+
+
+def _settled_config_state() -> dict[str, dict]:
+    """The options as they are once the backend is in use: it sets a few of torch's process-wide at import
+    (``backend.py``) and at its first compile (``graph_checks.refuse_silent_eager_fallback``), by design."""
+    import neuron_compile.backend  # noqa: F401
+    from neuron_compile.graph_checks import refuse_silent_eager_fallback
+
+    refuse_silent_eager_fallback(False)
+    return _config_state()
+
+
+_CONFIG_AT_START = _settled_config_state()
+
+
+def _config_drift(before: dict[str, dict], after: dict[str, dict]) -> list[str]:
+    """What changed between two ``_config_state``s, one line per option; a hidden option is restored."""
+    import importlib
+
+    drift = []
+    for module_name, options in before.items():
+        now = after[module_name]
+        module = importlib.import_module(module_name)
+        for option, value in options.items():
+            if module._config[option].hide:  # get_config_copy still lists a hidden option, with its value
+                drift.append(f"{module_name}.{option} was hidden (a delattr, e.g. monkeypatch's undo)")
+                module._config[option].hide = False
+                setattr(module, option, value)
+            elif now[option] != value:
+                drift.append(f"{module_name}.{option} changed: {value!r} -> {now[option]!r}")
+                setattr(module, option, value)
+    return drift
+
+
+@pytest.fixture(autouse=True)
+def _torch_config_untouched():
+    """A test that leaves one of torch's config options changed or hidden fails at its teardown (the next
+    test then starts from the state restored)."""
+    yield
+    drift = _config_drift(_CONFIG_AT_START, _config_state())
+    if drift:
+        pytest.fail("torch config left changed by this test (use config.patch, never monkeypatch):\n  " + "\n  ".join(drift))
 
 
 def _drop_compiled_fn_globals() -> None:

@@ -4,6 +4,7 @@ written there (flushed on misses, at most every ``FLUSH_INTERVAL`` s on disk hit
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
 
@@ -49,8 +50,8 @@ class Counters:
                 return
             self._last_flush[root] = time.monotonic()
             pending = self._unflushed.pop(root, None)
-        if not pending:
-            return
+        if not pending or not os.path.isdir(root):
+            return  # a directory removed meanwhile (evaluate's temporary cache) is not made again for its counters
         try:
             DiskStore(root).add_stats(pending)
         except (StoreUnavailable, OSError):
