@@ -15,6 +15,7 @@ from .errors import (
     NeuronMemoryMapError,
     NeuronMemoryMapWarning,
     NeuronOptionsError,
+    NeuronRuntimeError,
     NeuronUnsupportedOpError,
     UnsupportedNode,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "NeuronMemoryMapError",
     "NeuronMemoryMapWarning",
     "NeuronOptionsError",
+    "NeuronRuntimeError",
     "NeuronUnsupportedOpError",
     "Options",
     "STATS",

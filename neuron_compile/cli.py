@@ -6,6 +6,8 @@
     neuron-compile cache clear                remove every entry (--stats also resets the counters)
     neuron-compile cache prune --max-size 2G  evict least-recently-used entries down to a size
     neuron-compile cache prune --older-than 30d   remove entries not used for 30 days
+    neuron-compile evaluate FILE.py:FACTORY   can this model move to Trainium? (neuron_compile/evaluate/)
+    neuron-compile doctor [--bundle F.tar.gz] can the backend work on this machine? (neuron_compile/doctor.py)
 
 ``--url s3://bucket/prefix`` (any fsspec URL) makes ``list`` and ``prune --older-than`` act on that remote
 cache (``cache.remote``) instead of the directory, and ``stats`` add its entry count and size; an entry's age
@@ -257,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="group", required=True)
     add_cache_commands(sub)
     add_evaluate_command(sub)
+    add_doctor_command(sub)
     return p
 
 
@@ -274,6 +277,44 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from .evaluate.cli import run
 
     return run(args)
+
+
+DOCTOR_EPILOG = """\
+exit status:
+  0  the Neuron compiler and runtime were found and every smoke test passed (or --skip-smoke)
+  1  they were found but do not work: a smoke test failed (the runtime's start included), or the runtime
+     library does not answer
+  2  neuronx-cc and/or libnrt.so.1 were not found on this machine (it says which and how to install them;
+     the smoke test is skipped, versions and the cache are still reported)
+
+--bundle FILE.tar.gz holds doctor.txt (this report), versions.json, environment.txt (NEURON*, XLA_*, JAX_*,
+TORCH* variables, PATH, LD_LIBRARY_PATH, LOCAL_RANK, WORLD_SIZE; secrets redacted), graphs/ (each smoke graph's
+FX graph and StableHLO), smoke/ (each failure in full) and compiler/NN.txt (each neuronx-cc run: command
+line, exit code, stdout, stderr). See docs/doctor.md.
+"""
+
+
+def add_doctor_command(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """``neuron-compile doctor [--skip-smoke] [--bundle FILE.tar.gz]``; its code (neuron_compile/doctor.py)
+    loads only when run."""
+    doc = sub.add_parser(
+        "doctor",
+        help="can the neuron backend work here? versions, NeuronCores, cache, a smoke test; --bundle for bug reports",
+        description="Check that the neuron backend can work on this machine (versions, the target 'auto' picks, "
+        "NeuronCores, the compile cache), run a smoke test (tiny graphs compiled for the neuron and the cpu "
+        "target, results compared), and gather what a bug report needs (--bundle).",
+        epilog=DOCTOR_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    doc.add_argument("--skip-smoke", action="store_true", help="do not compile and run the smoke-test graphs")
+    doc.add_argument("--bundle", metavar="FILE.tar.gz", help="also write a tarball of what a bug report needs")
+    doc.set_defaults(fn=cmd_doctor)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import main as doctor
+
+    return doctor(skip_smoke=args.skip_smoke, bundle=args.bundle)
 
 
 def add_cache_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:

@@ -19,7 +19,13 @@ from torch._prims_common import make_contiguous_strides_for
 from . import debug, distributed
 from .artifact import SAVED_FOR_BACKWARD_FROM, Artifact, OutputSpec, channels_last_strides
 from .cache import cache_for
-from .errors import WARNING_CLASSES, NeuronFloat64Warning, NeuronUnsupportedOpError, NeuronWarning
+from .errors import (
+    WARNING_CLASSES,
+    NeuronFloat64Warning,
+    NeuronNkiUnavailableWarning,
+    NeuronUnsupportedOpError,
+    NeuronWarning,
+)
 from .heap import old_objects_frozen
 from .options import Options
 from .runtime import jax_adapter, map_budget
@@ -53,6 +59,14 @@ _FLOAT64_MESSAGE = (
 )
 
 
+#: Not per graph (no graph name): the compiled artifact repeats it once per process (``_replay``).
+NKI_UNAVAILABLE_MESSAGE = (
+    "neuron backend: the real `nki` package (AWS Neuron SDK) is not installed (or NEURON_COMPILE_NKI=emulator "
+    "keeps it unused), so NKI kernel sites on the neuron target run as their reference StableHLO, compiled by "
+    "neuronx-cc like any other op. Install the Neuron SDK's nki to get the kernels."
+)
+
+
 def __getattr__(name: str) -> Any:
     """``lower_graph`` is imported on first use: a cache hit never lowers, and importing every lowering
     family takes ~0.3-0.5 s of a warm start."""
@@ -64,9 +78,18 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+#: (category, message) of the ``once_per_process`` warnings this process has shown.
+_SHOWN_ONCE: set[tuple[str, str]] = set()
+
+
 def _replay(artifact: Artifact) -> None:
     for category, message in artifact.warnings:
-        warnings.warn(message, WARNING_CLASSES.get(category, NeuronWarning), stacklevel=3)
+        cls = WARNING_CLASSES.get(category, NeuronWarning)
+        if cls.once_per_process:
+            if (category, message) in _SHOWN_ONCE:
+                continue
+            _SHOWN_ONCE.add((category, message))
+        warnings.warn(message, cls, stacklevel=3)
 
 
 def build_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options, name: str) -> Artifact:
@@ -80,7 +103,9 @@ def build_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Op
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as raised:
         warnings.simplefilter("always", NeuronWarning)
-        lowered = lower_graph(gm, list(example_inputs), name, target=opts.target, kernels=opts.kernels)
+        lowered = lower_graph(
+            gm, list(example_inputs), name, target=opts.target, kernels=opts.kernels, generation=opts.generation
+        )
         for hook in HOOKS.on_lowered:
             hook(lowered)
         try:
@@ -95,6 +120,8 @@ def build_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Op
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     if lowered.downcast_float64:
         ours.append((NeuronFloat64Warning.__name__, _FLOAT64_MESSAGE.format(name=name)))
+    if lowered.kernel_sites_as_reference:
+        ours.append((NeuronNkiUnavailableWarning.__name__, NKI_UNAVAILABLE_MESSAGE))
     stablehlo = lowered.stablehlo()
     t1 = time.perf_counter()
     executable = target.compile(stablehlo, lowered.host_callbacks)
@@ -185,6 +212,7 @@ def compiled_graph(
     executable = artifact.loaded
     if executable is None:
         executable = target.deserialize(artifact.executable)
+    executable = target.for_graph(executable)
     elapsed = time.perf_counter() - t0
     STATS.record(
         GraphRecord(

@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .options import Options, neuron_toolchain
 from .stats import STATS
 
 
@@ -79,8 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     data = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(1))
     idx, targets = data[:, :-1], data[:, 1:]
 
+    target = Options.from_user(None).target  # what backend="neuron" resolves "auto" to here
+    found = neuron_toolchain()[1]
+    where = (f"neuron (neuronx-cc compiles NEFFs, libnrt runs them: {found})" if target == "neuron"
+             else f"cpu (XLA CPU runs the StableHLO; {found} for the neuron target)")
     print(f"neuron_compile demo: TinyLM ({args.layers} blocks, {sum(p.numel() for p in model.parameters())} "
-          f"params, {args.dtype}), AdamW, {args.steps} steps, target cpu (XLA CPU runs the StableHLO)")
+          f"params, {args.dtype}), AdamW, {args.steps} steps, target {where}")
     print(f"{'step':>4} {'loss (neuron)':>14} {'loss (eager)':>13} {'|diff|':>9} {'step s':>8}")
     worst = 0.0
     for step in range(args.steps):
@@ -110,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     hits = sum(1 for g in STATS.graphs if g.cache == "hit")
     print(
         f"  {len(STATS.graphs)} graphs, {total_ops} aten ops lowered to StableHLO, {sites} of them NKI kernel sites "
-        f"(their StableHLO reference on the CPU target; options={{'kernels': 'emulate'}} runs the kernels), "
-        f"cache hits {hits}/{len(STATS.graphs)}"
+        + ("(NKI kernels compiled by nki, or their reference StableHLO where nki is not installed), " if target == "neuron"
+           else "(their StableHLO reference on the CPU target; options={'kernels': 'emulate'} runs the kernels), ")
+        + f"cache hits {hits}/{len(STATS.graphs)}"
     )
     from .cache import cache_stats
 
@@ -121,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{int(stats['misses'])} misses, {stats['compile_seconds_saved']:.2f} s of compiling saved "
         "(run the demo again: the second run hits the on-disk cache)"
     )
+    if STATS.device_executions:
+        print(
+            f"  NeuronCore transfers: {STATS.device_executions} executions, {STATS.device_bytes_written:,} bytes "
+            f"written (parameters once, then after each optimizer step), {STATS.device_bytes_read:,} bytes read"
+        )
     tol = 1e-4 if dtype == torch.float32 else 5e-2
     ok = worst <= tol * max(1.0, abs(ref.item()))
     print(f"max |loss(neuron) - loss(eager)| = {worst:.2e} -> {'MATCH' if ok else 'MISMATCH'}")

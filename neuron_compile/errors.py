@@ -86,6 +86,16 @@ class NeuronMemoryMapError(NeuronCompileError):
     (``vm.max_map_count``), where XLA CPU's failure crashes the process (``runtime.map_budget``)."""
 
 
+class NeuronRuntimeError(NeuronCompileError):
+    """The Neuron runtime (libnrt) refused a call: ``status`` is its ``NRT_STATUS`` (-1: the library itself
+    could not be loaded), ``call`` the libnrt function. The message names the status and what to do."""
+
+    def __init__(self, message: str, status: int = -1, call: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.call = call
+
+
 class NeuronOptionsError(NeuronCompileError, ValueError):
     """Raised for an unknown or malformed backend option."""
 
@@ -93,6 +103,10 @@ class NeuronOptionsError(NeuronCompileError, ValueError):
 class NeuronWarning(UserWarning):
     """Base class of the backend's warnings. Those raised while building a graph are stored with the
     compiled artifact and repeated on every cache hit, so a warm start warns exactly like a cold one."""
+
+    #: True: a stored warning of this class is repeated once per process, not once per graph (it says
+    #: something about the installation, the same for every graph).
+    once_per_process = False
 
 
 class NeuronLegalityWarning(NeuronWarning):
@@ -113,6 +127,14 @@ class NeuronMemoryMapWarning(NeuronWarning):
     allows it; compiles will be refused near the limit."""
 
 
+class NeuronNkiUnavailableWarning(NeuronWarning):
+    """Neuron target without the real ``nki`` package: the graph's NKI kernel sites run as their reference
+    StableHLO, compiled by neuronx-cc like any other op (``lowering/kernel_routing.py``)."""
+
+    once_per_process = True
+
+
 WARNING_CLASSES: dict[str, type[NeuronWarning]] = {
-    cls.__name__: cls for cls in (NeuronWarning, NeuronLegalityWarning, NeuronFloat64Warning)
+    cls.__name__: cls
+    for cls in (NeuronWarning, NeuronLegalityWarning, NeuronFloat64Warning, NeuronNkiUnavailableWarning)
 }

@@ -9,6 +9,7 @@ variable), the value and what is accepted, at option time, before anything is co
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import shlex
@@ -18,7 +19,10 @@ from typing import Any, Callable, Mapping, NamedTuple
 
 from .errors import NeuronOptionsError
 
-TARGETS = ("cpu", "neuron")
+TARGETS = ("auto", "cpu", "neuron")
+#: Logical NeuronCore sizes (physical cores per logical one): neuronx-cc --lnc and the runtime's
+#: NEURON_LOGICAL_NC_CONFIG, which must agree.
+LNC_SIZES = (1, 2)
 GENERATIONS = ("trn2", "trn3")
 #: neuronx-cc's -O levels (its CLI reference: "Possible numeric values are {1, 2, 3}").
 OPT_LEVELS = (1, 2, 3)
@@ -105,6 +109,24 @@ def _flags(value: Any) -> tuple[str, ...]:
     raise _Rejected
 
 
+def _small_int(choices: tuple[int, ...] | None) -> Callable[[Any], int]:
+    """An int (or its digit string), one of ``choices`` when given, else any int >= 0."""
+
+    def parse(value: Any) -> int:
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            if choices is None or value in choices:
+                return value
+        raise _Rejected
+
+    return parse
+
+
+def _optional(parse: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else parse(value)
+
+
 def _opt_level(value: Any) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
@@ -148,6 +170,11 @@ _FIELDS: dict[str, _Field] = {
     ),
     "opt_level": _Field(_opt_level, f"an int in {OPT_LEVELS} (or its digit string)", "NEURON_COMPILER_OPT_LEVEL"),
     "kernels": _Field(_choice(KERNEL_MODES), f"one of {KERNEL_MODES}", "NEURON_COMPILE_KERNELS"),
+    # the runtime's own variable: the compiler's --lnc then always agrees with the runtime it runs on
+    "lnc": _Field(_small_int(LNC_SIZES), f"an int in {LNC_SIZES} (or its digit string)", "NEURON_LOGICAL_NC_CONFIG"),
+    "neuron_core": _Field(
+        _optional(_small_int(None)), "an int >= 0 (a logical NeuronCore of those visible), or None", "NEURON_COMPILE_CORE"
+    ),
 }
 
 
@@ -161,17 +188,44 @@ def _parse(name: str, value: Any, source: str) -> Any:
         ) from None
 
 
-def neuron_toolchain_available() -> bool:
-    """True when the Neuron compiler (neuronx-cc) is on PATH."""
-    return shutil.which("neuronx-cc") is not None
+def neuron_toolchain() -> tuple[bool, str]:
+    """Whether the Neuron compiler and runtime are both here, and a line saying what was found."""
+    from .runtime.libnrt import library_path  # ctypes only: no jax, no runtime initialized
+
+    compiler, library = shutil.which("neuronx-cc"), library_path()
+    if library and os.sep in library and not os.path.exists(library):
+        library = None  # NEURON_COMPILE_LIBNRT naming a file that is not there
+    if compiler and library:
+        return True, f"neuronx-cc at {compiler}, libnrt at {library}"
+    missing = [what for what, found in (("neuronx-cc on PATH", compiler), ("libnrt.so.1", library)) if not found]
+    return False, "no " + " and no ".join(missing)
+
+
+_auto_target_said = False
+
+
+def _auto_target() -> str:
+    """The target "auto" stands for: neuron where the Neuron compiler and runtime are found, else cpu; said
+    once per process on the ``neuron_compile`` logger."""
+    global _auto_target_said
+    available, found = neuron_toolchain()
+    target = "neuron" if available else "cpu"
+    if not _auto_target_said:
+        _auto_target_said = True
+        logging.getLogger("neuron_compile").info(
+            "neuron_compile: target %s (%s); options={'target': 'cpu' | 'neuron'} or NEURON_COMPILE_TARGET "
+            "chooses one", target, found
+        )
+    return target
 
 
 @dataclass(frozen=True)
 class Options:
     """What the backend does with a graph. Every field is documented in the README."""
 
-    #: "cpu" runs the StableHLO with XLA CPU; "neuron" compiles it with neuronx-cc to a NEFF.
-    #: Default: "neuron" where neuronx-cc is installed, else "cpu". Env: NEURON_COMPILE_TARGET.
+    #: "cpu" runs the StableHLO with XLA CPU; "neuron" compiles it with neuronx-cc to a NEFF run by libnrt.
+    #: "auto" (the default) resolves to "neuron" where neuronx-cc and libnrt.so.1 are found, else "cpu", and
+    #: says which once per process (INFO on the ``neuron_compile`` logger). Env: NEURON_COMPILE_TARGET.
     target: str = "cpu"
     #: Trainium generation that the legality rules and neuronx-cc --target follow. Env: NEURON_COMPILE_GENERATION.
     generation: str = "trn2"
@@ -202,6 +256,12 @@ class Options:
     #: the CPU target, "emulate" runs the NKI kernels themselves in the emulator (slow), "off" routes
     #: nothing to kernels. On the neuron target sites are NKI custom calls. Env: NEURON_COMPILE_KERNELS.
     kernels: str = "reference"
+    #: Logical NeuronCore size (neuron target): neuronx-cc's --lnc, which must equal the runtime's.
+    #: Env: NEURON_LOGICAL_NC_CONFIG (the runtime's own variable; default 2, as on trn2).
+    lnc: int = 2
+    #: The logical NeuronCore graphs run on (neuron target), counted from the first one the process owns
+    #: (NEURON_RT_VISIBLE_CORES; under torchrun each rank owns core LOCAL_RANK); None: 0. Env: NEURON_COMPILE_CORE.
+    neuron_core: int | None = None
 
     @classmethod
     def from_user(cls, options: Mapping[str, Any] | None) -> "Options":
@@ -221,8 +281,8 @@ class Options:
                 values[name] = _parse(name, options[name], f"options[{name!r}]")
             elif row.env and os.environ.get(row.env, "").strip():  # an empty variable counts as unset
                 values[name] = _parse(name, os.environ[row.env], row.env)
-        if "target" not in values:
-            values["target"] = "neuron" if neuron_toolchain_available() else "cpu"
+        if values.get("target", "auto") == "auto":
+            values["target"] = _auto_target()
         return cls(**values)
 
     def cache_relevant(self) -> dict[str, Any]:
@@ -234,4 +294,5 @@ class Options:
             "neuron_cc_flags": list(self.neuron_cc_flags),
             "opt_level": self.opt_level,
             "kernels": self.kernels,
+            **({"lnc": self.lnc} if self.target == "neuron" else {}),
         }

@@ -124,6 +124,26 @@ def test_key_changes_with(change):
     assert KEY_CHANGES[change]() != key_of(_f, [X, W]), f"key did not change with {change}"
 
 
+def test_neuron_key_changes_with_the_nki_version(monkeypatch):
+    """On the neuron target the real nki decides what a kernel site is (its compiled kernel, or without it
+    the reference StableHLO), so its version is in the key there; the CPU target never uses it."""
+    monkeypatch.setattr(key_mod, "_neuronx_cc_version", lambda generation: "2.0-test")
+    neuron = Options.from_user({"target": "neuron"})
+    keys = {}
+    for version in ("0.6.0", "0.7.0", "none"):
+        monkeypatch.setattr(key_mod, "nki_version", lambda version=version: version)
+        keys[version] = key_of(_f, [X, W], opts=neuron)
+        assert key_mod.package_versions("neuron", "trn2")["nki"] == version
+    assert len(set(keys.values())) == 3, keys
+    assert "nki" not in key_mod.package_versions("cpu", "trn2")
+
+
+def test_nki_version_is_none_when_the_emulator_is_forced(monkeypatch):
+    """NEURON_COMPILE_NKI=emulator keeps an installed nki unused (kernels/nki_api.py): the key says so."""
+    monkeypatch.setenv("NEURON_COMPILE_NKI", "emulator")
+    assert key_mod.nki_version() == "none"
+
+
 def test_key_changes_with_versions_and_tag(monkeypatch):
     base = key_of(_f, [X, W])
     import neuron_compile.cache.key as key_mod

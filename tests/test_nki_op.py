@@ -167,16 +167,46 @@ def test_hardware_rule_violation_surfaces_while_tracing() -> None:
     torch.testing.assert_close(untiled_copy(torch.randn(100, 4)).shape, torch.Size([100, 4]))
 
 
-def test_neuron_target_emits_the_nki_custom_call_for_a_user_kernel() -> None:
+def _scale_in_place_model(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    w = x * 1.0
+    scale_(w, 3.0)  # an in-place user kernel: auto_functionalized in the graph
+    return w + y
+
+
+#: name -> (function of (x, y), the op it calls): a functional user kernel and one that writes in place.
+USER_KERNEL_MODELS = {
+    "axpy": (lambda x, y: axpy(x, y, 2.0), "nc_test::axpy"),
+    "in_place": (_scale_in_place_model, "nc_test::scale_"),
+}
+
+
+@pytest.mark.parametrize("real_nki", [False, True], ids=["nki_absent", "nki_present"])
+@pytest.mark.parametrize("model", sorted(USER_KERNEL_MODELS))
+def test_user_kernel_on_the_neuron_target_is_refused_clearly(
+    model: str, real_nki: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user kernel has no neuron-target form: without the real nki nothing could compile its kernels, and
+    with it the per-kernel-call compile is not written. Either way the graph's ONE unsupported-op error names
+    the op, its source line and what to do, and no made-up custom call is emitted. (nki_present only sets
+    what nki_api reports: the real nki cannot run here, and this path does not call it.)"""
     from torch._dynamo.backends.common import aot_autograd
 
+    from neuron_compile.kernels import nki_compiled
+
+    fn, op_name = USER_KERNEL_MODELS[model]
+    monkeypatch.setattr(nki_compiled, "real_nki_in_use", lambda: real_nki)
     captured = []
     torch._dynamo.reset()
-    torch.compile(
-        lambda x, y: axpy(x, y, 2.0), backend=aot_autograd(fw_compiler=lambda gm, ex: captured.append((gm, ex)) or gm)
-    )(torch.randn(4, 4), torch.randn(4, 4))
+    torch.compile(fn, backend=aot_autograd(fw_compiler=lambda gm, ex: captured.append((gm, ex)) or gm))(
+        torch.randn(4, 4), torch.randn(4, 4)
+    )
     gm, example_inputs = captured[0]
-    lowered = lower_graph(gm, example_inputs, "user", target="neuron")
-    assert "custom_call @AwsNeuronCustomNativeKernel" in lowered.stablehlo()
-    assert "nc_test::axpy" in lowered.stablehlo()
-    assert not lowered.host_callbacks
+    with pytest.raises(neuron_compile.NeuronUnsupportedOpError) as info:
+        lower_graph(gm, example_inputs, "user", target="neuron")
+    message = str(info.value)
+    assert f"user NKI kernel {op_name}" in message and "options={'target': 'cpu'}" in message, message
+    assert "test_nki_op.py:" in message, message  # the user's source line
+    if real_nki:
+        assert "not compiled for the neuron target yet" in message, message
+    else:
+        assert "needs the real `nki` package" in message and "install the Neuron SDK's nki" in message, message

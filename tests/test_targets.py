@@ -1,16 +1,12 @@
-"""The runtime seam: every target satisfies the Target protocol, the neuron target's missing pieces are
-explicit errors, and what changes the neuronx-cc artifact is an option in the cache key."""
+"""The runtime seam: every target satisfies the Target protocol, and what changes the neuronx-cc artifact
+is an option in the cache key (the neuron target end to end: tests/test_neuron_target.py)."""
 
 from __future__ import annotations
-
-import os
-import stat
-from pathlib import Path
 
 import pytest
 import torch
 
-from neuron_compile import NeuronCompileError, Options
+from neuron_compile import Options
 from neuron_compile.runtime.targets import Target, target_for
 
 
@@ -21,12 +17,6 @@ def test_targets_satisfy_the_protocol(target: str) -> None:
     assert t.name == target
 
 
-def test_neuron_target_says_that_neff_execution_is_missing() -> None:
-    t = target_for(Options(target="neuron"))
-    with pytest.raises(NeuronCompileError, match="target': 'cpu'"):
-        t.run(b"NEFF", [])
-
-
 @pytest.mark.parametrize("level", [1, 2, 3])
 def test_opt_level_reaches_neuronx_cc_and_the_cache_key(level: int) -> None:
     opts = Options(target="neuron", opt_level=level)
@@ -35,26 +25,19 @@ def test_opt_level_reaches_neuronx_cc_and_the_cache_key(level: int) -> None:
     assert Options(target="neuron", opt_level=1).cache_relevant() != Options(target="neuron", opt_level=3).cache_relevant()
 
 
+@pytest.mark.parametrize("lnc", [1, 2])
+def test_lnc_reaches_neuronx_cc_and_the_neuron_cache_key(lnc: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiler's --lnc comes from the runtime's own NEURON_LOGICAL_NC_CONFIG, so the two agree."""
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", str(lnc))
+    opts = Options.from_user({"target": "neuron"})
+    command = target_for(opts).command("m.mlir", "m.neff")
+    assert command[command.index("--lnc") + 1] == str(lnc) and opts.cache_relevant()["lnc"] == lnc
+    assert "lnc" not in Options.from_user({"target": "cpu"}).cache_relevant()  # no meaning on the CPU target
+
+
 def test_opt_level_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NEURON_COMPILER_OPT_LEVEL", "3")
     assert Options.from_user(None).opt_level == 3
-
-
-def test_compiled_graph_on_the_neuron_target_fails_clearly_at_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With a (fake) neuronx-cc on PATH the graph compiles to a NEFF; running it is the explicit error,
-    never an AttributeError inside the executor."""
-    fake = tmp_path / "neuronx-cc"
-    fake.write_text(
-        "#!/bin/sh\n"
-        'if [ "$1" = "--version" ]; then echo "neuronx-cc 0.0-fake"; exit 0; fi\n'
-        'while [ "$#" -gt 0 ]; do if [ "$1" = "--output" ]; then echo NEFF > "$2"; fi; shift; done\n'
-    )
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    torch._dynamo.reset()
-    f = torch.compile(lambda x: x * 2 + 1, backend="neuron", options={"target": "neuron", "cache": False})
-    with pytest.raises(Exception, match="NEFF compiled, but"):
-        f(torch.ones(4))
 
 
 # XLA's simplifier would multiply by the reciprocal of a broadcast divisor (off by one ulp in about half the

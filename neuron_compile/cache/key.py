@@ -8,7 +8,8 @@ What enters the key, and why:
 - every input's dtype, shape, stride, device type and requires_grad (and static Python inputs by value);
 - the options that change the artifact (``Options.cache_relevant``), the target, and versions of torch,
   neuron_compile (plus a fingerprint of its source, so an edited lowering never reuses an old artifact),
-  jax/jaxlib, and neuronx-cc when the neuron target is used (``XLA_FLAGS`` for the CPU target);
+  jax/jaxlib, and neuronx-cc and the real nki when the neuron target is used (``XLA_FLAGS`` for the CPU
+  target);
 - the user tag ``torch.compiler.config.cache_key_tag``.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 from dataclasses import dataclass
@@ -182,6 +184,27 @@ def _neuronx_cc_version(generation: str) -> str:
     return NeuronTarget(generation).version()
 
 
+def nki_version() -> str:
+    """The version of the real ``nki`` package the neuron target compiles NKI kernels with; "none" when it is
+    not installed or ``NEURON_COMPILE_NKI=emulator`` keeps it unused (as ``kernels/nki_api.py`` decides).
+
+    Read from the installed distribution's metadata: importing nki (or the emulator) would cost every cache
+    hit its import time. (The public index's placeholder ``nki``, which nki_api does not use, reports its own
+    version: the same in every run, so harmless.)
+    """
+    if os.environ.get("NEURON_COMPILE_NKI", "").lower() == "emulator":
+        return "none"
+    return _installed_nki_version()
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_nki_version() -> str:
+    try:
+        return importlib.metadata.version("nki")
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
 def package_versions(target: str, generation: str) -> dict[str, str]:
     """Versions of everything that shapes the artifact."""
     import jax
@@ -198,6 +221,8 @@ def package_versions(target: str, generation: str) -> dict[str, str]:
     }
     if target == "neuron":
         versions["neuronx-cc"] = _neuronx_cc_version(generation)
+        # with it, kernel sites are kernels it compiled; without it, StableHLO references (kernel_routing.py)
+        versions["nki"] = nki_version()
     else:  # XLA's flags (fusion emitters, fast math) shape the CPU executable as a compiler version does
         versions["xla_flags"] = os.environ.get("XLA_FLAGS", "")
     return versions

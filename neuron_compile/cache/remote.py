@@ -387,6 +387,12 @@ class RemoteStore:
             out.append(RemoteEntry(key, sizes.get(key, 0), objects[MANIFEST], str(doc.get("name", "?"))[:60]))
         return out
 
+    def usage(self) -> tuple[int, int]:
+        """(published entries, bytes under the URL's cache keys) from one listing, no manifest read (for
+        ``neuron-compile doctor``: a cheap "is it reachable, what is there"). Raises ``RemoteUnavailable``."""
+        by_key, sizes = self._scan()
+        return sum(1 for objects in by_key.values() if MANIFEST in objects), sum(sizes.values())
+
     def prune(self, older_than: float, abandoned_after: float = STALE_SECONDS) -> tuple[list[str], int]:
         """Remove entries published more than ``older_than`` seconds ago (the manifest first, so a reader
         sees a plain miss), and payloads no manifest names that are older than ``abandoned_after``

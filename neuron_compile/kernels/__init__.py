@@ -1,12 +1,13 @@
 """Built-in NKI kernels, their StableHLO references, and the NKI emulator they run on here.
 
 ``KERNELS`` maps a kernel name to a :class:`KernelSpec`: the NKI kernel, its reference (jax.lax, the
-StableHLO the compiler emits at a kernel site on the CPU target; same signature, same outputs) and a
-predicate saying which shapes/dtypes the kernel supports. Functions are resolved lazily, so importing
+StableHLO the compiler emits at a kernel site on the CPU target, and on the neuron target without the real
+nki; same signature, same outputs) and a predicate saying which shapes/dtypes the kernel supports. Functions are resolved lazily, so importing
 this package imports neither jax nor the kernels. The routing table (elsewhere) imports ``KERNELS``.
 
 Kernel modules: :mod:`.matmul`, :mod:`.softmax`, :mod:`.norms`, :mod:`.attention`, :mod:`.swiglu`;
-:mod:`.cost` is the cost model; :mod:`.emulator` the NKI emulator (public face: ``neuron_compile.nki``).
+:mod:`.cost` is the cost model; :mod:`.emulator` the NKI emulator (public face: ``neuron_compile.nki``);
+:mod:`.nki_compiled` the real nki's compile of a kernel, which the neuron target's kernel sites carry.
 """
 
 from __future__ import annotations

@@ -234,9 +234,12 @@ def _scores(q: Any, k: Any, causal: bool, scale: float | None) -> Any:
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     s = lax.dot_general(q, k, (((3,), (3,)), ((0, 1), (0, 1))), preferred_element_type=jnp.float32) * scale
     if causal:
-        sq, sk = q.shape[2], k.shape[2]
-        keep = jnp.arange(sk)[None, :] <= jnp.arange(sq)[:, None]
-        s = jnp.where(keep, s, -jnp.inf)
+        # int32 positions and a float32 -inf: the neuron target without nki compiles this body itself,
+        # and under the lowering's x64 mode jnp.arange and a bare Python -inf would be 64-bit
+        # (float64 does not exist on Trainium).
+        shape = (q.shape[2], k.shape[2])
+        keep = lax.broadcasted_iota(jnp.int32, shape, 1) <= lax.broadcasted_iota(jnp.int32, shape, 0)
+        s = jnp.where(keep, s, jnp.asarray(-jnp.inf, s.dtype))
     return s, scale
 
 

@@ -8,6 +8,8 @@ not), unless ``NEURON_COMPILE_NKI=emulator`` forces the emulator. Kernels writte
 
 ``EMULATED`` says which one is in use. The emulator adds ``infer_shapes`` (shape-only mode),
 ``last_run_stats`` and ``simulate(..., stats=True)``; with the real package those are absent.
+``cache/key.py`` ``nki_version`` mirrors this decision from package metadata, without importing either,
+for the neuron target's cache key.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ The result is a ``torch.library.custom_op``:
   (override with ``op.register_fake``);
 - ``op.register_autograd(backward, setup_context=...)`` gives it a backward, as for any custom op;
 - under ``torch.compile(backend="neuron")`` it is one graph node, lowered (``lowering/kernel_routing.py``) to a
-  host callback into the emulator on the CPU target and to the NKI custom call on the neuron target.
+  host callback into the emulator on the CPU target; the neuron target refuses it (naming the op and its
+  source line): it has no compiled form there yet, see ``kernel_routing.user_kernel_on_neuron_reason``.
 """
 
 from __future__ import annotations

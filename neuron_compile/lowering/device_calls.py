@@ -68,7 +68,7 @@ def device_call(
         )
         return call(*operands)
 
-    out = _reference_function(target_name, reference, ())(*operands)
+    out = _reference_function(target_name + REFERENCE_SUFFIX, reference, ())(*operands)
     got = [out] if single else list(out)
     want = [(tuple(s.shape), jnp.dtype(s.dtype)) for s in structs]
     have = [(tuple(o.shape), jnp.dtype(o.dtype)) for o in got]
@@ -84,19 +84,30 @@ def reference_call(target_name: str, reference: Callable[..., Any], *operands: A
     body is kept per (call, reference, consts), so jax traces it once per operand shapes and every site
     alike (the same kernel in each layer of a model) reuses that trace and its private function.
     """
+    return function_call(target_name + REFERENCE_SUFFIX, reference, *operands, consts=consts)
+
+
+def function_call(symbol: str, body: Callable[..., Any], *operands: Any, consts: tuple[Any, ...] = ()) -> Any:
+    """``body(*operands, *consts)`` as a call to the private function ``symbol``, traced once per operand
+    shapes (as ``reference_call``, which is this with the device-call suffix).
+
+    A ``symbol`` without ``REFERENCE_SUFFIX`` is a plain function to the legality pass, which walks into
+    it as into any jax helper: use it for a body that is what neuronx-cc compiles, not a stand-in for a
+    custom call.
+    """
     try:
-        function = _cached_reference_function(target_name, reference, consts)
+        function = _cached_reference_function(symbol, body, consts)
     except TypeError:  # an unhashable constant: traced for this site alone
-        function = _reference_function(target_name, reference, consts)
+        function = _reference_function(symbol, body, consts)
     return function(*operands)
 
 
-def _reference_function(target_name: str, reference: Callable[..., Any], consts: tuple[Any, ...]) -> Any:
+def _reference_function(symbol: str, reference: Callable[..., Any], consts: tuple[Any, ...]) -> Any:
     def body(*args: Any) -> Any:
         return reference(*args, *consts)
 
     # The function name becomes the private function's symbol, which the legality pass recognises.
-    body.__name__ = body.__qualname__ = target_name + REFERENCE_SUFFIX
+    body.__name__ = body.__qualname__ = symbol
     return jax.jit(body)
 
 

@@ -28,7 +28,7 @@ from ..graph_checks import check_fx_graph, non_aten_reason, unsupported_inputs, 
 from .complex import complex_lowering, device_struct, is_complex_node
 from .complex import REFUSAL as COMPLEX_REFUSAL
 from . import layout
-from .kernel_routing import lower_auto_functionalized, route_for, user_kernel_lowering
+from .kernel_routing import lower_auto_functionalized, neuron_sites_are_references, route_for, user_kernel_lowering
 from .registry import _CURRENT, NodeContext, Unsupported, lowering_for, refusal_for
 from .semantics import jax_dtype, torch_dtype
 
@@ -50,6 +50,9 @@ class LoweredGraph:
     node_table: dict[str, dict[str, str]] = field(default_factory=dict)
     #: NKI kernel sites in the module, by kernel name (routed aten nodes, neuron:: ops, user kernels).
     kernel_sites: dict[str, int] = field(default_factory=dict)
+    #: The neuron target lowered the kernel sites as their reference StableHLO: the real nki, which would
+    #: compile the kernels, is not in use (``kernel_routing.kernel_site``).
+    kernel_sites_as_reference: bool = False
     #: Host callbacks the executable calls (kernels="emulate", user kernels on the CPU target): live
     #: Python objects, so such a graph is compiled with them and never served from the disk cache.
     host_callbacks: list[Any] = field(default_factory=list)
@@ -138,10 +141,11 @@ def _lower_auto_functionalized(target: Any, op: Any, **kwargs: Any) -> Any:
 
 
 class _GraphTracer:
-    def __init__(self, name: str, target: str, kernels: str = "reference") -> None:
+    def __init__(self, name: str, target: str, kernels: str = "reference", generation: str = "trn2") -> None:
         self.name = name
         self.target = target
         self.kernels = kernels
+        self.generation = generation
         self.kernel_sites: dict[str, int] = {}
         self.failures: list[UnsupportedNode] = []
         self.op_counts: dict[str, int] = {}
@@ -233,7 +237,9 @@ class _GraphTracer:
             reason = (refusal_for(node.target) or "no lowering for this op") if is_aten else non_aten_reason(node.target)
             self.fail(node, reason)
             return _meta_structs(node.meta.get("val"))
-        token = _CURRENT.set(NodeContext(node, self.target, self.seed_for, self.kernels, self._count_kernel_site))
+        token = _CURRENT.set(
+            NodeContext(node, self.target, self.seed_for, self.kernels, self._count_kernel_site, self.generation)
+        )
         try:
             scope = provenance.scope_name(node)
             self.node_table[scope] = {
@@ -455,16 +461,22 @@ def _channels_last_buffers(
 
 
 def lower_graph(
-    gm: torch.fx.GraphModule, example_inputs: list[Any], name: str, target: str = "cpu", kernels: str = "reference"
+    gm: torch.fx.GraphModule,
+    example_inputs: list[Any],
+    name: str,
+    target: str = "cpu",
+    kernels: str = "reference",
+    generation: str = "trn2",
 ) -> LoweredGraph:
-    """Lower ``gm`` (an aten graph from AOTAutograd) to one StableHLO module.
+    """Lower ``gm`` (an aten graph from AOTAutograd) to one StableHLO module (``generation``: the Trainium
+    generation the neuron target's NKI kernels are compiled for, where the real nki is installed).
 
     Raises ``NeuronUnsupportedOpError`` listing every node that cannot be lowered.
     """
     check_fx_graph(gm, name)  # data-dependent shapes: nothing below could trace them
     input_specs = [_spec_of(x) for x in example_inputs]
     tensor_positions = [i for i, s in enumerate(input_specs) if isinstance(s, TensorSpec)]
-    tracer = _GraphTracer(name, target, kernels)
+    tracer = _GraphTracer(name, target, kernels, generation)
     bad_inputs = unsupported_inputs(gm, example_inputs)
     if bad_inputs:
         raise NeuronUnsupportedOpError(name, bad_inputs)
@@ -566,6 +578,7 @@ def lower_graph(
         op_counts=tracer.op_counts,
         node_table=tracer.node_table,
         kernel_sites=tracer.kernel_sites,
+        kernel_sites_as_reference=target == "neuron" and bool(tracer.kernel_sites) and neuron_sites_are_references(),
         host_callbacks=host_callbacks_of(lowered),
     )
 

@@ -6,14 +6,23 @@ not fit the kernel (rank, dims, dtypes, the kernel's own ``supports`` predicate)
 runs instead.
 
 A kernel site (``kernel_site``) is one call in the StableHLO module:
-- neuron target: ``custom_call @AwsNeuronCustomNativeKernel``, the call neuronx-cc takes for NKI kernels,
-  with a JSON ``backend_config`` naming the kernel and its constants. NOT VERIFIED ON HARDWARE: the real
-  backend_config carries the compiled kernel (TorchNeuron serializes it); ours names it.
+- neuron target with the real ``nki`` package: ``custom_call @AwsNeuronCustomNativeKernel``, the call
+  neuronx-cc takes for NKI kernels, whose ``backend_config`` is the kernel as nki compiled it for the site's
+  shapes, dtypes and constants (``kernels/nki_compiled.py``, written against nki's sources and NEVER RUN:
+  nki is not installable here).
+- neuron target without it (``LoweredGraph.kernel_sites_as_reference``, which the compiler turns into a
+  ``NeuronNkiUnavailableWarning``, shown once per process): a call to a private
+  function ``nki_reference_<kernel>`` holding the kernel's jax.lax reference, which neuronx-cc compiles and
+  the legality pass checks like any other ops. No custom call: neuronx-cc refuses one whose config does
+  not point at a compiled kernel (NCC_EVRF059).
 - CPU target, ``kernels="reference"`` (default): a call to a private function holding the kernel's
   jax.lax reference (``kernels/<family>.py``), which the legality pass checks as the custom call.
 - CPU target, ``kernels="emulate"``: the same call, whose body is a host callback that runs the NKI
   kernel itself in the emulator, so a model trains through kernel code (slow; such graphs are not kept
   in the disk cache, since a host callback is a live Python object).
+
+A user kernel (``nki_op``) is a host callback into the emulator on the CPU target; the neuron target refuses
+it with the node's source line (``user_kernel_on_neuron_reason``), nki or not: see that function.
 
 Attention is routed before AOTAutograd (``kernels/sdpa.py``): a fitting ``scaled_dot_product_attention``
 is rewritten into ``neuron::flash_attention``, whose forward and backward nodes are lowered here as kernel
@@ -22,7 +31,6 @@ sites.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any, Callable
 
@@ -32,14 +40,17 @@ import numpy as np
 import torch
 from torch._ops import OpOverload
 
-from ..kernels import KERNELS
+from ..errors import NeuronCompileError
+from ..kernels import KERNELS, nki_compiled
 from ..kernels import torch_ops  # noqa: F401  (defines torch.ops.neuron.*)
 from . import device_calls
-from .registry import current, register_lowering
+from .registry import Unsupported, current, register_lowering
 from .semantics import canonical_dim, convert, is_array, jax_dtype, out_dtype
 
 aten = torch.ops.aten
 KERNEL_CALL_TARGET = "AwsNeuronCustomNativeKernel"
+#: Name prefix of the private function holding a kernel site's reference on the neuron target without nki.
+REFERENCE_ON_NEURON_PREFIX = "nki_reference_"
 
 #: aten overload -> route. A route takes the node's (jax) arguments and returns its result, or None
 #: when the kernel does not fit this node.
@@ -68,6 +79,11 @@ def _to_host(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
+def neuron_sites_are_references() -> bool:
+    """Whether the neuron target lowers kernel sites as their references: the real nki is not in use."""
+    return not nki_compiled.real_nki_in_use()
+
+
 def kernel_site(
     name: str, *arrays: Any, consts: tuple[Any, ...] = (), cpu_reference: Callable[..., Any] | None = None
 ) -> Any:
@@ -83,11 +99,19 @@ def kernel_site(
     if ctx.target == "cpu" and ctx.kernels != "emulate":
         # The reference's own trace types the call: no separate eval_shape trace.
         return device_calls.reference_call(KERNEL_CALL_TARGET, cpu_reference or reference, *arrays, consts=consts)
+    if ctx.target == "neuron" and neuron_sites_are_references():
+        # neuronx-cc takes an NKI kernel only compiled by the real nki (nki_compiled.py): without it the
+        # site is the reference's StableHLO, a plain function that neuronx-cc and the legality pass see
+        # as any other ops (no REFERENCE_SUFFIX, which would make the legality pass skip the body).
+        # LoweredGraph.kernel_sites_as_reference carries the fact to the compiler's warning.
+        return device_calls.function_call(f"{REFERENCE_ON_NEURON_PREFIX}{name}", reference, *arrays, consts=consts)
     results = jax.eval_shape(lambda *a: reference(*a, *consts), *arrays)
     single = not isinstance(results, (tuple, list))
     structs = results if single else tuple(results)
     if ctx.target == "neuron":
-        config = json.dumps({"kernel": f"neuron_compile.kernels.{spec.module}.{spec.kernel_name}", "consts": consts})
+        compiled = nki_compiled.compiled_kernel_config(spec.kernel, arrays, consts, ctx.generation)
+        _check_compiled_kernel(name, compiled, [structs] if single else list(structs))
+        config = compiled.backend_config
         return device_calls.device_call(
             KERNEL_CALL_TARGET, reference, *arrays, results=structs, backend_config=config, target="neuron"
         )
@@ -103,6 +127,22 @@ def kernel_site(
         return jax.pure_callback(host, structs, *a)
 
     return device_calls.device_call(KERNEL_CALL_TARGET, body, *arrays, results=structs, target="cpu")
+
+
+def _check_compiled_kernel(name: str, compiled: nki_compiled.CompiledKernelConfig, structs: list[Any]) -> None:
+    """The compiled kernel must return what its reference returns (the custom call is typed by the
+    reference), write no operand in place and use no collectives: built-in kernels do neither."""
+    want = tuple((tuple(s.shape), str(np.dtype(s.dtype))) for s in structs)
+    problems = []
+    if compiled.outputs != want:
+        problems.append(f"it returns {list(compiled.outputs)}, its reference {list(want)}")
+    if compiled.operand_output_aliases:
+        problems.append(f"it writes operands in place {list(compiled.operand_output_aliases)}")
+    if compiled.has_collectives:
+        problems.append("it uses collectives")
+    if problems:
+        reasons = "; ".join(problems)
+        raise NeuronCompileError(f"NKI kernel '{name}' as compiled by nki cannot be a kernel site: {reasons}")
 
 
 def _rows(x: Any) -> Any:
@@ -242,6 +282,8 @@ def _user_kernel_site(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict
     operands = [leaves[i] for i in operand_slots]
     n_outputs = len(metas) - len(bases)
     op_name = op._schema.name  # "namespace::name", as the user registered it
+    if ctx.target == "neuron":
+        raise Unsupported(user_kernel_on_neuron_reason(op_name))
     ctx.note_kernel_site(op_name)
 
     def host(*host_arrays: Any) -> tuple[np.ndarray, ...]:
@@ -254,21 +296,10 @@ def _user_kernel_site(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict
         results = outs[:n_outputs] + [call_kwargs[name] for name in bases]
         return tuple(_torch_to_host(results[i]) for i in tensor_slots)
 
-    if ctx.target == "neuron":
-        config = json.dumps({"nki_op": op_name})
+    def body(*a: Any) -> Any:
+        return jax.pure_callback(host, structs, *a)
 
-        def unavailable(*_a: Any) -> Any:
-            raise AssertionError("the neuron target emits the custom call, never this body")
-
-        flat = device_calls.device_call(
-            KERNEL_CALL_TARGET, unavailable, *operands, results=structs, backend_config=config, target="neuron"
-        )
-    else:
-
-        def body(*a: Any) -> Any:
-            return jax.pure_callback(host, structs, *a)
-
-        flat = device_calls.device_call(KERNEL_CALL_TARGET, body, *operands, results=structs, target="cpu")
+    flat = device_calls.device_call(KERNEL_CALL_TARGET, body, *operands, results=structs, target="cpu")
     flat = list(flat) if isinstance(flat, (tuple, list)) else [flat]
     if not isinstance(meta, (tuple, list)):
         return flat[0]
@@ -276,6 +307,24 @@ def _user_kernel_site(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict
     for slot, value in zip(tensor_slots, flat):
         result[slot] = value
     return tuple(result)
+
+
+def user_kernel_on_neuron_reason(op_name: str) -> str:
+    """Why user kernel ``op_name`` ("ns::name") has no neuron-target form, and what to do."""
+    if not nki_compiled.real_nki_in_use():
+        return (
+            f"user NKI kernel {op_name} needs the real `nki` package (AWS Neuron SDK) on the neuron target, "
+            "which compiles its kernels into the NEFF, and it is not installed (or NEURON_COMPILE_NKI=emulator "
+            "keeps it unused): install the Neuron SDK's nki, or compile with options={'target': 'cpu'}, where "
+            "the kernel runs in the NKI emulator"
+        )
+    # The op's function may call several @nki.jit kernels and torch ops: one custom call per kernel call
+    # would need those calls traced one by one, which is not written yet.
+    return (
+        f"user NKI kernel {op_name}: user kernels are not compiled for the neuron target yet (only the "
+        "built-in kernel sites are); compile with options={'target': 'cpu'}, where the kernel runs in the "
+        "NKI emulator"
+    )
 
 
 def user_kernel_lowering(op: Any) -> Callable[..., Any] | None:
@@ -296,7 +345,6 @@ def lower_auto_functionalized(target: Any, op: Any, kwargs: dict[str, Any]) -> A
     """``auto_functionalized_v2(op, **kwargs)``: a user kernel that writes some arguments in place,
     made functional by AOTAutograd. Returns (op outputs..., new values of the mutated bases...)."""
     from ..kernels.user_ops import user_kernel
-    from .registry import Unsupported
 
     fn = user_kernel(op)
     if fn is None:

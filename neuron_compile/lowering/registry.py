@@ -52,6 +52,8 @@ class NodeContext:
     kernels: str = "reference"
     #: Called with a kernel's name at each kernel site, so the graph can count them.
     kernel_site_sink: Any = None
+    #: Trainium generation of the neuron target: what the real nki compiles a kernel site's kernel for.
+    generation: str = "trn2"
 
     def note_kernel_site(self, name: str) -> None:
         if self.kernel_site_sink is not None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from . import jax_adapter, map_budget
 
 
@@ -27,6 +29,9 @@ class CpuTarget:
         map_budget.reserve("loading a compiled graph")
         return jax_adapter.deserialize_executable(blob)
 
+    def for_graph(self, executable: Any) -> Any:
+        return executable
+
     def version(self) -> str:
         import jax
         import jaxlib
@@ -35,3 +40,13 @@ class CpuTarget:
 
     def run(self, executable: Any, buffers: list[Any]) -> list[Any]:
         return jax_adapter.execute(executable, buffers)
+
+    # DLPack both ways: no copies. Looked up at each call, so that tests may observe jax_adapter's calls.
+    def to_device(self, t: torch.Tensor) -> Any:
+        return jax_adapter.torch_to_device(t)
+
+    def to_torch(self, result: Any) -> torch.Tensor:
+        return jax_adapter.device_to_torch(result)
+
+    def constant_buffer(self, value: Any) -> Any:
+        return jax_adapter.constant_buffer(value)

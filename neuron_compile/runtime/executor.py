@@ -1,4 +1,4 @@
-"""Runs a compiled graph on torch tensors: DLPack in, execute, DLPack out (no copies)."""
+"""Runs a compiled graph on torch tensors: the target's buffers in (CPU: DLPack, no copies), execute, out."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ..artifact import OutputSpec, TensorSpec
-from . import jax_adapter, map_budget
+from . import map_budget
 from .targets import Target
 
 log = logging.getLogger(__name__)
@@ -112,10 +112,10 @@ class CompiledGraph:
     def _seed(self) -> Any:
         if not self.needs_rng_seed:
             if self._no_seed is None:
-                self._no_seed = jax_adapter.constant_buffer(np.zeros(2, dtype=np.int32))
+                self._no_seed = self.target.constant_buffer(np.zeros(2, dtype=np.int32))
             return self._no_seed
         # Drawn from torch's default generator: torch.manual_seed makes compiled random ops reproducible.
-        return jax_adapter.torch_to_device(torch.randint(-(2**31), 2**31 - 1, (2,), dtype=torch.int32))
+        return self.target.to_device(torch.randint(-(2**31), 2**31 - 1, (2,), dtype=torch.int32))
 
     def _outputs_without_running(self, args: list[Any]) -> list[Any]:
         """Outputs with the shapes, dtypes and strides torch computed, built without running the executable:
@@ -139,7 +139,7 @@ class CompiledGraph:
             out = self._outputs_without_running(args)
             args.clear()
             return out
-        to_device = jax_adapter.torch_to_device
+        to_device = self.target.to_device
         buffers = []
         for i, f64, perm in self._feed:
             t = args[i]
@@ -164,7 +164,7 @@ class CompiledGraph:
         args.clear()  # boxed convention: let the caller's inputs be freed as early as possible
         results = self.target.run(executable, buffers)
         del buffers
-        to_torch = jax_adapter.device_to_torch
+        to_torch = self.target.to_torch
         if self._direct is not None:
             if self._direct_checked:
                 return [to_torch(results[k]) for k in self._direct]

@@ -226,3 +226,33 @@ def execute(executable: Any, buffers: list[Any]) -> list[Any]:
         if run is None:  # pragma: no cover - depends on the jaxlib version
             return executable.execute(buffers)
         return [r[0] for r in run(buffers).disassemble_into_single_device_arrays()]
+
+
+#: MLIR element types of a module's parameters and results -> torch dtypes (the NEFF's byte layout).
+_MLIR_DTYPES = {
+    "f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "f64": torch.float64,
+    "i64": torch.int64, "i32": torch.int32, "i16": torch.int16, "i8": torch.int8, "i1": torch.bool,
+    "ui8": torch.uint8, "ui16": torch.uint16, "ui32": torch.uint32, "ui64": torch.uint64,
+    "f8E4M3FN": torch.float8_e4m3fn, "f8E5M2": torch.float8_e5m2,
+}  # fmt: skip
+
+
+def main_signature(module_text: str) -> tuple[list[tuple[tuple[int, ...], torch.dtype]], list[tuple[tuple[int, ...], torch.dtype]]]:
+    """(shape, dtype) of each parameter and each result of the module's ``main`` function."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+
+    module = ir.Module.parse(module_text, context=mlir.make_ir_context())
+    for op in module.body.operations:
+        if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == "main":
+            function_type = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+
+            def describe(types: Any) -> list[tuple[tuple[int, ...], torch.dtype]]:
+                out = []
+                for t in types:
+                    ranked = ir.RankedTensorType(t)
+                    out.append((tuple(ranked.shape), _MLIR_DTYPES[str(ranked.element_type)]))
+                return out
+
+            return describe(function_type.inputs), describe(function_type.results)
+    raise ValueError("the module has no main function")

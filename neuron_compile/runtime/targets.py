@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    import torch
+
     from ..options import Options
 
 
@@ -28,19 +30,31 @@ class Target(Protocol):
     def deserialize(self, blob: bytes) -> Any:
         """The loaded executable of ``serialize``'s bytes; raises on a blob it cannot load."""
 
+    def for_graph(self, executable: Any) -> Any:
+        """``executable`` as one compiled graph holds it (the compile cache keeps and shares the original)."""
+
     def version(self) -> str:
         """The compiler build that produced the executable (a cache-key component)."""
 
     def run(self, executable: Any, buffers: list[Any]) -> list[Any]:
-        """Execute on device buffers (as made by ``jax_adapter.torch_to_device``); device buffers out."""
+        """Execute on device buffers (as made by ``to_device``); device buffers out."""
+
+    def to_device(self, t: "torch.Tensor") -> Any:
+        """A buffer ``run`` takes, of the contiguous CPU tensor ``t`` (sharing its memory where it can)."""
+
+    def to_torch(self, result: Any) -> "torch.Tensor":
+        """The torch tensor of one of ``run``'s results."""
+
+    def constant_buffer(self, value: Any) -> Any:
+        """A buffer owning a copy of ``value`` (a numpy array), for inputs that never change between calls."""
 
 
 def target_for(opts: "Options") -> Target:
-    """The target ``opts`` asks for ("cpu": XLA CPU; "neuron": neuronx-cc)."""
+    """The target ``opts`` asks for ("cpu": XLA CPU; "neuron": neuronx-cc and libnrt)."""
     if opts.target == "neuron":
         from .neuron import NeuronTarget
 
-        return NeuronTarget(opts.generation, opts.neuron_cc_flags, opts.opt_level)
+        return NeuronTarget(opts.generation, opts.neuron_cc_flags, opts.opt_level, opts.lnc, opts.neuron_core)
     from .cpu import CpuTarget
 
     return CpuTarget()

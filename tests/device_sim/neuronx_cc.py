@@ -1,0 +1,433 @@
+"""The fake ``neuronx-cc``: ``python -m tests.device_sim.neuronx_cc compile module.mlir ... --output x.neff``.
+
+The command line follows neuronx-cc's CLI reference (compiler/neuronx-cc/api-reference-guide): the
+``compile`` command with ``--framework XLA --target <family> [--model-type] [--auto-cast] [--auto-cast-type]
+[--native-int64 [mode]] [--implicit-integer-downcast] [--distribution-strategy] [--logical-nc-config N |
+--lnc N | -lnc N] [--optlevel N | -O N] [--enable-mixed-precision-accumulation |
+--disable-mixed-precision-accumulation] [--enable-saturate-infinity] [--enable-fast-context-switch]
+[--enable-fast-loading-neuron-binaries] [--logfile F] [--output F | -o F] [--verbose L]``, and
+``neuronx-cc --version`` (``-V``), printed in the real tool's layout. Anything else (an unknown flag, a bad
+value, a missing input) exits with status 1 and an argparse-style message on stderr.
+
+What it does with the module: parses it as StableHLO (an unparsable module fails, naming the line), takes
+``@main``'s parameters and results as the NEFF's tensors ``input{i}`` / ``output{i}`` (TorchNeuron's
+names), refuses what the real compiler refuses that it knows of (unknown custom-call targets,
+NCC_EHCA005; NKI kernels, whose compiled artifact it cannot make, NCC_EVRF059; float8 kinds the target
+lacks, NCC_EVRF051 / NCC_EVRF005; an LNC the target has not, NCC_EARG001), replaces every ``AwsNeuron*``
+custom call with a call of its jax semantics (``custom_calls.py``), and writes the simulator's NEFF (layout
+in ``libnrt_sim.c``'s header comment; :func:`make_neff`). One line per successful compile goes to
+``$NRTSIM_STATE_DIR/compiles.log``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import struct
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+#: What ``--version`` reports (the real tool prints "NeuronX Compiler version 2.27.5334.0+f702b353", a blank
+#: line, then Python/HWM/NumPy versions).
+VERSION = "2.99.0.0+nrtsim"
+
+NEFF_MAGIC = b"NRTSIMNEFF\0\0"
+NEFF_HEADER_SIZE = 1024
+NEFF_FORMAT_VERSION = 1
+_HEADER = struct.Struct("<12sIIIQQQQ")  # magic, version, lnc, reserved, table off/size, payload off/size
+
+#: MLIR element type -> (bytes per element, nrt_dtype_t code from nrt.h). i1 (pred) is one byte, and
+#: nrt_dtype_t has no boolean: it is reported as UINT8.
+ELEMENT_TYPES: dict[str, tuple[int, int]] = {
+    "f32": (4, 0xA), "f16": (2, 0x7), "bf16": (2, 0x6),
+    "i8": (1, 0x2), "ui8": (1, 0x3), "i16": (2, 0x4), "ui16": (2, 0x5), "i32": (4, 0x8), "ui32": (4, 0x9),
+    "i64": (8, 0xC), "ui64": (8, 0x1), "i1": (1, 0x3),
+    "f8E4M3": (1, 0xE), "f8E4M3FN": (1, 0xE), "f8E5M2": (1, 0xF), "f8E3M4": (1, 0xD),
+}  # fmt: skip
+
+#: Instance families --target takes (CLI reference), and which the simulator models.
+TARGETS = ("inf2", "trn1", "trn1n", "trn2", "trn2n", "trn3")
+SIMULATED_TARGETS = ("trn2", "trn3")
+MODEL_TYPES = ("generic", "transformer", "transformer-inference", "cnn-training", "unet-inference",
+               "vae-inference", "operator-fusion")  # fmt: skip
+
+
+class CompileError(Exception):
+    """A compile the real tool would refuse: ``code`` is its NCC_* error code where it has one."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"[ERROR] [{self.code}] {self.message}" if self.code else f"[ERROR] {self.message}"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's messages, neuronx-cc's exit status (1, where argparse uses 2)."""
+
+    def error(self, message: str) -> Any:
+        self.print_usage(sys.stderr)
+        self.exit(1, f"{self.prog}: error: {message}\n")
+
+
+class _Version(argparse.Action):
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="Print version information and exit")
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        import numpy
+
+        print(f"NeuronX Compiler version {VERSION}\n")
+        print(f"Python version {sys.version.split()[0]}")
+        print(f"HWM version {VERSION}")
+        print(f"NumPy version {numpy.__version__}")
+        parser.exit(0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="neuronx-cc", allow_abbrev=False)
+    parser.add_argument("--version", "-V", action=_Version)
+    commands = parser.add_subparsers(dest="command", metavar="<command>", parser_class=_Parser)
+    commands.required = True
+    c = commands.add_parser("compile", help="Compile a model for use on the AWS Machine Learning Accelerator.",
+                            allow_abbrev=False)  # fmt: skip
+    c.add_argument("model_files", metavar="<model_files>", help="the StableHLO module (text or bytecode)")
+    c.add_argument("--framework", required=True, choices=("XLA",))
+    c.add_argument("--target", required=True, choices=TARGETS)
+    c.add_argument("--model-type", choices=MODEL_TYPES, default="generic")
+    c.add_argument("--auto-cast", choices=("none", "matmult", "all"), default="none")
+    c.add_argument("--auto-cast-type", choices=("bf16", "fp16", "tf32", "fp8_e4m3"), default="bf16")
+    # The CLI reference gives it a mode; the data-types page writes it bare (= enabled).
+    c.add_argument("--native-int64", nargs="?", const="enabled", default="default", choices=("default", "enabled", "disabled"))
+    c.add_argument("--implicit-integer-downcast", default="default")
+    c.add_argument("--distribution-strategy", choices=("llm-training", "fsdp", "nemo", "NEMO"))
+    c.add_argument("--logical-nc-config", "--lnc", "-lnc", dest="lnc", type=int, choices=(1, 2))
+    c.add_argument("--optlevel", "-O", dest="optlevel", choices=("1", "2", "3"), default="2")
+    mixed = c.add_mutually_exclusive_group()
+    mixed.add_argument("--enable-mixed-precision-accumulation", action="store_true")
+    mixed.add_argument("--disable-mixed-precision-accumulation", action="store_true")
+    c.add_argument("--enable-saturate-infinity", action="store_true")
+    c.add_argument("--enable-fast-context-switch", action="store_true")
+    c.add_argument("--enable-fast-loading-neuron-binaries", action="store_true")
+    c.add_argument("--logfile")
+    c.add_argument("--output", "-o", default="file.neff")
+    c.add_argument("--verbose", choices=("debug", "info", "warning", "error", "critical", "user"), default="warning")
+    return parser
+
+
+# ------------------------------------------------------------------------------------------- the module
+def _context() -> Any:
+    from jax._src.interpreters import mlir
+
+    return mlir.make_ir_context()
+
+
+def parse_module(source: bytes, filename: str, ctx: Any) -> Any:
+    """The module, or CompileError naming the line of the first parse error."""
+    from jax._src.lib.mlir import ir
+
+    try:
+        return ir.Module.parse(source, context=ctx)
+    except Exception as e:  # MLIRError
+        diagnostics = getattr(e, "error_diagnostics", None) or []
+        if diagnostics:
+            where = str(diagnostics[0].location)
+            m = re.search(r'"[^"]*":(\d+):(\d+)', where)
+            at = f"{filename}:{m.group(1)}:{m.group(2)}" if m else f"{filename} ({where})"
+            raise CompileError("", f"{at}: cannot parse the StableHLO module: {diagnostics[0].message}") from None
+        raise CompileError("", f"{filename}: cannot parse the StableHLO module: {e}") from None
+
+
+def _ranked(t: Any, what: str) -> tuple[list[int], str]:
+    from jax._src.lib.mlir import ir
+
+    if not isinstance(t, ir.RankedTensorType):
+        raise CompileError("", f"{what} has type {t}; the compiler takes ranked tensors only")
+    rt = ir.RankedTensorType(t)
+    if not rt.has_static_shape:
+        raise CompileError("", f"{what} has a dynamic shape ({t}); neuronx-cc compiles static shapes only")
+    return list(rt.shape), str(rt.element_type)
+
+
+def _main_function(module: Any) -> Any:
+    from jax._src.lib.mlir import ir
+
+    for op in module.body.operations:
+        if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == "main":
+            return op
+    raise CompileError("", "the module has no @main function")
+
+
+def tensor_table(module: Any) -> list[dict[str, Any]]:
+    """``@main``'s parameters as ``input{i}`` and results as ``output{i}``, with byte size, dtype and shape."""
+    from jax._src.lib.mlir import ir
+
+    main = _main_function(module)
+    ftype = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
+    table = []
+    for usage, types in (("in", ftype.inputs), ("out", ftype.results)):
+        for i, t in enumerate(types):
+            name = f"{'input' if usage == 'in' else 'output'}{i}"
+            shape, element = _ranked(t, f"@main's {name}")
+            if element not in ELEMENT_TYPES:
+                raise CompileError("", f"@main's {name} is {t}: element type {element} is not a NeuronCore data type")
+            width, code = ELEMENT_TYPES[element]
+            count = 1
+            for d in shape:
+                count *= d
+            table.append({"usage": usage, "name": name, "size": count * width, "nrt_dtype": code,
+                          "element_type": element, "shape": shape})  # fmt: skip
+    return table
+
+
+def check_types(module: Any, target: str) -> None:
+    """The float8 kinds neuronx-cc refuses per target (its error pages NCC_EVRF051, NCC_EVRF005)."""
+    from jax._src.lib.mlir import ir
+
+    found: set[str] = set()
+
+    def visit(op: Any) -> Any:
+        for value in list(op.operation.results) + [a for r in op.operation.regions for b in r.blocks for a in b.arguments]:
+            if isinstance(value.type, ir.ShapedType):
+                found.add(str(ir.ShapedType(value.type).element_type))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    fnuz = sorted(e for e in found if e.endswith("FNUZ"))
+    if fnuz:
+        raise CompileError("NCC_EVRF005", f"The compiler found usage of {', '.join(fnuz)} data type which is not supported.")
+    if "f8E4M3FN" in found and target in ("trn1", "trn1n", "trn2", "trn2n", "inf2"):
+        raise CompileError(
+            "NCC_EVRF051",
+            "Data type F8E4M3FN is not supported on TRN1/TRN2. Target TRN3 or later hardware, or use the "
+            "--experimental-unsafe-fp8e4m3fn-as-fp8e4m3 flag to cast F8E4M3FN to F8E4M3.",
+        )
+
+
+def _struct(t: Any, what: str) -> Any:
+    import jax
+    import jax.numpy as jnp
+
+    shape, element = _ranked(t, what)
+    dtypes = {"f32": jnp.float32, "f16": jnp.float16, "bf16": jnp.bfloat16, "f64": jnp.float64, "i1": jnp.bool_,
+              "i8": jnp.int8, "i16": jnp.int16, "i32": jnp.int32, "i64": jnp.int64, "ui8": jnp.uint8,
+              "ui16": jnp.uint16, "ui32": jnp.uint32, "ui64": jnp.uint64, "f8E4M3": jnp.float8_e4m3,
+              "f8E4M3FN": jnp.float8_e4m3fn, "f8E5M2": jnp.float8_e5m2, "f8E3M4": jnp.float8_e3m4}  # fmt: skip
+    if element not in dtypes:
+        raise CompileError("", f"{what}: element type {element} is not supported")
+    return jax.ShapeDtypeStruct(tuple(shape), dtypes[element])
+
+
+def _nki_kernel_path(backend_config: str) -> str:
+    """The compiled-kernel file an AwsNeuronCustomNativeKernel's config names (base64 JSON), if it names one."""
+    try:
+        config = json.loads(base64.b64decode(backend_config, validate=True))
+    except Exception:
+        return "<unreadable backend_config>"
+    if isinstance(config, dict):
+        for key, value in config.items():
+            if isinstance(value, str) and ("path" in key.lower() or "file" in key.lower() or value.startswith("/")):
+                return value
+    return "<no kernel file in backend_config>"
+
+
+def replace_custom_calls(module: Any, log: list[str]) -> dict[str, int]:
+    """Each ``stablehlo.custom_call`` becomes a ``func.call`` of a private function lowered from its jax
+    semantics (one function per distinct target, config and types). Returns the count per target."""
+    import jax
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import func
+
+    from . import custom_calls
+
+    calls: list[Any] = []
+
+    def visit(op: Any) -> Any:
+        if op.operation.name == "stablehlo.custom_call":
+            calls.append(op.operation)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    made: dict[tuple, str] = {}
+    counts: dict[str, int] = {}
+    for op in calls:
+        target = ir.StringAttr(op.attributes["call_target_name"]).value
+        config = ""
+        if "backend_config" in op.attributes:
+            attr = op.attributes["backend_config"]
+            config = attr.value if isinstance(attr, ir.StringAttr) else str(attr)
+        if target == "AwsNeuronCustomNativeKernel":
+            raise CompileError(
+                "NCC_EVRF059",
+                f"Kernel file '{_nki_kernel_path(config)}' referenced by AwsNeuronCustomNativeKernel instruction "
+                "does not exist on the host. (The device simulator cannot compile NKI kernels: only a compiled "
+                "kernel artifact from the real nki toolchain could stand here.)",
+            )
+        if target not in custom_calls.IMPLEMENTED:
+            if target in custom_calls.DOCUMENTED_TARGETS:
+                raise CompileError("NCC_SIM001", f"custom call target {target} is one neuronx-cc implements, but the "
+                                   "device simulator does not")  # fmt: skip
+            raise CompileError(
+                "NCC_EHCA005",
+                f"The compiler encountered a custom call instruction with a target name that is not recognized: {target}",
+            )
+        if target not in custom_calls.DOCUMENTED_TARGETS:
+            log.append(f"WARNING: custom call target {target} is not in neuronx-cc's documented list of recognized "
+                       "targets (NCC_EHCA005); the real compiler may refuse it")  # fmt: skip
+        operands = [_struct(v.type, f"{target} operand {i}") for i, v in enumerate(op.operands)]
+        results = [_struct(r.type, f"{target} result {i}") for i, r in enumerate(op.results)]
+        key = (target, config, tuple(str(v.type) for v in op.operands), tuple(str(r.type) for r in op.results))
+        name = made.get(key)
+        if name is None:
+            try:
+                fn = custom_calls.implementation(target, config, operands, results)
+            except custom_calls.CustomCallError as e:
+                raise CompileError("NCC_SIM002", str(e)) from None
+            name = f"{target}__nrtsim{len(made)}"
+            with jax.enable_x64(True):
+                text = jax.jit(fn).lower(*operands).as_text()
+            _splice(module, ir.Module.parse(text, context=module.context), name)
+            made[key] = name
+        with ir.InsertionPoint(op), op.location:
+            call = func.CallOp([r.type for r in op.results], ir.FlatSymbolRefAttr.get(name), list(op.operands))
+        for old, new in zip(op.results, call.results):
+            old.replace_all_uses_with(new)
+        op.erase()
+        counts[target] = counts.get(target, 0) + 1
+    return counts
+
+
+def _splice(module: Any, sub: Any, name: str) -> None:
+    """Move ``sub``'s functions into ``module`` as private ones: its ``main`` as ``name``, the others as
+    ``name__<their name>`` (unique, so functions of different calls never collide)."""
+    from jax._src.lib.mlir import ir
+
+    functions = [op for op in sub.body.operations if op.operation.name == "func.func"]
+    old_names = [ir.StringAttr(f.attributes["sym_name"]).value for f in functions]
+    new_names = [name if old == "main" else f"{name}__{old}" for old in old_names]
+    for old, new in zip(old_names, new_names):
+        ir.SymbolTable.replace_all_symbol_uses(old, new, sub.operation)
+    for f, new in zip(functions, new_names):
+        ir.SymbolTable.set_symbol_name(f.operation, new)
+        ir.SymbolTable.set_visibility(f.operation, "private")
+        f.operation.detach_from_parent()
+        module.body.append(f.operation)
+
+
+# ------------------------------------------------------------------------------------------- the NEFF
+def make_neff(*, lnc: int, table: list[dict[str, Any]], files: dict[str, bytes], version: int = NEFF_FORMAT_VERSION) -> bytes:
+    """The simulator's NEFF: a 1,024-byte header, the ASCII tensor table, a gzip tar of ``files``."""
+    lines = "".join(
+        f"{t['usage']} {t['name']} {t['size']} {t['nrt_dtype']} {len(t['shape'])}"
+        + "".join(f" {d}" for d in t["shape"]) + "\n"
+        for t in table
+    ).encode()
+    raw = io.BytesIO()
+    with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
+        for path, data in files.items():
+            info = tarfile.TarInfo(path)
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    payload = raw.getvalue()
+    table_offset = NEFF_HEADER_SIZE
+    payload_offset = table_offset + len(lines)
+    header = _HEADER.pack(NEFF_MAGIC, version, lnc, 0, table_offset, len(lines), payload_offset, len(payload))
+    return header.ljust(NEFF_HEADER_SIZE, b"\0") + lines + payload
+
+
+def _state_dir() -> Path:
+    from . import default_state_dir
+
+    return Path(os.environ.get("NRTSIM_STATE_DIR") or default_state_dir())
+
+
+def compile_file(args: argparse.Namespace, log: list[str]) -> dict[str, Any]:
+    source_path = Path(args.model_files)
+    try:
+        source = source_path.read_bytes()
+    except OSError as e:
+        raise CompileError("", f"cannot read the input {args.model_files}: {e.strerror}") from None
+    if args.target not in SIMULATED_TARGETS:
+        raise CompileError("NCC_SIM003", f"--target {args.target}: the device simulator models trn2 and trn3 only")
+    lnc = args.lnc if args.lnc is not None else 2  # "On Trn2, the default is 2."
+    ctx = _context()
+    module = parse_module(source, str(source_path), ctx)
+    table = tensor_table(module)
+    check_types(module, args.target)
+    counts = replace_custom_calls(module, log)
+    if not module.operation.verify():
+        raise CompileError("NCC_SIM004", "the module with its custom calls replaced does not verify")
+    sim_text = str(module)
+    options = {k: v for k, v in vars(args).items() if k not in ("model_files", "output", "logfile", "command")}
+    neff_json = {
+        "format": "nrtsim-neff", "format_version": NEFF_FORMAT_VERSION, "compiler": f"neuronx-cc {VERSION}",
+        "target": args.target, "lnc": lnc, "options": options, "custom_calls": counts,
+        "module_sha256": hashlib.sha256(source).hexdigest(),
+    }  # fmt: skip
+    files = {
+        "neff.json": json.dumps(neff_json, indent=1, sort_keys=True).encode(),
+        "sg00/def.json": json.dumps({"tensors": table}, indent=1).encode(),
+        "module.mlir": source,
+        "module.sim.mlir": sim_text.encode(),
+    }
+    neff = make_neff(lnc=lnc, table=table, files=files)
+    out = Path(args.output)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(neff)
+        os.replace(tmp, out)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise CompileError("", f"cannot write the output {args.output}: {e.strerror}") from None
+    state = _state_dir()
+    state.mkdir(parents=True, exist_ok=True)
+    line = (f"{time.time():.3f} pid={os.getpid()} target={args.target} lnc={lnc} O{args.optlevel} "
+            f"module_sha256={neff_json['module_sha256'][:16]} neff_bytes={len(neff)} output={out}\n")  # fmt: skip
+    fd = os.open(state / "compiles.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+    return neff_json
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line; returns the exit status (argparse's errors exit 1 as neuronx-cc does)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --version, --help and argparse errors
+        return int(e.code or 0)
+    log: list[str] = []
+    try:
+        compile_file(args, log)
+    except CompileError as e:
+        for line in log:
+            print(line, file=sys.stderr)
+        print(str(e), file=sys.stderr)
+        status = 1
+    else:
+        for line in log:
+            print(line, file=sys.stderr)
+        print("Compiler status PASS")
+        status = 0
+    if args.logfile:
+        with open(args.logfile, "a") as f:
+            f.write("\n".join(log + [f"Compiler status {'PASS' if status == 0 else 'ERROR'}"]) + "\n")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""The neuron target end to end on the device simulator (``tests/device_sim``): neuronx-cc's command line,
+NEFFs run through libnrt (``runtime/libnrt.py``), residency of unchanged inputs, the compile cache across
+processes, and the error a user gets for each runtime status.
+
+What this proves and what it cannot: docs/trainium.md ("What the simulator proves").
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import pytest
+import torch
+
+from neuron_compile import STATS, NeuronCompileError, NeuronRuntimeError
+from neuron_compile.runtime import libnrt
+
+from . import device_sim
+from .models import MLP, BatchNormNet
+from .test_training import CASES, run_and_compare
+
+NEURON = {"target": "neuron"}
+#: This process's simulated machine: its own core locks and compile log (pytest-xdist workers are two
+#: processes, which on one real machine would hold different cores).
+_STATE_DIR = tempfile.mkdtemp(prefix="neuron_compile_sim_state_")
+
+
+@pytest.fixture
+def simulator(monkeypatch: pytest.MonkeyPatch):
+    """The simulator switched on for this process, as ``python -m tests.device_sim`` does for a command."""
+    for name, value in {**device_sim.environment(), "NRTSIM_STATE_DIR": _STATE_DIR}.items():
+        monkeypatch.setenv(name, value)
+    device_sim.reset_counters() if libnrt._RUNTIME is not None else None
+    STATS.reset()
+    yield device_sim
+
+
+def _neuron(model: torch.nn.Module, **options) -> torch.nn.Module:
+    return torch.compile(model, backend="neuron", dynamic=False, options={**NEURON, **options})
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in ("mlp", "batchnorm", "transformer")], ids=lambda c: c.name)
+def test_training_on_the_neuron_target_matches_eager_float32(simulator, case) -> None:
+    """Forward and backward NEFFs through libnrt, 3 steps: losses, gradients, parameters and buffers (BatchNorm's
+    running statistics, mutated inputs) as eager's, with the CPU target's tolerances. The transformer is the
+    demo's model: int64 token indices into embeddings, attention, GELU, layer norm, cross-entropy."""
+    run_and_compare(case, "sgd", torch.float32, compile_fn=_neuron)
+    assert STATS.device_executions >= 6 and {g.kind for g in STATS.graphs} >= {"forward", "backward"}
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in ("mlp", "transformer")], ids=lambda c: c.name)
+def test_training_on_the_neuron_target_matches_eager_bfloat16(simulator, case) -> None:
+    run_and_compare(case, "sgd", torch.bfloat16, compile_fn=_neuron)
+
+
+def test_unchanged_inputs_stay_resident(simulator) -> None:
+    """Parameters are written to the NeuronCore once; the batch at every call; after an in-place update
+    (an optimizer step bumps the version counter) the changed parameter is written again."""
+    torch.manual_seed(0)
+    model = MLP().eval()
+    compiled = _neuron(model)
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    batches = [torch.randn(8, 16) for _ in range(4)]
+    with torch.no_grad():
+        for x in batches:
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    batch_bytes = batches[0].numel() * 4
+    assert STATS.device_executions == 4
+    # the random-seed operand (2 x int32) of a graph without random ops is a constant: written once too
+    assert STATS.device_bytes_written == param_bytes + 4 * batch_bytes + 8, "parameters written more than once"
+    assert simulator.counters()["bytes_written"] == STATS.device_bytes_written  # the runtime's own count
+    with torch.no_grad():
+        model.head.weight.mul_(0.5)
+        before = STATS.device_bytes_written
+        torch.testing.assert_close(compiled(batches[0]), model(batches[0]), rtol=1e-4, atol=1e-5)
+    assert STATS.device_bytes_written - before == model.head.weight.numel() * 4 + batch_bytes
+
+
+def test_one_load_per_neff_and_core_and_unload_with_the_last_graph(simulator) -> None:
+    import gc
+
+    gc.collect()  # graphs of earlier tests, dropped by their Dynamo reset, unload now
+    before = simulator.counters()
+    torch.manual_seed(0)
+    x = torch.randn(5, 16)  # a batch size no other test uses: a NEFF not loaded yet
+    models = [MLP().eval() for _ in range(2)]  # same graph, same NEFF: one load shared by both
+    compiled = [_neuron(m) for m in models]
+    with torch.no_grad():
+        for c, m in zip(compiled, models):
+            torch.testing.assert_close(c(x), m(x), rtol=1e-4, atol=1e-5)
+    during = simulator.counters()
+    assert during["loads"] - before["loads"] == 1 and during["live_models"] == before["live_models"] + 1, during
+    del compiled, c
+    torch._dynamo.reset()
+    gc.collect()
+    after = simulator.counters()
+    assert after["unloads"] - before["unloads"] == 1, after
+    assert after["live_models"] == before["live_models"] and after["live_tensors"] == before["live_tensors"], after
+
+
+_TRAIN_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from neuron_compile import STATS
+    from tests.models import TinyLM
+    torch.manual_seed(0)
+    model = TinyLM(n_layers=1)
+    compiled = torch.compile(model, backend="neuron", dynamic=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    idx = torch.randint(0, 64, (2, 16))
+    for _ in range(2):
+        opt.zero_grad(); loss = compiled(idx, torch.roll(idx, -1, 1)); loss.backward(); opt.step()
+    print("TARGET", sorted({g.cache for g in STATS.graphs}), STATS.device_executions, loss.item())
+    """
+)
+
+
+def test_second_process_compiles_nothing_and_auto_picks_the_simulated_device(tmp_path) -> None:
+    """No target option: with the Neuron compiler and runtime found, "auto" is the neuron target. A second
+    process with the same cache invokes the compiler zero times (the simulator's compile log)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    env = {**os.environ, **device_sim.environment(), "NRTSIM_STATE_DIR": str(state),
+           "NEURON_COMPILE_CACHE_DIR": str(tmp_path / "cache"), "NEURON_COMPILE_TARGET": ""}
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", _TRAIN_SCRIPT], env=env, cwd=device_sim.REPO_ROOT,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append((proc.stdout.split("TARGET", 1)[1].split(), device_sim.compiler_invocations(str(state))))
+    (first, compiles_first), (second, compiles_second) = runs
+    assert compiles_first >= 2 and int(first[-2]) == 4, (first, compiles_first)  # forward + backward NEFFs ran
+    assert compiles_second == compiles_first, "the second process invoked neuronx-cc"
+    assert first[-1] == second[-1]  # the same losses
+
+
+def test_auto_target_without_the_neuron_stack_is_cpu() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("NEURON_COMPILE_LIBNRT", "NEURON_COMPILE_TARGET")}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if "device_sim" not in p)
+    code = "from neuron_compile import Options; print(Options.from_user(None).target)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "cpu", out.stderr
+
+
+def _status_call(status: int) -> str:
+    """The libnrt call a status comes from for a user: loading a NEFF, or executing it."""
+    return "nrt_load" if status in (2, 4, 9, 10, 11) else "nrt_execute"
+
+
+@pytest.mark.parametrize("status", sorted(s for s in libnrt.STATUS if s != 0), ids=libnrt.status_name)
+def test_every_runtime_status_gives_a_named_error_with_advice(simulator, status: int) -> None:
+    torch.manual_seed(0)
+    model = MLP().eval()
+    compiled = _neuron(model, cache=False)
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        compiled(x)  # compiled and loaded
+        if _status_call(status) == "nrt_load":
+            torch._dynamo.reset()
+            import gc
+
+            del compiled
+            gc.collect()  # the NEFF unloaded: the next compiled function loads it again
+            compiled = _neuron(model, cache=False)
+        simulator.inject(_status_call(status), status, 1)
+        with pytest.raises(NeuronRuntimeError) as info:
+            compiled(x)
+    err = info.value
+    name, advice = libnrt.STATUS[status]
+    assert err.status == status and err.call == _status_call(status)
+    assert name in str(err) and advice.split(":")[0] in str(err), str(err)
+    with torch.no_grad():  # nothing is left broken: the next call runs
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_neff_whose_tensors_differ_from_the_module_fails_loudly_with_both_lists(simulator, monkeypatch) -> None:
+    real = libnrt.module_tensors
+    monkeypatch.setattr(libnrt, "module_tensors", lambda params, results: real(params[:-1], results))
+    compiled = _neuron(MLP().eval(), cache=False)
+    with torch.no_grad(), pytest.raises(NeuronRuntimeError, match=r"(?s)The runtime reports:.*input\d.*The module declares"):
+        compiled(torch.randn(3, 16))  # a batch size no other test uses: a NEFF not loaded yet
+
+
+def test_a_core_held_by_another_process_is_busy(tmp_path) -> None:
+    """Two processes on one core: the second gets the runtime's busy status, with NEURON_RT_VISIBLE_CORES
+    as the fix (each process its own core)."""
+    env = {**os.environ, **device_sim.environment(), "NRTSIM_STATE_DIR": str(tmp_path), "NEURON_RT_VISIBLE_CORES": "0",
+           "NEURON_COMPILE_CACHE_DIR": str(tmp_path / "cache")}
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import torch, sys; m = torch.compile(torch.nn.Linear(4, 4), backend='neuron', "
+         "options={'target': 'neuron'}); m(torch.randn(2, 4)); print('held', flush=True); sys.stdin.read()"],
+        env=env, cwd=device_sim.REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code = ("import torch\ntry:\n    torch.compile(torch.nn.Linear(4, 4), backend='neuron', options={'target': 'neuron'})"
+                "(torch.randn(2, 4))\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
+        out = subprocess.run([sys.executable, "-c", code], env=env, cwd=device_sim.REPO_ROOT, capture_output=True,
+                             text=True, timeout=300)
+    finally:
+        holder.communicate("", timeout=60)
+    assert "NeuronRuntimeError" in out.stdout and "NEURON_RT_VISIBLE_CORES" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+def test_a_neff_for_another_logical_core_size_is_refused_by_the_runtime(simulator) -> None:
+    """The option lnc reaches neuronx-cc's --lnc; a NEFF whose LNC is not the runtime's
+    (NEURON_LOGICAL_NC_CONFIG, 2 here) is refused at load, and the error names the fix."""
+    from neuron_compile.runtime.neuron import COMPILER_RUNS
+
+    COMPILER_RUNS.clear()
+    with torch.no_grad(), pytest.raises(NeuronRuntimeError, match="NRT_INVALID.*--lnc must equal NEURON_LOGICAL_NC_CONFIG"):
+        _neuron(BatchNormNet().eval(), cache=False, lnc=1)(torch.randn(4, 12))
+    command = COMPILER_RUNS[-1].command
+    assert command[command.index("--lnc") + 1] == "1"
+
+
+def test_compiler_version_is_its_version_line(simulator) -> None:
+    """neuronx-cc --version prints its version line first, then the Python and NumPy it runs on: the cache key
+    takes the compiler's line."""
+    from neuron_compile.runtime.neuron import compiler_version
+
+    assert compiler_version().startswith("NeuronX Compiler version 2.99"), compiler_version()
+
+
+def test_without_libnrt_the_error_says_what_to_install(monkeypatch, tmp_path) -> None:
+    """A NEFF compiled (simulated neuronx-cc) but no runtime library anywhere: the call says what to do."""
+    for name, value in device_sim.environment().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv(libnrt.LIBRARY_ENV, str(tmp_path / "missing" / "libnrt.so.1"))
+    monkeypatch.setattr(libnrt, "_RUNTIME", None)
+    with torch.no_grad(), pytest.raises(NeuronCompileError, match="aws-neuronx-runtime-lib"):
+        _neuron(MLP().eval(), cache=False)(torch.randn(8, 16))
