@@ -30,13 +30,7 @@ import sys
 import time
 from typing import Sequence
 
-
-def human_size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError
+from .options import human_size
 
 
 def human_age(seconds: float) -> str:

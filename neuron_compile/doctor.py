@@ -40,7 +40,7 @@ from typing import Any, Callable, TextIO
 import torch
 
 from .errors import NeuronCompileError
-from .options import Options, neuron_toolchain
+from .options import Options, human_size, neuron_toolchain
 from .runtime import libnrt
 from .runtime.neuron import COMPILER_RUNS, CompilerRun, compiler_version
 from .stats import STATS
@@ -110,14 +110,6 @@ class Report:
 def redact_url(url: str) -> str:
     """``url`` without the user:password part a URL may carry (``s3://user:pw@host/x`` -> ``s3://<redacted>@host/x``)."""
     return _URL_USERINFO.sub(r"\1<redacted>@", url)
-
-
-def _human_size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError
 
 
 def _first_line(text: str) -> str:
@@ -252,11 +244,6 @@ def check_target(report: Report, findings: Findings) -> Options | None:
         findings.missing.append("neuronx-cc")
     if _library() is None:
         findings.missing.append("libnrt.so.1")
-        if available:  # neuron_toolchain() takes an explicit NEURON_COMPILE_LIBNRT on trust
-            findings.notes.append(
-                f"\"auto\" picks the neuron target although {libnrt.LIBRARY_ENV} names a file that does not exist: "
-                f"every graph will fail at its first run; fix or unset {libnrt.LIBRARY_ENV}"
-            )
     chosen = os.environ.get("NEURON_COMPILE_TARGET", "").strip()
     report.row("NEURON_COMPILE_TARGET", chosen or "(unset: the default target is \"auto\")")
     opts = _user_options(report, findings)
@@ -347,7 +334,7 @@ def check_cache(report: Report, findings: Findings, opts: Options | None) -> Non
             findings.notes.append(f"the compile cache is not used ({reason}): set {ENV_DIR} to a private directory")
         infos = list(store.entries())
         left = store.leftovers()
-        report.row("entries", f"{len(infos)}, {_human_size(sum(e.size for e in infos))}"
+        report.row("entries", f"{len(infos)}, {human_size(sum(e.size for e in infos))}"
                    + (f" (+ {len(left)} leftovers of interrupted writes)" if left else ""))  # fmt: skip
     elif os.path.exists(root):
         report.row("exists", "NO: it is not a directory; the cache will not be used")
@@ -380,7 +367,7 @@ def check_remote(report: Report, opts: Options | None) -> None:
         report.row("reachable", f"NO ({time.perf_counter() - t0:.1f}s): {redact_url(str(e))}. "
                    "Compiles still work; they just do not share entries")  # fmt: skip
         return
-    report.row("reachable", f"yes ({time.perf_counter() - t0:.1f}s): {count} entries, {_human_size(size)}")
+    report.row("reachable", f"yes ({time.perf_counter() - t0:.1f}s): {count} entries, {human_size(size)}")
 
 
 # --------------------------------------------------------------------------------------- smoke test

@@ -47,6 +47,15 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _SCALE[m.group(2)])
 
 
+def human_size(n: float) -> str:
+    """``n`` bytes for people: "512 B", "1.5 KiB", "10.0 GiB" (binary units, as ``parse_size`` reads them)."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
 def _bool(value: Any) -> bool:
     if isinstance(value, bool):
         return value
