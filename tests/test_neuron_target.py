@@ -155,7 +155,7 @@ def _status_call(status: int) -> str:
 def test_every_runtime_status_gives_a_named_error_with_advice(simulator, status: int) -> None:
     torch.manual_seed(0)
     model = MLP().eval()
-    compiled = _neuron(model, cache=False)
+    compiled = _neuron(model)  # the compile cache serves every status's graph after the first
     x = torch.randn(8, 16)
     with torch.no_grad():
         compiled(x)  # compiled and loaded
@@ -165,7 +165,7 @@ def test_every_runtime_status_gives_a_named_error_with_advice(simulator, status:
 
             del compiled
             gc.collect()  # the NEFF unloaded: the next compiled function loads it again
-            compiled = _neuron(model, cache=False)
+            compiled = _neuron(model)
         simulator.inject(_status_call(status), status, 1)
         with pytest.raises(NeuronRuntimeError) as info:
             compiled(x)
