@@ -76,8 +76,9 @@ def _remote_call(fn):
 
     try:
         return fn()
-    except RemoteUnavailable as e:
-        raise SystemExit(f"neuron-compile: the remote cache is not usable: {e}") from None
+    except (RemoteUnavailable, OSError) as e:  # e.g. a filesystem that cannot be set up; denied on prune
+        why = " ".join(str(e).split()) or type(e).__name__  # one line, whatever the backend's message
+        raise SystemExit(f"neuron-compile: the remote cache is not usable: {why}") from None
 
 
 def _no_url(args: argparse.Namespace) -> None:
@@ -259,12 +260,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_evaluate_command(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     """``neuron-compile evaluate FILE.py:FACTORY``; its code (neuron_compile/evaluate/) loads only when run."""
-    ev = sub.add_parser("evaluate", help="can this model move to Trainium? compile it, run it, judge its numerics")
+    ev = sub.add_parser("evaluate", help="can this model move to Trainium? compile it, run it, judge its numerics",
+                        epilog=EVALUATE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ev.add_argument("factory", metavar="FILE.py:FACTORY",
                     help="a function returning (model, example_inputs) or (model, example_inputs, loss_fn)")  # fmt: skip
     ev.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     ev.add_argument("--steps", type=int, default=3, help="steady-state steps timed (medians; default 3)")
+    ev.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                    help="seconds each phase may take (default: no limit); a phase past it is reported")  # fmt: skip
     ev.set_defaults(fn=cmd_evaluate)
+
+
+#: Kept here (not in evaluate/cli.py) so that --help does not import torch; evaluate/cli.py's docstring agrees.
+EVALUATE_EPILOG = """\
+exit status:
+  0  every graph compiles for Trainium and the numerics pass
+  1  the report says why not: an unsupported op, a crash in a phase (the model's own error included), a
+     phase past --timeout, numerics that fail, or random draws that leave them unverified
+  2  usage or loading error: FILE.py:FACTORY malformed or not a .py file, the file fails to import,
+     FACTORY missing, raising, calling sys.exit() or returning the wrong types, --steps < 1, --timeout <= 0,
+     a bad backend option in the environment: one line on stderr, and with --json the JSON object
+     {"ok": false, "factory": ..., "error": ..., "exit_status": 2} on stdout
+
+--timeout SECONDS bounds each phase (default: none). It interrupts Python code only: a phase blocked in one
+native call (a compiler run, a deadlock in C) stops when that call returns. The file is imported under a
+private module name (a factory file named copy.py does not replace the standard library's copy); its
+directory is put first on sys.path, as python FILE.py would.
+"""
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:

@@ -212,7 +212,7 @@ def compiled_graph(
     executable = artifact.loaded
     if executable is None:
         executable = target.deserialize(artifact.executable)
-    executable = target.for_graph(executable)
+    executable = target.for_graph(executable, resident_inputs=kind != "backward" and not _unwrapped_subclass_inputs())
     elapsed = time.perf_counter() - t0
     STATS.record(
         GraphRecord(
@@ -232,6 +232,16 @@ def compiled_graph(
         name, target, executable, artifact.inputs, artifact.outputs, artifact.needs_rng_seed, cache_digest,
         serialized,
     )
+
+
+def _unwrapped_subclass_inputs() -> bool:
+    """Whether AOTAutograd unwrapped tensor subclasses (DTensor) into this graph's inputs: an in-place update
+    bumps the wrapper's version counter, not the inner tensor's, so an unchanged version proves nothing there
+    (a backward, compiled maybe lazily without this context, gets the same caution: its inputs change anyway)."""
+    metadata = getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
+    from torch._functorch._aot_autograd.schemas import SubclassCreationMeta
+
+    return any(isinstance(m, SubclassCreationMeta) for m in getattr(metadata, "subclass_inp_meta", None) or ())
 
 
 def _saved_for_backward_from() -> int | None:

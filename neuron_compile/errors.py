@@ -23,17 +23,24 @@ class NeuronCompileError(RuntimeError):
 
 @dataclass
 class UnsupportedNode:
-    """One graph node that cannot be compiled for the target, and why."""
+    """One graph node that cannot be compiled for the target, and why.
+
+    ``node`` is the FX node's name in its graph ('' when not from a node: a graph input, an HLO op without
+    one). ``follows`` is set on a follow-up: the name of the node in the same error whose refusal it only
+    restates, because its inputs come from that node's value (the ``sym_size`` of ``x[mask]``)."""
 
     op: str
     inputs: str
     source: str
     reason: str = ""
+    node: str = ""
+    follows: str = ""
 
     @classmethod
-    def from_node(cls, node: Any, reason: str) -> UnsupportedNode:
+    def from_node(cls, node: Any, reason: str, follows: Any = None) -> UnsupportedNode:
         """The entry for FX ``node``: its op, input shapes/dtypes and the user's source line (from the
-        node's provenance); for ``node=None`` (the failing node is unknown), the whole graph."""
+        node's provenance); for ``node=None`` (the failing node is unknown), the whole graph.
+        ``follows``: the FX node whose refusal this one follows from (data flow), if any."""
         if node is None:
             return cls(op="graph", inputs="", source="<unknown source line>", reason=reason)
         # Imported here: this module is imported by everything and must stay free of torch.fx work.
@@ -44,16 +51,21 @@ class UnsupportedNode:
             inputs=provenance.describe_inputs(node),
             source=provenance.user_source(node),
             reason=reason,
+            node=node.name,
+            follows=follows.name if follows is not None else "",
         )
 
-    def describe(self) -> str:
+    def describe(self, root: UnsupportedNode | None = None) -> str:
+        """One line of the error; ``root``: the entry this follow-up follows from, named at its end."""
         why = f" — {self.reason}" if self.reason else ""
-        return f"  {self.op}({self.inputs}) at {self.source}{why}"
+        after = f" (follows from {root.op} at {root.source})" if root is not None else ""
+        return f"  {self.op}({self.inputs}) at {self.source}{why}{after}"
 
 
 @dataclass
 class NeuronUnsupportedOpError(NeuronCompileError):
-    """Raised once per graph, listing every node that cannot be lowered (or is illegal on Trainium)."""
+    """Raised once per graph, listing every node that cannot be lowered (or is illegal on Trainium): the
+    data-dependent ones and their follow-ups, and every op refused by the lowering, together."""
 
     graph_name: str
     nodes: list[UnsupportedNode] = field(default_factory=list)
@@ -62,12 +74,18 @@ class NeuronUnsupportedOpError(NeuronCompileError):
     def __post_init__(self) -> None:
         super().__init__(str(self))
 
+    def root_causes(self) -> list[UnsupportedNode]:
+        """The entries that follow from no other entry of this error."""
+        named = {n.node for n in self.nodes if n.node}
+        return [n for n in self.nodes if not n.follows or n.follows not in named]
+
     def __str__(self) -> str:
         lines = [
             f"neuron backend: {len(self.nodes)} node(s) of graph '{self.graph_name}' cannot be compiled "
             "for Trainium:"
         ]
-        lines += [n.describe() for n in self.nodes]
+        by_name = {n.node: n for n in self.nodes if n.node}
+        lines += [n.describe(by_name.get(n.follows) if n.follows else None) for n in self.nodes]
         lines.append(self.hint)
         return "\n".join(lines)
 

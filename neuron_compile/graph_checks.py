@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch._subclasses.fake_tensor
@@ -97,14 +97,20 @@ DATA_DEPENDENT_ERRORS: tuple[type[BaseException], ...] = (
 
 def data_dependent_error(gm: torch.fx.GraphModule, error: BaseException) -> NeuronUnsupportedOpError:
     """The clear error for a graph whose tracing needed a value only known at run time (e.g. a size
-    given as a tensor): every Dynamo node whose result depends on tensor data, with its user line."""
+    given as a tensor): every Dynamo node whose result depends on tensor data, with its user line (a node
+    whose data-dependent value comes from another one's is marked as its follow-up)."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     reason = f"data-dependent value ({str(error).splitlines()[0][:160]}); neuronx-cc needs static shapes: pass sizes as Python ints"
+
+    def unbacked(node: torch.fx.Node) -> bool:
+        calls = ("call_function", "call_method")
+        return node.op in calls and bool(free_unbacked_symbols(node.meta.get("example_value")))
+
     nodes = [
-        UnsupportedNode.from_node(node, reason)
-        for node in gm.graph.nodes
-        if node.op == "call_function" and free_unbacked_symbols(node.meta.get("example_value"))
+        UnsupportedNode.from_node(node, reason, follows=None if root is node else root)
+        for node, root in data_dependent_roots(gm, unbacked).items()
+        if unbacked(node)
     ]
     if not nodes:
         nodes = [UnsupportedNode.from_node(_node_being_traced(gm, error), reason)]
@@ -180,7 +186,8 @@ def unsupported_inputs(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> l
 
 
 # -- before lowering: what no target can run --------------------------------------------------------
-def _symbolic_sizes(val: Any) -> list[str]:
+def symbolic_sizes(val: Any) -> list[str]:
+    """The symbolic sizes (or the symbolic value) of an FX node's ``meta["val"]``: empty when static."""
     vals = val if isinstance(val, (tuple, list)) else [val]
     out = []
     for t in vals:
@@ -191,28 +198,46 @@ def _symbolic_sizes(val: Any) -> list[str]:
     return out
 
 
-def check_fx_graph(gm: torch.fx.GraphModule, name: str) -> None:
-    """Raise ``NeuronUnsupportedOpError`` for nodes with data-dependent output shapes or values.
+def data_dependent_reason(node: torch.fx.Node) -> str | None:
+    """Why ``node`` cannot be compiled because its output shape or value depends on tensor data, or None.
 
     Such nodes (``nonzero``, boolean-mask indexing, ``.item()`` under Dynamo's
-    ``capture_dynamic_output_shape_ops`` / ``capture_scalar_outputs``) cannot be compiled by neuronx-cc,
-    which has no dynamic shapes, nor by XLA CPU; ``strict=False`` cannot relax this.
+    ``capture_dynamic_output_shape_ops`` / ``capture_scalar_outputs``, and the size/range nodes that use
+    their result) cannot be compiled by neuronx-cc, which has no dynamic shapes, nor by XLA CPU;
+    ``strict=False`` cannot relax this.
     """
-    bad = []
+    sizes = symbolic_sizes(node.meta.get("val")) if node.op == "call_function" else []
+    if not sizes:
+        return None
+    return (
+        f"data-dependent output shape ({', '.join(sizes)}): neuronx-cc needs static shapes; "
+        "keep the shape fixed (e.g. torch.where(mask, x, 0) instead of x[mask])"
+    )
+
+
+_CALLS = ("call_function", "call_method", "call_module")
+
+
+def data_dependent_roots(
+    gm: torch.fx.GraphModule, is_data_dependent: Callable[[torch.fx.Node], bool] | None = None
+) -> dict[torch.fx.Node, torch.fx.Node]:
+    """Every node of ``gm`` whose value depends on a data-dependent one, mapped to its root cause.
+
+    A root cause is a node that is data-dependent (by default: has a symbolic output, see
+    ``data_dependent_reason``) while none of its inputs is; it maps to itself. Every node that uses, through
+    the graph's data flow, the value of a root cause (its ``sym_size``/range asserts, a ``sum`` over
+    ``x[mask]``) maps to that root (the first one, in graph order, when it uses several)."""
+    check = is_data_dependent or (lambda node: data_dependent_reason(node) is not None)
+    roots: dict[torch.fx.Node, torch.fx.Node] = {}
     for node in gm.graph.nodes:
-        if node.op != "call_function":
+        if node.op not in _CALLS:
             continue
-        sizes = _symbolic_sizes(node.meta.get("val"))
-        if sizes:
-            bad.append(
-                UnsupportedNode.from_node(
-                    node,
-                    f"data-dependent output shape ({', '.join(sizes)}): neuronx-cc needs static shapes; "
-                    "keep the shape fixed (e.g. torch.where(mask, x, 0) instead of x[mask])",
-                )
-            )
-    if bad:
-        raise NeuronUnsupportedOpError(name, bad)
+        upstream = next((roots[a] for a in node.all_input_nodes if a in roots), None)
+        if upstream is not None:
+            roots[node] = upstream
+        elif check(node):
+            roots[node] = node
+    return roots
 
 
 _HIGHER_ORDER_REASONS = {

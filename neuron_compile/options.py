@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import re
 import shlex
@@ -91,7 +92,8 @@ def _path(value: Any) -> str | None:
         return None
     if isinstance(value, (str, os.PathLike)):
         path = os.fspath(value)
-        if isinstance(path, str):  # a bytes PathLike is refused: every path here is text
+        # a bytes PathLike is refused: every path here is text; a NUL byte is no path at all
+        if isinstance(path, str) and "\0" not in path:
             return path or None
     raise _Rejected
 
@@ -104,6 +106,38 @@ def _url(value: Any) -> str | None:
         return None
     if isinstance(value, str) and _URL.fullmatch(value.strip()):
         return value.strip()
+    raise _Rejected
+
+
+#: The remote cache's deadline per call is bounded: an infinite or huge one overflows the clock (and a
+#: remote that takes an hour to answer is down).
+MAX_REMOTE_TIMEOUT = 3600.0
+
+
+def _seconds(value: Any) -> float:
+    """A finite number of seconds, 0 < t <= MAX_REMOTE_TIMEOUT (an int, a float or their string)."""
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise _Rejected from None
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and math.isfinite(value) and 0 < value <= MAX_REMOTE_TIMEOUT:
+        return float(value)
+    raise _Rejected
+
+
+def _secret(value: Any) -> bytes | None:
+    """A key: bytes, or text (encoded as UTF-8); empty is no key."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = value.encode("utf-8")  # an environment variable that is not UTF-8 holds lone surrogates
+        except UnicodeEncodeError:
+            raise _Rejected from None
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value) or None
     raise _Rejected
 
 
@@ -148,10 +182,11 @@ class _Field(NamedTuple):
     parse: Callable[[Any], Any]
     accepts: str
     env: str | None
+    secret: bool = False  # its value is never shown in an error message
 
 
 _BOOL = "a bool, or one of the strings " + "/".join(_TRUE + _FALSE) + " (any case)"
-_PATH = "a str or os.PathLike directory path (or None)"
+_PATH = "a str or os.PathLike directory path, without NUL bytes (or None)"
 
 #: One row per option: its parser, what it accepts (for the error message) and its environment variable.
 _FIELDS: dict[str, _Field] = {
@@ -171,6 +206,17 @@ _FIELDS: dict[str, _Field] = {
         "an fsspec URL with a scheme, e.g. 's3://bucket/prefix' or 'file:///shared/dir' (or None); "
         "a local directory is NEURON_COMPILE_CACHE_DIR's job",
         "NEURON_COMPILE_CACHE_URL",
+    ),
+    "cache_url_timeout": _Field(
+        _seconds,
+        f"seconds > 0 and <= {MAX_REMOTE_TIMEOUT:g}, finite: an int, a float or their string (e.g. 10)",
+        "NEURON_COMPILE_CACHE_URL_TIMEOUT",
+    ),
+    "cache_hmac_key": _Field(
+        _secret,
+        "bytes, or a str of valid text (encoded as UTF-8), or None; e.g. a hex or base64 string",
+        "NEURON_COMPILE_CACHE_HMAC_KEY",
+        secret=True,
     ),
     "debug_dir": _Field(_path, _PATH, "NEURON_COMPILE_DEBUG_DIR"),
     "allow_eager_fallback": _Field(_bool, _BOOL, None),
@@ -192,9 +238,19 @@ def _parse(name: str, value: Any, source: str) -> Any:
     try:
         return row.parse(value)
     except _Rejected:
+        shown = f"<a {type(value).__name__}, not shown>" if row.secret else repr(value)
         raise NeuronOptionsError(
-            f"neuron backend: {source}={value!r} is not valid for option {name!r}: expected {row.accepts}"
+            f"neuron backend: {source}={shown} is not valid for option {name!r}: expected {row.accepts}"
         ) from None
+
+
+def from_env(name: str) -> Any:
+    """Option ``name`` from its environment variable alone (its default when unset or empty), parsed and
+    checked as ``Options.from_user`` does: for code that has no ``Options`` at hand."""
+    row = _FIELDS[name]
+    if row.env and os.environ.get(row.env, "").strip():
+        return _parse(name, os.environ[row.env], row.env)
+    return getattr(Options(), name)
 
 
 def neuron_toolchain() -> tuple[bool, str]:
@@ -253,6 +309,12 @@ class Options:
     #: A remote cache shared by many hosts, behind the local one (cache/remote.py): any fsspec URL, e.g.
     #: "s3://bucket/prefix" (needs s3fs). Not part of the cache key. Env: NEURON_COMPILE_CACHE_URL.
     cache_url: str | None = None
+    #: The remote cache's deadline per call in seconds (grows with the bytes moved), 0 < t <= 3600.
+    #: Not part of the cache key. Env: NEURON_COMPILE_CACHE_URL_TIMEOUT (default 10).
+    cache_url_timeout: float = 10.0
+    #: The remote cache's signing key (HMAC-SHA256 of each manifest), shared by writers and readers: bytes
+    #: or text (UTF-8). Not part of the cache key, never shown. Env: NEURON_COMPILE_CACHE_HMAC_KEY.
+    cache_hmac_key: bytes | None = field(default=None, repr=False)
     #: Write FX graphs, StableHLO, legality report and timings here. Env: NEURON_COMPILE_DEBUG_DIR.
     debug_dir: str | None = None
     #: Let Dynamo fall back to eager when its recompile limit is hit (default: raise instead).
@@ -278,8 +340,15 @@ class Options:
 
         Raises ``NeuronOptionsError`` for an unknown option name or a value the option does not accept.
         """
-        options = dict(options or {})
-        unknown = sorted(set(options) - set(_FIELDS))
+        if options is None:
+            options = {}
+        if not isinstance(options, Mapping):
+            raise NeuronOptionsError(
+                f"neuron backend: options={options!r} is not valid: expected a dict of option name to value "
+                f"(or None), e.g. options={{'target': 'cpu'}}; known options are {sorted(_FIELDS)}"
+            )
+        options = dict(options)
+        unknown = sorted(set(options) - set(_FIELDS), key=repr)  # keys of any type
         if unknown:
             raise NeuronOptionsError(
                 f"neuron backend: unknown option(s) {unknown}; known options are {sorted(_FIELDS)}"

@@ -129,6 +129,102 @@ def test_unsupported_ops_are_all_listed_with_source_lines() -> None:
     assert len(err.nodes) == 2
 
 
+def _eigvals_then_mask(x: torch.Tensor) -> torch.Tensor:
+    h = x * 2
+    e = torch.linalg.eigvals(h @ h.T).real.sum()  # EIG_THEN_MASK: eig
+    m = h[h > 0].sum()  # EIG_THEN_MASK: mask
+    return e + m
+
+
+def _mask_then_eigvals(x: torch.Tensor) -> torch.Tensor:
+    h = x * 2
+    m = h[h > 0].sum()  # MASK_THEN_EIG: mask
+    e = torch.linalg.eigvals(h @ h.T).real.sum()  # MASK_THEN_EIG: eig
+    return e + m
+
+
+def _mask_follow_up_and_eigvals(x: torch.Tensor) -> torch.Tensor:
+    h = x * 2
+    m = h[h > 0]  # FOLLOW_UP: mask
+    d = torch.diag(m).sum(0)  # FOLLOW_UP: follow-up
+    e = torch.linalg.eigvals(h).real  # FOLLOW_UP: eig
+    return d.sum() + e.sum()
+
+
+def _marked_line(marker: str) -> str:
+    line = next(i for i, text in enumerate(open(__file__).read().splitlines(), 1) if text.rstrip().endswith(marker))
+    return f"{os.path.basename(__file__)}:{line}"
+
+
+def _refusal(fn, x: torch.Tensor, training: bool) -> NeuronUnsupportedOpError:
+    torch._dynamo.reset()
+    with pytest.raises(BackendCompilerFailed) as info, torch.set_grad_enabled(training):
+        out = torch.compile(fn, backend="neuron", dynamic=False)(x.requires_grad_(training))
+        if training:
+            out.backward()
+    err = root_cause(info.value)
+    assert isinstance(err, NeuronUnsupportedOpError), err
+    return err
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "forward+backward"])
+@pytest.mark.parametrize(
+    ("fn", "tag", "first"),
+    [(_eigvals_then_mask, "EIG_THEN_MASK", "eig"), (_mask_then_eigvals, "MASK_THEN_EIG", "mask")],
+    ids=["eigvals-then-mask", "mask-then-eigvals"],
+)
+def test_data_dependent_shape_and_refused_op_are_listed_in_one_error(fn, tag: str, first: str, training: bool) -> None:
+    """A boolean mask (a data-dependent shape) does not hide an op the lowering refuses elsewhere in the
+    graph, in either order: ONE error per graph names both lines; the mask's size nodes follow from it."""
+    err = _refusal(fn, torch.randn(4, 4), training)
+    assert err.graph_name.endswith("_forward" if training else "_inference"), err.graph_name
+    msg = str(err)
+    eig, mask = _marked_line(f"# {tag}: eig"), _marked_line(f"# {tag}: mask")
+    assert eig in msg and mask in msg, msg
+    assert "aten.linalg_eig.default" in msg and "aten.index.Tensor" in msg and "data-dependent" in msg
+    roots = [(n.op, n.source.rsplit("/", 1)[-1]) for n in err.root_causes()]
+    expected = {"eig": ("aten.linalg_eig.default", eig), "mask": ("aten.index.Tensor", mask)}
+    order = [first, "mask" if first == "eig" else "eig"]  # graph order: the user's line order
+    assert roots == [expected[k] for k in order], msg
+    [index] = [n for n in err.nodes if n.op == "aten.index.Tensor"]
+    follow_ups = [n for n in err.nodes if n.follows]
+    assert follow_ups and all(n.follows == index.node and n.source.endswith(mask) for n in follow_ups), msg
+    assert "(follows from aten.index.Tensor at " in msg
+
+
+def test_follow_ups_of_a_data_dependent_shape_are_its_users_only() -> None:
+    """The nodes that use x[mask]'s value (on another line) follow from it; an op refused on its own
+    stays a root cause, and a user of the mask with a static shape (a sum) is not listed."""
+    err = _refusal(_mask_follow_up_and_eigvals, torch.randn(4, 4), training=False)
+    msg = str(err)
+    mask, follow, eig = (_marked_line(f"# FOLLOW_UP: {k}") for k in ("mask", "follow-up", "eig"))
+    [index] = [n for n in err.nodes if n.op == "aten.index.Tensor"]
+    roots = err.root_causes()
+    assert [(n.op, n.follows) for n in roots] == [("aten.index.Tensor", ""), ("aten.linalg_eig.default", "")], msg
+    assert roots[1].source.endswith(eig)
+    on_follow_line = [n for n in err.nodes if n.source.endswith(follow)]
+    assert on_follow_line and all(n.follows == index.node for n in on_follow_line), msg
+    assert all(n.follows == index.node for n in err.nodes if n.source.endswith(mask) and n is not index)
+    assert all("data-dependent" in n.reason for n in err.nodes if n.follows)
+    # diag(m).sum(0) has a data-dependent shape of its own and is listed; the total, d.sum(), is static: not
+    sums = [n.inputs for n in err.nodes if n.op == "aten.sum.dim_IntList"]
+    assert sums == ["float32[u0, u0], [0]"], msg
+
+
+def _refused_op_on_the_mask(x: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.eigvals(torch.diag(x[x > 0])).real.sum()  # REFUSED_ON_MASK
+
+
+def test_an_op_refused_whatever_its_inputs_is_a_root_cause_even_on_a_masked_value() -> None:
+    """eigvals of diag(x[mask]) uses the mask's value, but fixing the mask would not make it compile: it is
+    listed with its own reason, as a root cause next to the mask."""
+    err = _refusal(_refused_op_on_the_mask, torch.randn(4, 4), training=False)
+    roots = err.root_causes()
+    assert [n.op for n in roots] == ["aten.index.Tensor", "aten.linalg_eig.default"], str(err)
+    assert "data-dependent" not in roots[1].reason and roots[1].inputs == "float32[u0, u0]"
+    assert all(n.source.endswith(_marked_line("# REFUSED_ON_MASK")) for n in err.nodes)
+
+
 @pytest.mark.parametrize(
     ("path", "cls", "expected"),
     [

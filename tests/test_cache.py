@@ -328,6 +328,61 @@ def test_world_writable_dir_refused_unless_trusted(cache_dir, builds):
     assert len(list(DiskStore(str(cache_dir)).entries())) == 2
 
 
+@pytest.mark.parametrize("via", ["root", "ancestor"])
+def test_symlinked_cache_dir_is_judged_where_it_resolves(tmp_path, via):
+    # safe/cache -> ww/cache (or safe/link -> ww, root safe/link/cache) with ww/ writable by everyone and no
+    # sticky bit: ww/cache itself was refused, the link to it accepted.
+    from neuron_compile.cache.trust import dir_untrusted_reason
+
+    safe, ww = tmp_path / "safe", tmp_path / "ww"
+    safe.mkdir(mode=0o700)
+    (ww / "cache").mkdir(parents=True, mode=0o700)
+    os.chmod(ww, 0o777)
+    if via == "root":
+        (safe / "cache").symlink_to(ww / "cache")
+    else:
+        (safe / "link").symlink_to(ww)
+    root = str(safe / "cache") if via == "root" else str(safe / "link" / "cache")
+    direct = dir_untrusted_reason(str(ww / "cache"))
+    assert direct and "writable by everyone without the sticky bit" in direct
+    reason = dir_untrusted_reason(root)
+    assert reason and "writable by everyone without the sticky bit" in reason, reason
+    if via == "root":  # (a link among the ancestors was judged already: os.stat follows it)
+        assert f"its parent {ww} is writable" in reason and f"resolves to {ww / 'cache'}" in reason, reason
+    assert DiskStore(root).untrusted_reason() == reason
+    os.chmod(ww, 0o1777)  # sticky: others cannot swap our directory
+    assert dir_untrusted_reason(root) is None
+
+
+def test_symlinked_cache_dir_refused_through_torch_compile(tmp_path, monkeypatch, cache_dir):
+    ww = tmp_path / "ww"
+    (ww / "cache").mkdir(parents=True, mode=0o700)
+    os.chmod(ww, 0o777)
+    cache_dir.symlink_to(ww / "cache")
+    with pytest.warns(nc.NeuronCacheWarning, match="writable by everyone without the sticky bit"):
+        run_train_step(Block(), torch.randn(4, 8, requires_grad=True))
+    assert not os.listdir(ww / "cache"), "wrote into a directory others can swap"
+
+
+def test_cache_dir_link_owned_by_another_user_refused(tmp_path, monkeypatch):
+    from neuron_compile.cache import trust
+
+    (tmp_path / "mine").mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(tmp_path / "mine")
+    real_lstat = os.lstat
+
+    def lstat(path, *a, **k):  # the link as another user would own it
+        st = real_lstat(path, *a, **k)
+        if os.fspath(path) == str(tmp_path / "link"):
+            return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, 4242, st.st_gid, *st[6:10]))
+        return st
+
+    monkeypatch.setattr(trust.os, "lstat", lstat)
+    reason = trust.dir_untrusted_reason(str(tmp_path / "link"))
+    assert reason and "symbolic link owned by uid 4242" in reason, reason
+    assert trust.dir_untrusted_reason(str(tmp_path / "mine")) is None
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to give the directory to another user")
 def test_dir_owned_by_another_user_refused(cache_dir):
     cache_dir.mkdir(mode=0o700)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes as c
+import json
 import os
 import struct
 import subprocess
@@ -803,6 +804,135 @@ def test_custom_call_matches_the_cpu_reference(tmp_path, monkeypatch, case):
             np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=tol, atol=tol)
         else:
             np.testing.assert_array_equal(g, w)
+
+
+# ------------------------------------------------------------------------------- collectives
+def _emit(x, kind, groups, reduce_op="sum"):
+    """The package's own StableHLO collective (lowering/collectives.py), as the neuron target emits it."""
+    from neuron_compile.lowering.collectives import _emit as emit
+
+    return emit(x, kind, groups, reduce_op)
+
+
+def _collective_module(coll):
+    """Values crossing the collectives (a 0-d one, one used only inside a while loop's body), an all_gather,
+    all_reduce sum and max; ``coll(x, kind, reduce_op)`` is the collective (the identity: a world of one)."""
+
+    def fn(x):
+        s = jnp.sum(x)
+        y = coll(x @ x.T, "all_reduce", "sum")
+        z = coll(jnp.tanh(y[:2]), "all_gather", "sum")
+        w = coll(z.sum(0) * x[:, :1].T, "all_reduce", "max")
+        v = lax.fori_loop(0, 3, lambda i, c: c + y[0, 0] * s, w)
+        return y.sum(1) + v.sum() + coll(x.mean(), "all_reduce", "sum"), s
+
+    return fn
+
+
+@pytest.fixture
+def world_of_one():
+    """A gloo process group of this process alone (replica groups [[0]])."""
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist
+    dist.destroy_process_group()
+
+
+def test_a_module_with_collectives_runs_in_stages_cut_at_them(tmp_path, monkeypatch, world_of_one):
+    """The fake compiler lists the module's collectives in neff.json; the NEFF runs as stages between them,
+    each collective through torch.distributed, the values crossing the cuts as they are: the results are the
+    module's (in a world of one, every collective is the identity)."""
+    from tests.device_sim import collectives
+
+    monkeypatch.setenv("NRTSIM_STATE_DIR", str(tmp_path / "state"))
+    text = _lower(_collective_module(lambda x, kind, op: _emit(x, kind, [[0]], op)), _f32(4, 4))
+    status, neff = compile_text(tmp_path, text)
+    assert status == 0
+    listed = json.loads(compute.read_neff(neff).files["neff.json"])["collectives"]
+    assert [(c["op"], c["replica_groups"], c.get("reduce")) for c in listed] == [
+        ("stablehlo.all_reduce", [[0]], "sum"), ("stablehlo.all_gather", [[0]], None),
+        ("stablehlo.all_reduce", [[0]], "max"), ("stablehlo.all_reduce", [[0]], "sum")]  # fmt: skip
+    plan = collectives.split(compute.read_neff(neff).files["module.sim.mlir"].decode())
+    assert len(plan.stages) == 5 and [c.kind for c in plan.collectives] == ["all_reduce", "all_gather", "all_reduce", "all_reduce"]
+    assert all("stablehlo.all_" not in s.text for s in plan.stages if s.text)
+    calls = []
+    real_run = collectives.run
+    monkeypatch.setattr(collectives, "run", lambda c, operands: calls.append(c.kind) or real_run(c, operands))
+    x = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
+    got = compute.execute(neff, {"input0": x.tobytes()})
+    assert calls == ["all_reduce", "all_gather", "all_reduce", "all_reduce"]
+    with jax.enable_x64(True):
+        want = jax.jit(_collective_module(lambda v, kind, op: v))(x)
+    np.testing.assert_allclose(np.frombuffer(got["output0"], np.float32), np.asarray(want[0]), rtol=1e-6)
+    assert np.frombuffer(got["output1"], np.float32).reshape(()) == np.asarray(want[1])
+
+
+def test_collectives_without_a_process_group_fail_the_execution(rt, tmp_path, monkeypatch, capfd):
+    """A NEFF with collectives run where torch.distributed is not initialized, or whose groups name more ranks
+    than the world has: NRT_FAILURE, with the reason on stderr (a collective is never run as the identity)."""
+    monkeypatch.setenv("NRTSIM_STATE_DIR", str(tmp_path / "state"))
+    status, neff = compile_text(tmp_path, _lower(lambda x: _emit(x * 2, "all_reduce", [[0, 1]]) + 1, _f32(2, 3)))
+    assert status == 0
+    assert rt.init() == S["NRT_SUCCESS"]
+    assert rt.run(neff, np.ones((2, 3), np.float32))[0] == S["NRT_FAILURE"]
+    assert "torch.distributed.init_process_group" in capfd.readouterr().err
+
+
+def test_collectives_naming_ranks_the_world_has_not_fail(tmp_path, monkeypatch, world_of_one):
+    monkeypatch.setenv("NRTSIM_STATE_DIR", str(tmp_path / "state"))
+    status, neff = compile_text(tmp_path, _lower(lambda x: _emit(x, "all_gather", [[0, 1]]), _f32(2, 3)))
+    assert status == 0
+    with pytest.raises(Exception, match="names replica 1, but the process group has 1 ranks"):
+        compute.execute(neff, {"input0": np.ones((2, 3), np.float32).tobytes()})
+
+
+@pytest.mark.parametrize(
+    "fn, edit, message",
+    [
+        (lambda x: lax.fori_loop(0, 2, lambda i, c: _emit(c, "all_reduce", [[0]]), x), None, "not at the top level of @main"),
+        (lambda x: _emit(x, "all_reduce", [[0]]), ("stablehlo.add", "stablehlo.subtract"), "reducer"),
+    ],
+    ids=["nested-in-a-loop", "unknown-reducer"],
+)
+def test_compiler_refuses_collectives_the_simulator_cannot_run(tmp_path, monkeypatch, capsys, fn, edit, message):
+    monkeypatch.setenv("NRTSIM_STATE_DIR", str(tmp_path / "state"))
+    text = _lower(fn, _f32(2, 3))
+    if edit:
+        assert edit[0] in text
+        text = text.replace(edit[0], edit[1])
+    status, _ = compile_text(tmp_path, text)
+    err = capsys.readouterr().err
+    assert status == 1 and "NCC_SIM005" in err and message in err, err
+
+
+def test_collective_semantics_in_a_world_of_four():
+    """Each rank's result, for groups listed out of rank order ([1, 0], [3, 2]): members in the listed order."""
+    from tests.device_sim.collectives import Collective, semantics
+
+    xs = [[np.arange(4, dtype=np.float32).reshape(2, 2) + 10 * r] for r in range(4)]
+    groups = ((1, 0), (3, 2))
+
+    def each(c):
+        return [semantics(c, r, 4, xs)[0] for r in range(4)]
+
+    x = [a[0] for a in xs]
+    for r, got in enumerate(each(Collective("all_reduce", 0, groups, reduce="sum"))):
+        np.testing.assert_array_equal(got, x[r] + x[r ^ 1])
+    for r, got in enumerate(each(Collective("all_reduce", 0, (), reduce="max"))):
+        np.testing.assert_array_equal(got, x[3])
+    for r, got in enumerate(each(Collective("all_gather", 0, groups, dim=1))):
+        np.testing.assert_array_equal(got, np.concatenate([x[r | 1], x[r & ~1]], axis=1))
+    for r, got in enumerate(each(Collective("reduce_scatter", 0, groups, reduce="sum", dim=0))):
+        np.testing.assert_array_equal(got, (x[r] + x[r ^ 1])[[1 - r % 2]])  # rank 1 is first of [1, 0]
+    for r, got in enumerate(each(Collective("all_to_all", 0, groups, split_dimension=1, concat_dimension=0, split_count=2))):
+        me = 1 - r % 2
+        np.testing.assert_array_equal(got, np.concatenate([x[r | 1][:, [me]], x[r & ~1][:, [me]]], axis=0))
+    for r, got in enumerate(each(Collective("collective_permute", 0, (), pairs=((0, 1), (1, 2), (2, 3))))):
+        np.testing.assert_array_equal(got, x[r - 1] if r else np.zeros((2, 2), np.float32))
+    for r, got in enumerate(each(Collective("collective_broadcast", 0, groups))):
+        np.testing.assert_array_equal(got, x[r | 1])
 
 
 # ------------------------------------------------------------------------------- python -m tests.device_sim

@@ -250,6 +250,97 @@ def test_root_causes_fold_follow_ups_and_repeats_across_graphs() -> None:
     assert "experts_implementation" in entries[1].advice
 
 
+def test_root_causes_fold_by_data_flow_not_by_line_or_symbol() -> None:
+    """With the graph's data flow named (``node``/``follows``), a follow-up folds into the node it depends
+    on even on another line, and a refused node that depends on nothing listed stays a root cause, even
+    when its reason names the same size symbol."""
+    def node(op, line, name, follows="", reason="data-dependent output shape (u0): ..."):  # noqa: E306
+        return UnsupportedNode(op, "", f"/m.py:{line}", reason, node=name, follows=follows)
+
+    fw = [node("aten.index.Tensor", 3, "index"), node("aten.sym_size.int", 3, "sym_size_int", "index"),
+          node("aten.diag.default", 4, "diag", "index", "data-dependent output shape (u0, u0): ..."),
+          node("aten.sum.dim_IntList", 5, "sum_1", "diag", "data-dependent output shape (u0): ..."),
+          node("aten.linalg_eig.default", 6, "linalg_eig", reason="no lowering for u0 complex operands"),
+          node("aten.nonzero.default", 7, "nonzero", reason="data-dependent output shape (u1): ..."),
+          node("ge", 7, "ge", "nonzero", "data-dependent output shape (u1 >= 0)")]  # fmt: skip
+    entries = root_causes([("graph0_forward", fw)])
+    assert [(e.op, e.line, e.follow_ups) for e in entries] == [
+        ("aten.index.Tensor", 3, 3), ("aten.linalg_eig.default", 6, 0), ("aten.nonzero.default", 7, 1)
+    ]  # fmt: skip
+
+
+class _EigvalsAndMask(torch.nn.Module):
+    """An op the lowering refuses and a data-dependent shape, in one graph, in either order."""
+
+    def __init__(self, mask_first: bool) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+        self.mask_first = mask_first
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        if self.mask_first:
+            m = h[h > 0].sum()  # MASK_FIRST: mask
+            e = torch.linalg.eigvals(h @ h.T).real.sum()  # MASK_FIRST: eig
+        else:
+            e = torch.linalg.eigvals(h @ h.T).real.sum()  # EIG_FIRST: eig
+            m = h[h > 0].sum()  # EIG_FIRST: mask
+        return e + m
+
+
+@pytest.mark.parametrize("mask_first", [False, True], ids=["eigvals-then-mask", "mask-then-eigvals"])
+def test_evaluate_lists_a_refused_op_next_to_a_data_dependent_shape(mask_first: bool) -> None:
+    torch.manual_seed(0)
+    report = neuron_compile.evaluate(_EigvalsAndMask(mask_first), (torch.randn(4, 4),), steps=1, progress=False)
+    tag = "MASK_FIRST" if mask_first else "EIG_FIRST"
+    source = Path(__file__).read_text()
+    eig, mask = _line_of(source, f"# {tag}: eig"), _line_of(source, f"# {tag}: mask")
+    got = [(u.op, Path(u.file).name, u.line) for u in report.unsupported]
+    expected = [("aten.linalg_eig.default", Path(__file__).name, eig), ("aten.index.Tensor", Path(__file__).name, mask)]
+    assert got == (expected[::-1] if mask_first else expected), str(report)
+    by_op = {u.op: u for u in report.unsupported}
+    assert by_op["aten.index.Tensor"].follow_ups >= 1 and by_op["aten.linalg_eig.default"].follow_ups == 0
+    assert not report.ok and "2 root cause(s)" in str(report)
+
+
+# A follow-up on its own line (diag of the masked values) and an op refused independently of the mask.
+FOLLOW_UP_FACTORY = textwrap.dedent(
+    """
+    import torch
+
+    class FollowUp(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.proj(x)
+            m = h[h > 0]  # MASK_LINE
+            d = torch.diag(m).sum(0)  # FOLLOW_UP_LINE
+            e = torch.linalg.eigvals(h).real  # EIG_LINE
+            return d.sum() + e.sum()
+
+    def make():
+        torch.manual_seed(0)
+        return FollowUp(), (torch.randn(4, 4),)
+    """
+)
+
+
+def test_cli_folds_the_users_of_a_mask_and_keeps_an_independent_refusal(tmp_path: Path) -> None:
+    proc = _run_cli(tmp_path, FOLLOW_UP_FACTORY, "--json", "--steps", "1")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    line = lambda marker: _line_of(FOLLOW_UP_FACTORY, marker)  # noqa: E731
+    where = [(u["op"], u["line"]) for u in report["unsupported"]]
+    assert where == [("aten.index.Tensor", line("MASK_LINE")), ("aten.linalg_eig.default", line("EIG_LINE"))], (
+        json.dumps(report["unsupported"], indent=1)
+    )
+    mask, eig = report["unsupported"]
+    assert mask["follow_ups"] > 3 and eig["follow_ups"] == 0  # diag's nodes, on their own line, fold in too
+    assert not any(u["line"] == line("FOLLOW_UP_LINE") for u in report["unsupported"])
+
+
 def test_evaluate_is_callable_however_the_package_was_imported() -> None:
     import neuron_compile.evaluate.cli  # noqa: F401  (binds the subpackage on the parent)
 
@@ -383,3 +474,166 @@ def test_every_tensor_is_judged_at_the_runs_precision() -> None:
     assert tensors["loss"].dtype == "float32", tensors["loss"]
     assert {t.tol for t in tensors.values()} == {1e-2}, [(t.name, t.tol) for t in tensors.values()]
     assert report.ok, str(report)
+
+
+# -- issue 39: loading the factory, exit codes, timeout ----------------------------------------------
+TINY_FACTORY = textwrap.dedent(
+    """
+    import copy, numbers, statistics  # the standard library's, whatever this file is called
+    import torch
+    from neighbour_helper import WIDTH  # a neighbour of this file
+
+    assert hasattr(copy, "deepcopy") and hasattr(statistics, "median") and hasattr(numbers, "Number")
+
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Linear(WIDTH, 2), (torch.randn(3, WIDTH),)
+    """
+)
+
+
+@pytest.mark.parametrize("stem", ["copy", "statistics", "numbers", "my-model"])
+def test_factory_file_named_after_a_stdlib_module_is_loaded_privately(tmp_path: Path, monkeypatch, stem: str) -> None:
+    import copy as stdlib_copy
+    import numbers as stdlib_numbers
+    import statistics as stdlib_statistics
+
+    from neuron_compile.evaluate.cli import load_factory
+
+    originals = {"copy": stdlib_copy, "numbers": stdlib_numbers, "statistics": stdlib_statistics}
+    for name, module in originals.items():  # restored whatever load_factory does
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / f"{stem}.py").write_text(TINY_FACTORY)
+    (tmp_path / "neighbour_helper.py").write_text("WIDTH = 4\n")
+    model, _, loss_fn = load_factory(f"{tmp_path / stem}.py:make")
+    assert all(sys.modules[name] is module for name, module in originals.items())
+    assert type(model).__name__ == "Linear" and loss_fn is None
+    assert sys.modules["neighbour_helper"].WIDTH == 4
+    loaded = [m for n, m in sys.modules.items() if n.startswith("neuron_compile_evaluate_user.")
+              and getattr(m, "__file__", "") == str(tmp_path / f"{stem}.py")]  # fmt: skip
+    assert len(loaded) == 1, "the factory file is not under its private name"
+    sys.modules.pop("neighbour_helper", None)
+
+
+def test_cli_evaluates_a_factory_file_named_statistics(tmp_path: Path) -> None:
+    # the runner's own `statistics.median` used to be the user's module: the timings crashed, exit 1
+    where = tmp_path / "models"
+    where.mkdir()
+    (where / "statistics.py").write_text(TINY_FACTORY)
+    (where / "neighbour_helper.py").write_text("WIDTH = 4\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "neuron_compile.cli", "evaluate", f"{where / 'statistics.py'}:make", "--json", "--steps", "1"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["ok"] and not report["errors"], report
+
+
+_LOAD_ERRORS = [
+    # (file name, source, extra arguments, what the one-line message names)
+    ("f.py", "def make(:\n    pass\n", (), r"f\.py:1: importing it failed: SyntaxError"),
+    ("f.py", "import no_such_module_for_evaluate\n", (), r"f\.py:1: importing it failed: ModuleNotFoundError: .*no_such_module_for_evaluate"),
+    ("f.py", "import sys\nsys.exit(3)\n", (), r"f\.py:2: importing it failed: SystemExit\(3\)"),
+    ("f.py", "def make():\n    raise ValueError('no weights here')\n", (), r"f\.py:2: make\(\) raised ValueError: no weights here"),
+    ("f.py", "import sys\ndef make():\n    sys.exit(0)\n", (), r"f\.py:3: make\(\) raised SystemExit\(0\)"),
+    ("f.py", "def make():\n    return 1, 2\n", (), r"f\.py: make\(\) returned a int as the model; it must be a torch.nn.Module"),
+    ("f.py", "import torch\ndef make():\n    return torch.nn.Linear(2, 2), (), 'mse'\n", (), r"as loss_fn; it must be callable"),
+    ("f.py", "def make():\n    return None\n", (), r"make\(\) returned NoneType; it must return \(model, example_inputs\)"),
+    ("f.txt", "def make():\n    pass\n", (), r"f\.txt: not a \.py file"),
+    ("f.py", "", ("--steps", "0"), r"--steps 0: need at least 1 timed step"),
+    ("f.py", "", ("--steps", "-1"), r"--steps -1: need at least 1 timed step"),
+    ("f.py", "", ("--timeout", "0"), r"--timeout 0.0: need a finite number of seconds > 0"),
+]
+
+
+@pytest.mark.parametrize("as_json", [True, False], ids=["json", "table"])
+@pytest.mark.parametrize("filename, source, extra, match", _LOAD_ERRORS,
+                         ids=["syntax", "import", "exit-on-import", "raises", "sys-exit", "model-type",
+                              "loss-type", "not-a-tuple", "not-py", "steps-0", "steps-neg", "timeout-0"])  # fmt: skip
+def test_cli_loading_and_usage_errors_exit_2_with_one_line(
+    tmp_path: Path, monkeypatch, capsys, filename: str, source: str, extra: tuple, match: str, as_json: bool
+) -> None:
+    import re
+
+    from neuron_compile import cli
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / filename).write_text(source)
+    spec = f"{tmp_path / filename}:make"
+    status = cli.main(["evaluate", spec, *(["--json"] if as_json else []), *extra])
+    out, err = capsys.readouterr()
+    assert status == 2, (out, err)
+    lines = [ln for ln in err.splitlines() if ln.startswith("neuron-compile evaluate: ")]
+    assert len(lines) == 1 and re.search(match, lines[0]), err
+    assert "Traceback" not in err
+    if as_json:
+        reply = json.loads(out)
+        assert reply["ok"] is False and reply["exit_status"] == 2 and re.search(match, reply["error"]), reply
+        assert reply["factory"] == spec
+    else:
+        assert out == ""
+
+
+def test_cli_help_documents_the_exit_codes(capsys) -> None:
+    from neuron_compile import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["evaluate", "--help"])
+    out = capsys.readouterr().out
+    assert "exit status:" in out and "usage or loading error" in out and "--timeout SECONDS" in out
+
+
+def test_a_phase_that_crashes_is_reported_not_raised(monkeypatch) -> None:
+    from neuron_compile.evaluate import runner
+
+    timed = []
+    real = runner._median_ms
+
+    def median_ms(fn, n):  # the eager timing works; the steady compiled steps crash
+        timed.append(n)
+        if len(timed) == 2:
+            raise RuntimeError("device lost")
+        return real(fn, n)
+
+    monkeypatch.setattr(runner, "_median_ms", median_ms)
+    report = neuron_compile.evaluate(torch.nn.Linear(4, 2), (torch.randn(3, 4),), steps=1, progress=False)
+    assert not report.ok and report.numerics is None
+    assert any(e.startswith("steady compiled steps") and "RuntimeError: device lost" in e for e in report.errors), report.errors
+    assert "compile_cold_s" in report.timing
+
+
+HANGING_FACTORY = textwrap.dedent(
+    """
+    import time
+    import torch
+
+    @torch._dynamo.disable
+    def wait():
+        time.sleep(600)
+
+    class Hangs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            wait()
+            return self.proj(x)
+
+    def make():
+        return Hangs(), (torch.randn(2, 4),)
+    """
+)
+
+
+def test_cli_timeout_stops_a_hanging_phase_and_reports_it(tmp_path: Path) -> None:
+    import time
+
+    t0 = time.monotonic()
+    proc = _run_cli(tmp_path, HANGING_FACTORY, "--json", "--steps", "1", "--timeout", "2")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert any("eager step" in e and "ran past the timeout of 2 s" in e for e in report["errors"]), report["errors"]
+    assert time.monotonic() - t0 < 120

@@ -234,3 +234,186 @@ def test_without_libnrt_the_error_says_what_to_install(monkeypatch, tmp_path) ->
     monkeypatch.setattr(libnrt, "_RUNTIME", None)
     with torch.no_grad(), pytest.raises(NeuronCompileError, match="aws-neuronx-runtime-lib"):
         _neuron(MLP().eval(), cache=False)(torch.randn(8, 16))
+
+
+# -- collectives inside a graph, across 2 ranks (each its own process and NeuronCore) ---------------------------
+_RANK_SCRIPT = textwrap.dedent(
+    """
+    import copy, datetime, json, sys
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as fc
+
+    from neuron_compile import STATS
+    from tests import device_sim
+
+    torch.set_num_threads(1)  # 2 shared cores
+    # MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE from the environment; a rank left waiting fails in 2 minutes
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    NEURON = {"target": "neuron"}
+
+
+    def all_reduce_in_graph(x):
+        return fc.all_reduce(x * 2, "sum", dist.group.WORLD) + 1
+
+
+    class AllReduce(torch.autograd.Function):  # Megatron's "g": sum in the forward, sum of the gradients back
+        @staticmethod
+        def forward(ctx, x):
+            return fc.all_reduce(x, "sum", dist.group.WORLD)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return fc.all_reduce(grad, "sum", dist.group.WORLD)
+
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+
+        def forward(self, x, y):
+            return (self.down(AllReduce.apply(self.up(x)).tanh()) - y).square().mean()
+
+
+    def training():
+        torch.manual_seed(0)  # the same weights on every rank, a batch of each rank's own
+        model = Net()
+        eager = copy.deepcopy(model)
+        torch.manual_seed(1 + rank)
+        batches = [(torch.randn(4, 8), torch.randn(4, 4)) for _ in range(2)]
+        runs = {}
+        for name, m, f in (("compiled", model, torch.compile(model, backend="neuron", options=NEURON)),
+                           ("eager", eager, eager)):
+            opt = torch.optim.SGD(m.parameters(), lr=0.1)
+            losses = []
+            for x, y in batches:
+                opt.zero_grad()
+                loss = f(x, y)
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            runs[name] = {"losses": losses, "params": [p.detach().flatten().tolist() for p in m.parameters()]}
+        return runs
+
+
+    report = {"rank": rank, "cases": {}}
+    for case in sys.argv[1:]:
+        STATS.reset()
+        torch._dynamo.reset()
+        try:
+            if case == "training":
+                value = training()
+            else:
+                if case == "all_reduce_in_graph":
+                    fn = all_reduce_in_graph
+                else:
+                    from tests.test_distributed import COLLECTIVE_CASES
+                    fn = COLLECTIVE_CASES[case]
+                torch.manual_seed(rank)  # different data per rank: a collective run as the identity shows
+                x = torch.randn(4, 4)
+                compiled = torch.compile(fn, backend="neuron", fullgraph=True, options=NEURON)(x)
+                value = {"compiled": compiled.tolist(), "eager": fn(x).tolist()}
+            value["graphs"] = sorted(g.kind for g in STATS.graphs)
+            value["device_executions"] = STATS.device_executions
+        except Exception as e:
+            value = {"error": f"{type(e).__name__}: {e}"}
+        report["cases"][case] = value
+    report["counters"] = device_sim.counters()
+    print("REPORT " + json.dumps(report), flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+def _run_two_ranks(tmp_path, *cases: str, timeout: float = 300) -> list[dict]:
+    """Each of 2 ranks in its own process, on its own simulated NeuronCore (``NEURON_RT_VISIBLE_CORES=<rank>``),
+    with a gloo process group as a real multi-process job has, running ``_RANK_SCRIPT`` on ``cases``; their
+    reports in rank order."""
+    import json
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    state = tmp_path / "state"
+    state.mkdir()
+    base = {**os.environ, **device_sim.environment(state), "NRTSIM_STATE_DIR": str(state),
+            "NEURON_COMPILE_CACHE_DIR": str(tmp_path / "cache"), "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port), "WORLD_SIZE": "2"}  # fmt: skip
+    procs = []
+    for rank in range(2):
+        env = {**base, "RANK": str(rank), "NEURON_RT_VISIBLE_CORES": str(rank)}
+        procs.append(subprocess.Popen([sys.executable, "-c", _RANK_SCRIPT, *cases], cwd=device_sim.REPO_ROOT, env=env,
+                                      text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))  # fmt: skip
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=timeout))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    reports = []
+    for rank, (p, (out, err)) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0 and "REPORT " in out, f"rank {rank} (exit {p.returncode}):\n{out[-2000:]}\n{err[-6000:]}"
+        reports.append(json.loads(out.split("REPORT ", 1)[1]))
+    for rank, report in enumerate(reports):
+        failed = {case: v["error"] for case, v in report["cases"].items() if "error" in v}
+        assert not failed, f"rank {rank}: {failed}\n{outputs[rank][1][-6000:]}"
+    return reports
+
+
+def test_an_all_reduce_inside_the_graph_runs_on_two_ranks_through_nrt_load_collectives(tmp_path) -> None:
+    """Issue acceptance: a 2-rank run with an all_reduce inside the graph goes through nrt_load_collectives and
+    matches eager, forward (``all_reduce(x * 2) + 1``) and a training step (an all_reduce in the forward graph
+    and one in the backward graph, 2 SGD steps: losses and parameters). The simulated NeuronCores run the
+    collectives across the two processes through gloo (tests/device_sim/collectives.py)."""
+    reports = _run_two_ranks(tmp_path, "all_reduce_in_graph", "training")
+    for rank, report in enumerate(reports):
+        case = report["cases"]["all_reduce_in_graph"]
+        torch.testing.assert_close(torch.tensor(case["compiled"]), torch.tensor(case["eager"]), rtol=1e-6, atol=1e-6,
+                                   msg=lambda m: f"rank {rank}: all_reduce in the graph: {m}")  # noqa: B023
+        assert case["device_executions"] == 1 and case["graphs"] == ["inference"], case
+        train = report["cases"]["training"]
+        torch.testing.assert_close(train["compiled"]["losses"], train["eager"]["losses"], rtol=1e-5, atol=1e-6)
+        for i, (a, b) in enumerate(zip(train["compiled"]["params"], train["eager"]["params"])):
+            torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"rank {rank}: parameter {i} after 2 steps: {m}")  # noqa: B023
+        assert train["graphs"] == ["backward", "forward"] and train["device_executions"] == 4, train
+        # the forward NEFF of the first case, the training's forward and backward NEFFs: all with collectives
+        assert report["counters"]["collective_loads"] >= 3, report["counters"]
+    # the ranks had different data: the all_reduce made their results equal
+    assert reports[0]["cases"]["all_reduce_in_graph"]["compiled"] == reports[1]["cases"]["all_reduce_in_graph"]["compiled"]
+
+
+def test_every_functional_collective_runs_on_two_ranks_on_the_neuron_target(tmp_path) -> None:
+    """Each functional collective of tests/test_distributed.py (all_reduce sum/avg/max, all_gather,
+    reduce_scatter, all_to_all, broadcast, the coalesced forms, a chain with values crossing collectives)
+    compiled whole for the neuron target, one NEFF with StableHLO collectives, run across 2 ranks: as eager."""
+    from .test_distributed import COLLECTIVE_CASES
+
+    cases = [c for c in COLLECTIVE_CASES if c != "all_reduce_sum"]  # that one is the test above
+    reports = _run_two_ranks(tmp_path, *cases)
+    for rank, report in enumerate(reports):
+        for case in cases:
+            value = report["cases"][case]
+            torch.testing.assert_close(torch.tensor(value["compiled"]), torch.tensor(value["eager"]), rtol=1e-5,
+                                       atol=1e-5, msg=lambda m: f"rank {rank}: {case}: {m}")  # noqa: B023
+            assert value["device_executions"] == 1, (case, value)
+        assert report["counters"]["collective_loads"] >= len(cases), report["counters"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_hugging_face_decoder_trains_on_the_neuron_target(simulator, monkeypatch, dtype) -> None:
+    """transformers' Llama (hidden size, rotary embeddings, RMSNorm, SiLU MLP) trains on the simulated device,
+    judged as the model zoo judges the CPU target: against a reference, within a multiple of eager's error."""
+    from .test_models import ZOO, _judge
+
+    monkeypatch.setenv("NEURON_COMPILE_TARGET", "neuron")
+    for step, verdict in enumerate(_judge(ZOO["llama"](), dtype)):
+        assert verdict.ok, f"llama {dtype} step {step}: " + verdict.describe()
+    assert STATS.device_executions > 0 and STATS.count("backward") >= 1

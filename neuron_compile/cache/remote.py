@@ -93,21 +93,17 @@ class RemoteEntry:
 
 
 def timeout_from_env() -> float:
-    text = os.environ.get(ENV_TIMEOUT, "").strip()
-    if not text:
-        return DEFAULT_TIMEOUT
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise NeuronOptionsError(f"neuron backend: {ENV_TIMEOUT}={text!r} is not valid: expected seconds > 0 (e.g. 10)")
-    return value
+    """NEURON_COMPILE_CACHE_URL_TIMEOUT, parsed as the option ``cache_url_timeout`` (options.py)."""
+    from ..options import from_env
+
+    return from_env("cache_url_timeout")
 
 
 def hmac_key_from_env() -> bytes | None:
-    text = os.environ.get(ENV_HMAC_KEY, "")
-    return text.encode() if text else None
+    """NEURON_COMPILE_CACHE_HMAC_KEY, parsed as the option ``cache_hmac_key`` (options.py)."""
+    from ..options import from_env
+
+    return from_env("cache_hmac_key")
 
 
 def _sign(manifest: dict[str, Any], secret: bytes) -> str:

@@ -19,15 +19,9 @@ def path_untrusted_reason(path: str, st: os.stat_result) -> str | None:
     return None
 
 
-def dir_untrusted_reason(root: str) -> str | None:
-    """Why ``root`` must not be used (None: it is safe)."""
-    try:
-        reason = path_untrusted_reason(root, os.stat(root))
-        if reason:
-            return reason
-    except OSError:
-        pass  # not created yet: its ancestors decide
-    parent = os.path.dirname(root)
+def _parents_reason(path: str) -> str | None:
+    """Why an ancestor of ``path`` lets others swap it: writable by everyone without the sticky bit."""
+    parent = os.path.dirname(path)
     while True:
         try:
             pst = os.stat(parent)
@@ -39,6 +33,45 @@ def dir_untrusted_reason(root: str) -> str | None:
         if up == parent:
             return None
         parent = up
+
+
+def _links_reason(path: str) -> str | None:
+    """Why a symlink on ``path`` (the path itself or a directory on the way) is not ours: its owner can
+    point it elsewhere (in a sticky directory too)."""
+    current = os.path.abspath(path)
+    while True:
+        try:
+            st = os.lstat(current)
+            if stat.S_ISLNK(st.st_mode) and st.st_uid not in (os.getuid(), 0):
+                return f"{current} is a symbolic link owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
+        except OSError:
+            pass
+        up = os.path.dirname(current)
+        if up == current:
+            return None
+        current = up
+
+
+def dir_untrusted_reason(root: str) -> str | None:
+    """Why ``root`` must not be used (None: it is safe).
+
+    Judged are the directory (symlinks followed), the ancestors of the path as given (a symlink on it could
+    be swapped), the symlinks on it, and the ancestors of the directory it resolves to (realpath)."""
+    try:
+        reason = path_untrusted_reason(root, os.stat(root))
+        if reason:
+            return reason
+    except OSError:
+        pass  # not created yet: its ancestors decide
+    reason = _parents_reason(root) or _links_reason(root)
+    if reason:
+        return reason
+    real = os.path.realpath(root)
+    if real != os.path.abspath(root):
+        reason = _parents_reason(real)
+        if reason:
+            return f"{reason} ({root} resolves to {real})"
+    return None
 
 
 def paths_untrusted_reason(paths: list[str]) -> str | None:

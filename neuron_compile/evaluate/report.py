@@ -77,27 +77,38 @@ class UnsupportedEntry:
 def root_causes(per_graph: list[tuple[str, list[UnsupportedNode]]]) -> list[UnsupportedEntry]:
     """One entry per root cause across graphs, in first-seen order.
 
-    A data-dependent op (``x[mask]``, ``nonzero``) brings an unbacked size symbol (``u0``) and, in the same
-    error, the ``sym_size``/``ge``/``le`` nodes that only restate it, and the same op shows up again in the
-    backward graph: those fold into the entry of the node that introduced the symbol (same line).
+    A follow-up is a node that depends, through its graph's data flow, on a root cause: the lowering names
+    it (``UnsupportedNode.follows``: the ``sym_size``/``ge``/``le`` nodes that only restate the size of
+    ``x[mask]``), and it folds into its root's entry. Any other refused node is a root cause of its own,
+    even in the same graph as a data-dependent op. Entries without that data flow (no node name, e.g. from
+    the legality pass or an older error) fall back to matching the unbacked size symbol (``u0``) their
+    reason names. The same op at the same line in another graph (the backward) folds into its first entry.
     """
     entries: list[UnsupportedEntry] = []
     by_key: dict[tuple[str, str, int | None], UnsupportedEntry] = {}
     for graph, nodes in per_graph:
         seen_symbols: dict[str, UnsupportedEntry] = {}
+        by_node: dict[str, UnsupportedEntry] = {}  # node name -> the entry it was counted in, this graph
         for n in nodes:
             file, line = split_source(n.source)
             symbols = set(_SYMBOL.findall(n.reason))
-            owner = next((seen_symbols[s] for s in symbols if s in seen_symbols), None)
-            if owner is not None and (symbols <= set(seen_symbols) or n.op in _FOLLOW_UP_OPS):
+            if n.follows and n.follows in by_node:  # depends on a root cause through the data flow
+                owner = by_node[n.follows]
                 owner.follow_ups += 1
+                if n.node:
+                    by_node[n.node] = owner
                 continue
-            if n.op in _FOLLOW_UP_OPS and owner is None:
-                # a follow-up whose producer is not in the list (another graph): fold by line
-                prior = next((e for e in entries if (e.file, e.line) == (file, line)), None)
-                if prior is not None:
-                    prior.follow_ups += 1
+            if not n.node or n.follows:  # data flow unknown (or its root not listed): the reason's symbols tell
+                owner = next((seen_symbols[s] for s in symbols if s in seen_symbols), None)
+                if owner is not None and (symbols <= set(seen_symbols) or n.op in _FOLLOW_UP_OPS):
+                    owner.follow_ups += 1
                     continue
+                if n.op in _FOLLOW_UP_OPS and owner is None:
+                    # a follow-up whose producer is not in the list (another graph): fold by line
+                    prior = next((e for e in entries if (e.file, e.line) == (file, line)), None)
+                    if prior is not None:
+                        prior.follow_ups += 1
+                        continue
             key = (n.op, file, line)
             entry = by_key.get(key)
             if entry is None:
@@ -108,6 +119,8 @@ def root_causes(per_graph: list[tuple[str, list[UnsupportedNode]]]) -> list[Unsu
                 entry.follow_ups += 1
             if graph not in entry.graphs:
                 entry.graphs.append(graph)
+            if n.node:
+                by_node[n.node] = entry
             for s in symbols:
                 seen_symbols.setdefault(s, entry)
     return entries

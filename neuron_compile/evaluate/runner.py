@@ -9,9 +9,11 @@ start (Dynamo reset, the in-process cache layer dropped, the disk cache kept).
 from __future__ import annotations
 
 import copy
+import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from typing import Any, Callable, Mapping
@@ -34,6 +36,44 @@ LossFn = Callable[[Any], torch.Tensor]
 def _progress(enabled: bool, message: str) -> None:
     if enabled:
         print(f"[neuron evaluate] {message}", file=sys.stderr, flush=True)
+
+
+class PhaseTimeout(Exception):
+    """A phase of ``evaluate`` ran past ``phase_timeout``: reported in ``errors`` with the phase named."""
+
+
+class _PhaseAlarm:
+    """``phase_timeout`` seconds per phase (SIGALRM, main thread only): each ``start`` rearms the timer."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.phase = ""
+        self._installed = False
+        self._previous: Any = None
+        if seconds is not None:
+            if not 0 < seconds < float("inf"):
+                raise ValueError(f"evaluate: phase_timeout={seconds}; need a finite number of seconds > 0")
+            if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+                raise ValueError("evaluate: phase_timeout needs the main thread (it uses SIGALRM)")
+
+    def _expired(self, signum: int, frame: Any) -> None:
+        raise PhaseTimeout(f"phase {self.phase!r} ran past the timeout of {self.seconds:g} s")
+
+    def start(self, phase: str) -> None:
+        self.phase = phase
+        if self.seconds is not None:
+            if not self._installed:
+                self._previous, self._installed = signal.signal(signal.SIGALRM, self._expired), True
+            # and again every second after it: code that catches the first one (Dynamo's handlers) is
+            # interrupted too, until the phase gives up
+            signal.setitimer(signal.ITIMER_REAL, self.seconds, min(1.0, self.seconds))
+
+    def stop(self) -> None:
+        if self._installed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self._previous)
+            self._installed = False
+        self.seconds = None
 
 
 def _split_inputs(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -210,6 +250,7 @@ def evaluate(
     steps: int = 3,
     options: Mapping[str, Any] | None = None,
     progress: bool = True,
+    phase_timeout: float | None = None,
 ) -> EvaluationReport:
     """Can ``model`` move to Trainium? Compile it with the neuron backend, run it, and report.
 
@@ -219,12 +260,16 @@ def evaluate(
     inference under ``torch.no_grad()``. ``steps``: steady-state steps timed (medians). ``options``: the
     backend's options; without ``cache_dir`` (or ``cache=False``) a fresh temporary cache directory is
     used so that the cold compile is cold and the warm one a disk hit. ``progress``: phase lines on stderr.
+    ``phase_timeout``: seconds each phase may take (main thread only; SIGALRM interrupts Python code, not a
+    native call until it returns); a phase past it is an error of the report, and the later phases go on
+    where they can.
 
     The model itself is not changed: every run uses a deep copy. This resets Dynamo
     (``torch._dynamo.reset()``) between phases, which drops other compiled functions of the process.
     """
     if steps < 1:
         raise ValueError(f"evaluate: steps={steps}; need at least 1 timed step")
+    alarm = _PhaseAlarm(phase_timeout)
     args, kwargs = _split_inputs(example_inputs)
     user_options = dict(options or {})
     tmp_cache = None
@@ -237,13 +282,19 @@ def evaluate(
     report = EvaluationReport(
         model=type(model).__name__, mode="training" if training else "inference", target=opts.target
     )
-    say = lambda msg: _progress(progress, msg)  # noqa: E731
+    def say(msg: str) -> None:
+        _progress(progress, msg)
+        alarm.start(msg.split(" ", 1)[-1].split(":")[0] if msg[:1].isdigit() else msg)
+
     try:
         # AOTAutograd compiles a backward graph lazily, at the first backward call, outside the backend
         # call that could record its refusal and run the graph in eager: compile it with the forward here.
         with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
             _run(model, args, kwargs, step, steps, user_options, report, say)
+    except Exception as e:  # a failure in a later phase is a finding: the report keeps what was measured
+        report.errors.append(f"{alarm.phase or 'evaluate'}: {_one_line(e)}")
     finally:
+        alarm.stop()
         torch._dynamo.reset()
         if tmp_cache is not None:
             tmp_cache.cleanup()

@@ -2,7 +2,11 @@
 StableHLO module of the whole graph.
 
 Every node that cannot be lowered is collected (a placeholder value of the right shape keeps the trace
-going) and, after the walk, all of them are raised in ONE ``NeuronUnsupportedOpError``.
+going) and, after the walk, all of them are raised in ONE ``NeuronUnsupportedOpError``. A node with a
+data-dependent shape or value (``x[mask]``, ``nonzero``, ``.item()``) is one of them: the walk goes on past
+it, the nodes that use its value are not lowered (they are its follow-ups; those with a data-dependent
+result of their own are listed as such), and every other node is lowered as usual, so the error names the
+data-dependent ops and the refused ones together.
 """
 
 from __future__ import annotations
@@ -24,7 +28,14 @@ from .. import provenance
 from ..artifact import SAVED_FOR_BACKWARD_FROM, OutputSpec, TensorSpec, channels_last_strides
 from ..errors import NeuronUnsupportedOpError, UnsupportedNode
 from ..runtime.jax_adapter import host_callbacks_of
-from ..graph_checks import check_fx_graph, non_aten_reason, unsupported_inputs, unsupported_tensor_kind
+from ..graph_checks import (
+    data_dependent_reason,
+    data_dependent_roots,
+    is_symbolic,
+    non_aten_reason,
+    unsupported_inputs,
+    unsupported_tensor_kind,
+)
 from .complex import complex_lowering, device_struct, is_complex_node
 from .complex import REFUSAL as COMPLEX_REFUSAL
 from . import layout
@@ -74,9 +85,10 @@ def _spec_of(value: Any) -> TensorSpec | Any:
 
 
 def _meta_structs(val: Any) -> Any:
-    """Placeholder jax values (zeros) shaped like a node's output, to keep tracing after a failure."""
+    """Placeholder jax values (zeros) shaped like a node's output, to keep tracing after a failure (a
+    data-dependent size, which has no value, is 1: nothing that uses the placeholder is lowered)."""
     if isinstance(val, torch.Tensor):
-        shape = tuple(int(s) for s in val.shape)
+        shape = tuple(1 if is_symbolic(s) else int(s) for s in val.shape)
         try:
             shape, dtype = device_struct(shape, val.dtype)
         except Unsupported:
@@ -148,6 +160,8 @@ class _GraphTracer:
         self.generation = generation
         self.kernel_sites: dict[str, int] = {}
         self.failures: list[UnsupportedNode] = []
+        #: Every node whose value depends on a data-dependent one -> that root cause (``data_dependent_roots``).
+        self.data_dependent: dict[torch.fx.Node, torch.fx.Node] = {}
         self.op_counts: dict[str, int] = {}
         self.node_table: dict[str, dict[str, str]] = {}
         self.seed: Any = None  # the traced seed parameter
@@ -166,8 +180,16 @@ class _GraphTracer:
     def _count_kernel_site(self, kernel: str) -> None:
         self.kernel_sites[kernel] = self.kernel_sites.get(kernel, 0) + 1
 
-    def fail(self, node: torch.fx.Node, reason: str) -> None:
-        self.failures.append(UnsupportedNode.from_node(node, reason))
+    def fail(self, node: torch.fx.Node, reason: str, follows: torch.fx.Node | None = None) -> None:
+        self.failures.append(UnsupportedNode.from_node(node, reason, follows))
+
+    def _follow_up(self, node: torch.fx.Node, root: torch.fx.Node) -> Any:
+        """A node that uses the value of the data-dependent ``root``: not lowered; listed when its own
+        result is data-dependent too (the ``sym_size``/range nodes of ``x[mask]``), as ``root``'s follow-up."""
+        reason = data_dependent_reason(node)
+        if reason:
+            self.fail(node, reason, follows=root)
+        return _meta_structs(node.meta.get("val"))
 
     def run(
         self, gm: torch.fx.GraphModule, args: list[Any], extra: list[torch.fx.Node] | tuple = ()
@@ -176,6 +198,7 @@ class _GraphTracer:
         of outputs; channels-last where they are, see ``lower_graph``)."""
         env: dict[torch.fx.Node, Any] = {}
         arg_iter = iter(args)
+        self.data_dependent.update(data_dependent_roots(gm))
         for node in gm.graph.nodes:
             if node.op == "placeholder":
                 env[node] = next(arg_iter)
@@ -186,7 +209,12 @@ class _GraphTracer:
                     self.fail(node, str(e))
                     env[node] = _meta_structs(getattr(gm, node.target))
             elif node.op == "call_function":
-                env[node] = self.call(gm, node, env)
+                root = self.data_dependent.get(node)
+                if root is node:  # the data-dependent value itself (x[mask]): nothing to lower
+                    self.fail(node, data_dependent_reason(node) or "data-dependent value")
+                    env[node] = _meta_structs(node.meta.get("val"))
+                else:
+                    env[node] = self.call(gm, node, env, follows=root)
             elif node.op == "output":
                 outputs = layout.materialize(list(torch.fx.node.map_arg(node.args[0], lambda n: env[n])))
                 return outputs + [env[n] for n in extra]
@@ -195,9 +223,15 @@ class _GraphTracer:
                 env[node] = _meta_structs(node.meta.get("val"))
         raise AssertionError("graph without output node")
 
-    def call(self, gm: torch.fx.GraphModule, node: torch.fx.Node, env: dict) -> Any:
+    def call(
+        self, gm: torch.fx.GraphModule, node: torch.fx.Node, env: dict, follows: torch.fx.Node | None = None
+    ) -> Any:
+        """The lowered value of ``node``. ``follows``: the data-dependent node whose value ``node`` uses (its
+        follow-up: not lowered; only an op refused whatever its inputs is reported as its own root cause)."""
         args = torch.fx.node.map_arg(node.args, lambda n: env[n])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+        if follows is not None and not _returns_tensors(node.target):
+            return self._follow_up(node, follows)  # getitem, size/range bookkeeping, loops over the value
         if node.target is operator.getitem:
             return args[0][args[1]]
         if node.target is torch.ops.higher_order.invoke_subgraph:
@@ -227,16 +261,18 @@ class _GraphTracer:
             lowering = user_kernel_lowering(node.target)
         if node.target in _AUTO_FUNCTIONALIZED:  # an nki_op kernel that writes an argument in place
             lowering = functools.partial(_lower_auto_functionalized, node.target)
-        handler = None
-        if self.target == "cpu" and not complex_operands:
-            handler = layout.handler_for(node.target, lowering, args, kwargs)
-        if handler is None or routed is not None:
-            args, kwargs, handler = layout.materialize(args), layout.materialize(kwargs), None
         if lowering is None:
             is_aten = isinstance(node.target, OpOverload)
             reason = (refusal_for(node.target) or "no lowering for this op") if is_aten else non_aten_reason(node.target)
             self.fail(node, reason)
             return _meta_structs(node.meta.get("val"))
+        if follows is not None:
+            return self._follow_up(node, follows)
+        handler = None
+        if self.target == "cpu" and not complex_operands:
+            handler = layout.handler_for(node.target, lowering, args, kwargs)
+        if handler is None or routed is not None:
+            args, kwargs, handler = layout.materialize(args), layout.materialize(kwargs), None
         token = _CURRENT.set(
             NodeContext(node, self.target, self.seed_for, self.kernels, self._count_kernel_site, self.generation)
         )
@@ -307,6 +343,19 @@ class _GraphTracer:
                     if problem:
                         return problem
         return None
+
+
+def _returns_tensors(target: Any) -> bool:
+    """Whether ``target`` is an aten op that returns tensors (not ``sym_size``, ``_assert_scalar``, nor a
+    Python operator or higher-order op): an op whose refusal does not depend on its inputs' values."""
+    if not isinstance(target, OpOverload):
+        return False
+    returns = target._schema.returns
+    return bool(returns) and all(
+        isinstance(r.type, torch.TensorType)
+        or (isinstance(r.type, torch.ListType) and isinstance(r.type.getElementType(), torch.TensorType))
+        for r in returns
+    )
 
 
 # -- output plan: which buffer each output lives in, with the strides torch computed -------------------
@@ -473,7 +522,6 @@ def lower_graph(
 
     Raises ``NeuronUnsupportedOpError`` listing every node that cannot be lowered.
     """
-    check_fx_graph(gm, name)  # data-dependent shapes: nothing below could trace them
     input_specs = [_spec_of(x) for x in example_inputs]
     tensor_positions = [i for i, s in enumerate(input_specs) if isinstance(s, TensorSpec)]
     tracer = _GraphTracer(name, target, kernels, generation)
@@ -484,7 +532,9 @@ def lower_graph(
     output_plan: list[OutputSpec] = []
     out_args = list(next(n for n in gm.graph.nodes if n.op == "output").args[0])
     saved_from = gm.meta.get(SAVED_FOR_BACKWARD_FROM)
-    buffers, placement = _output_buffers(gm, out_args)
+    # A data-dependent node is refused (its output has no static shape to plan): the walk only collects.
+    refused_anyway = bool(data_dependent_roots(gm))
+    buffers, placement = ([], []) if refused_anyway else _output_buffers(gm, out_args)
 
     def traced(*arrays: Any) -> tuple[Any, ...]:
         *arrays, tracer.seed = arrays
@@ -497,6 +547,8 @@ def lower_graph(
                 arr = jnp.transpose(arr, tuple(perm.index(d) for d in range(len(perm))) + tuple(range(len(perm), arr.ndim)))
             full_args[pos] = arr
         values = tracer.run(gm, full_args, [b.node for b in buffers])
+        if tracer.failures:  # refused after the walk (lower_graph): no output plan is needed
+            return ()
         results, roots = values[: len(out_args)], values[len(out_args) :]
         output_plan.clear()
         tensors: list[Any] = []

@@ -331,15 +331,16 @@ class LoadedModel:
     bytes_written: int = 0
     bytes_read: int = 0
 
-    def execute(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Run on ``inputs`` (contiguous CPU tensors, one per module parameter); the results as new tensors."""
+    def execute(self, inputs: Sequence[torch.Tensor], resident: bool = True) -> list[torch.Tensor]:
+        """Run on ``inputs`` (contiguous CPU tensors, one per module parameter); the results as new tensors.
+        ``resident``: an input unchanged since it was last written is not written again."""
         lib = runtime().lib
         ins = [t for t in self.tensors if t.usage == NRT_TENSOR_USAGE_INPUT]
         outs = [t for t in self.tensors if t.usage == NRT_TENSOR_USAGE_OUTPUT]
         with self.lock:
             written = read = 0
             for spec, t in zip(ins, inputs):
-                if self._is_resident(spec.name, t):
+                if resident and self._is_resident(spec.name, t):
                     continue
                 check(lib.nrt_tensor_write(self.device_tensors[spec.name], t.data_ptr(), 0, spec.size),
                       "nrt_tensor_write", spec.name)

@@ -61,6 +61,7 @@ class NeuronExecutable:
         self.params = params
         self.results = results
         self.collectives = collectives
+        self.resident_inputs = True
         self._model: libnrt.LoadedModel | None = None
         self._lock = threading.Lock()
 
@@ -178,16 +179,18 @@ class NeuronTarget:
     def deserialize(self, blob: bytes) -> NeuronExecutable:
         return NeuronExecutable.from_bytes(blob)
 
-    def for_graph(self, executable: NeuronExecutable) -> NeuronExecutable:
+    def for_graph(self, executable: NeuronExecutable, resident_inputs: bool = True) -> NeuronExecutable:
         # Its own handle on the NEFF's load: the load is shared by every graph of that NEFF on a core and
         # ends with the last of them, whatever the compile cache keeps.
-        return NeuronExecutable(executable.neff, executable.params, executable.results, executable.collectives)
+        mine = NeuronExecutable(executable.neff, executable.params, executable.results, executable.collectives)
+        mine.resident_inputs = resident_inputs
+        return mine
 
     def version(self) -> str:
         return compiler_version()
 
     def run(self, executable: NeuronExecutable, buffers: list[Any]) -> list[Any]:
-        return executable.model(self.core).execute(buffers)
+        return executable.model(self.core).execute(buffers, executable.resident_inputs)
 
     # Buffers of this target are CPU tensors: libnrt copies them to the device (when they changed).
     def to_device(self, t: torch.Tensor) -> torch.Tensor:

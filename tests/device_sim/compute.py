@@ -4,6 +4,10 @@ It reads the simulator's NEFF (header, tensor table, payload), compiles the payl
 ``module.sim.mlir`` (the module with its custom calls replaced by their semantics) with the package's CPU
 path (``neuron_compile.runtime.jax_adapter``), and runs it: the module's parameters are exactly
 ``input0 .. inputN-1`` in order, its results ``output0 ..``. Executables are cached per NEFF (sha256).
+
+A module with collectives (``stablehlo.all_reduce`` and friends) runs as devices of one job would run it: cut
+at its collectives into single-device stages that XLA CPU runs, with each collective performed between them
+by this process with the other ranks through ``torch.distributed`` (``collectives.py``).
 """
 
 from __future__ import annotations
@@ -98,6 +102,14 @@ def _device_buffer(data: bytes, record: dict[str, Any]) -> tuple[Any, Any]:
     return jax.device_put(array, jax_adapter.cpu_device()), array
 
 
+@dataclass(frozen=True)
+class _Staged:
+    """A module with collectives: its stages' executables (None: nothing to run) and the plan (collectives.Plan)."""
+
+    plan: Any
+    executables: list[Any]
+
+
 _EXECUTABLES: collections.OrderedDict[str, tuple[Any, Neff]] = collections.OrderedDict()
 _LOCK = threading.Lock()
 _CACHE_SIZE = 64
@@ -112,8 +124,17 @@ def _executable(neff: bytes) -> tuple[Any, Neff]:
         if hit is not None:
             _EXECUTABLES.move_to_end(key)
             return hit
+    from . import collectives
+
     parsed = read_neff(neff)
-    executable = jax_adapter.compile_stablehlo(parsed.files["module.sim.mlir"].decode(), ())
+    text = parsed.files["module.sim.mlir"].decode()
+    if any(op in text for op in collectives.OPS):
+        plan = collectives.split(text)
+        executable: Any = _Staged(plan, [
+            None if stage.text is None else jax_adapter.compile_stablehlo(stage.text, ()) for stage in plan.stages
+        ])  # fmt: skip
+    else:
+        executable = jax_adapter.compile_stablehlo(text, ())
     with _LOCK:
         _EXECUTABLES[key] = (executable, parsed)
         while len(_EXECUTABLES) > _CACHE_SIZE:
@@ -138,7 +159,10 @@ def execute(neff: bytes, inputs: dict[str, bytes]) -> dict[str, bytes]:
         buffer, host = _device_buffer(data, record)
         buffers.append(buffer)
         keep.append(host)
-    results = jax_adapter.execute(executable, buffers)
+    if isinstance(executable, _Staged):
+        results = _run_staged(executable, buffers)
+    else:
+        results = jax_adapter.execute(executable, buffers)
     if len(results) != len(outs):
         raise RuntimeError(f"the module gave {len(results)} results, the NEFF has {len(outs)} outputs")
     out = {}
@@ -152,3 +176,37 @@ def execute(neff: bytes, inputs: dict[str, bytes]) -> dict[str, bytes]:
         out[record["name"]] = array.tobytes()
     del keep
     return out
+
+
+def _host(value: Any, shape: tuple[int, ...], element_type: str) -> np.ndarray:
+    """A buffer's values as a numpy array of the module's shape (0-d results come back as (1,) arrays)."""
+    return np.asarray(value).reshape(shape).astype(numpy_dtype(element_type), copy=False)
+
+
+def _run_staged(staged: _Staged, buffers: list[Any]) -> list[Any]:
+    """Run the stages in order, each collective between them with the other ranks (``collectives.run``)."""
+    import jax
+
+    from neuron_compile.runtime import jax_adapter
+
+    from . import collectives
+
+    plan = staged.plan
+    values: dict[Any, Any] = {("arg", i): b for i, b in enumerate(buffers)}
+    results: list[Any] = []
+    for k, (stage, executable) in enumerate(zip(plan.stages, staged.executables)):
+        if executable is not None:
+            args = []
+            for key in stage.params:
+                value, (shape, _) = values[key], plan.types[key]
+                if tuple(value.shape) != shape:  # a 0-d result of an earlier stage, as a (1,) array
+                    value = jax.device_put(_host(value, *plan.types[key]), jax_adapter.cpu_device())
+                args.append(value)
+            results = jax_adapter.execute(executable, args)
+            values.update(zip(stage.results, results))
+        if k < len(plan.collectives):
+            c = plan.collectives[k]
+            out = collectives.run(c, [_host(values[key], *plan.types[key]) for key in c.operands])
+            for key, array in zip(c.results, out):
+                values[key] = jax.device_put(array, jax_adapter.cpu_device())
+    return results

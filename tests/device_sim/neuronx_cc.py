@@ -14,8 +14,10 @@ What it does with the module: parses it as StableHLO (an unparsable module fails
 names), refuses what the real compiler refuses that it knows of (unknown custom-call targets,
 NCC_EHCA005; NKI kernels, whose compiled artifact it cannot make, NCC_EVRF059; float8 kinds the target
 lacks, NCC_EVRF051 / NCC_EVRF005; an LNC the target has not, NCC_EARG001), replaces every ``AwsNeuron*``
-custom call with a call of its jax semantics (``custom_calls.py``), and writes the simulator's NEFF (layout
-in ``libnrt_sim.c``'s header comment; :func:`make_neff`). One line per successful compile goes to
+custom call with a call of its jax semantics (``custom_calls.py``), lists the module's StableHLO collectives
+in the NEFF's ``neff.json`` (refusing, NCC_SIM005, one the simulator could not run across processes:
+``collectives.py``), and writes the simulator's NEFF (layout in ``libnrt_sim.c``'s header comment;
+:func:`make_neff`). One line per successful compile goes to
 ``$NRTSIM_STATE_DIR/compiles.log``.
 """
 
@@ -308,6 +310,17 @@ def replace_custom_calls(module: Any, log: list[str]) -> dict[str, int]:
     return counts
 
 
+def find_collectives(module: Any) -> list[Any]:
+    """The module's StableHLO collectives (``collectives.Collective``), listed in the NEFF; CompileError for one
+    the simulator could not run across processes (nested in a region or function, an unknown reducer)."""
+    from . import collectives
+
+    try:
+        return collectives.find(module)
+    except collectives.UnsupportedCollective as e:
+        raise CompileError("NCC_SIM005", f"{e} (a limit of the device simulator, not of neuronx-cc)") from None
+
+
 def _splice(module: Any, sub: Any, name: str) -> None:
     """Move ``sub``'s functions into ``module`` as private ones: its ``main`` as ``name``, the others as
     ``name__<their name>`` (unique, so functions of different calls never collide)."""
@@ -369,12 +382,15 @@ def compile_file(args: argparse.Namespace, log: list[str]) -> dict[str, Any]:
     counts = replace_custom_calls(module, log)
     if not module.operation.verify():
         raise CompileError("NCC_SIM004", "the module with its custom calls replaced does not verify")
+    found = find_collectives(module)
     sim_text = str(module)
     options = {k: v for k, v in vars(args).items() if k not in ("model_files", "output", "logfile", "command")}
     neff_json = {
         "format": "nrtsim-neff", "format_version": NEFF_FORMAT_VERSION, "compiler": f"neuronx-cc {VERSION}",
         "target": args.target, "lnc": lnc, "options": options, "custom_calls": counts,
         "module_sha256": hashlib.sha256(source).hexdigest(),
+        # the runtime must load such a NEFF with nrt_load_collectives; the simulator runs them across processes
+        "collectives": [c.describe() for c in found],
     }  # fmt: skip
     files = {
         "neff.json": json.dumps(neff_json, indent=1, sort_keys=True).encode(),
