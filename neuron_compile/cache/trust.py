@@ -8,6 +8,7 @@ trusts it explicitly (option ``trust_cache_dir`` / NEURON_COMPILE_CACHE_TRUST=1)
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 import stat
 
 
@@ -19,37 +20,39 @@ def path_untrusted_reason(path: str, st: os.stat_result) -> str | None:
     return None
 
 
+def _upwards(path: str) -> Iterator[str]:
+    """``path``, then each of its ancestors up to the filesystem root."""
+    while True:
+        yield path
+        up = os.path.dirname(path)
+        if up == path:
+            return
+        path = up
+
+
 def _parents_reason(path: str) -> str | None:
     """Why an ancestor of ``path`` lets others swap it: writable by everyone without the sticky bit."""
-    parent = os.path.dirname(path)
-    while True:
+    for parent in _upwards(os.path.dirname(path)):
         try:
             pst = os.stat(parent)
-            if pst.st_mode & stat.S_IWOTH and not pst.st_mode & stat.S_ISVTX:
-                return f"its parent {parent} is writable by everyone without the sticky bit"
         except OSError:
-            pass
-        up = os.path.dirname(parent)
-        if up == parent:
-            return None
-        parent = up
+            continue
+        if pst.st_mode & stat.S_IWOTH and not pst.st_mode & stat.S_ISVTX:
+            return f"its parent {parent} is writable by everyone without the sticky bit"
+    return None
 
 
 def _links_reason(path: str) -> str | None:
     """Why a symlink on ``path`` (the path itself or a directory on the way) is not ours: its owner can
     point it elsewhere (in a sticky directory too)."""
-    current = os.path.abspath(path)
-    while True:
+    for current in _upwards(os.path.abspath(path)):
         try:
             st = os.lstat(current)
-            if stat.S_ISLNK(st.st_mode) and st.st_uid not in (os.getuid(), 0):
-                return f"{current} is a symbolic link owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
         except OSError:
-            pass
-        up = os.path.dirname(current)
-        if up == current:
-            return None
-        current = up
+            continue
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (os.getuid(), 0):
+            return f"{current} is a symbolic link owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
+    return None
 
 
 def dir_untrusted_reason(root: str) -> str | None:
