@@ -331,12 +331,16 @@ class LoadedModel:
     bytes_written: int = 0
     bytes_read: int = 0
 
+    def __post_init__(self) -> None:
+        # per call, the inputs in parameter order and the outputs in result order
+        self._by_usage = tuple([t for t in self.tensors if t.usage == usage]
+                               for usage in (NRT_TENSOR_USAGE_INPUT, NRT_TENSOR_USAGE_OUTPUT))
+
     def execute(self, inputs: Sequence[torch.Tensor], resident: bool = True) -> list[torch.Tensor]:
         """Run on ``inputs`` (contiguous CPU tensors, one per module parameter); the results as new tensors.
         ``resident``: an input unchanged since it was last written is not written again."""
         lib = runtime().lib
-        ins = [t for t in self.tensors if t.usage == NRT_TENSOR_USAGE_INPUT]
-        outs = [t for t in self.tensors if t.usage == NRT_TENSOR_USAGE_OUTPUT]
+        ins, outs = self._by_usage
         with self.lock:
             written = read = 0
             for spec, t in zip(ins, inputs):
