@@ -25,6 +25,7 @@ from .graph_checks import (
 from .heap import old_objects_frozen
 from .options import Options
 from .recompiles import warn_recompiles
+from . import trace_fixes
 
 _graph_ids = itertools.count()
 
@@ -95,3 +96,8 @@ def neuron_backend(
             return compile_with(gm, example_inputs)
     except DATA_DEPENDENT_ERRORS as e:
         raise data_dependent_error(gm, e) from e
+
+
+# Before any frame is traced: torch's wrong Autograd kernels replaced, Dynamo's splits of addcdiv & co. undone
+# for neuron compiles (trace_fixes.py says why).
+trace_fixes.install(neuron_backend)

@@ -33,6 +33,10 @@ KEEP_WHOLE = [
     aten.bmm,
     aten.embedding,
     aten.embedding_dense_backward,
+    # Computed in opmath and rounded once, in eager's order of operations (lowering/pointwise.py); Dynamo's
+    # own split of these ops is undone for neuron compiles (trace_fixes.py).
+    aten.addcmul,
+    aten.addcdiv,
     aten.nll_loss_forward,
     aten.nll_loss_backward,
     # torch's decomposition indexes with a 0-d index tensor, which guards on its data (.item()).
@@ -118,6 +122,23 @@ def _exact_integral_linspace(reference: Callable[..., Any]) -> Callable[..., Any
         return torch.div(numerator, q, rounding_mode="trunc").to(dtype)
 
     return decomposition
+
+
+def _smooth_l1_beta_checked(reference: Callable[..., Any], beta_position: int) -> Callable[..., Any]:
+    """torch's smooth_l1_loss (or backward) decomposition with eager's check of ``beta``, which it lacks: a
+    negative beta is an error in eager and a value under compile (pytorch/pytorch#194501, open)."""
+
+    @functools.wraps(reference)
+    def decomposition(*args: Any, **kwargs: Any) -> Any:
+        beta = args[beta_position] if len(args) > beta_position else kwargs.get("beta", 1.0)
+        torch._check(beta >= 0, lambda: "smooth_l1_loss does not support negative values for beta.")
+        return reference(*args, **kwargs)
+
+    return decomposition
+
+
+#: Where ``beta`` is among the positional arguments of each checked smooth_l1 overload.
+_SMOOTH_L1_BETA = {aten.smooth_l1_loss.default: 3, aten.smooth_l1_loss_backward.default: 4}
 
 
 def _opmath(t: torch.Tensor) -> torch.Tensor:
@@ -261,6 +282,147 @@ def _weight_norm_interface_backward(
     return grad_v.to(saved_v.dtype), grad_g.to(saved_g.dtype)
 
 
+def _multilabel_margin_terms(
+    input: torch.Tensor, target: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What eager's multilabel_margin_loss kernels loop over, as masks over ``[row, slot j, class i]``.
+
+    A row's targets are its target entries before the first negative one (the kernel stops there: slots
+    after a -1 do not count, whatever they hold). ``counted[n, j, i]``: slot j is a target, class i is none
+    of the row's targets, and ``z = 1 - x[target_j] + x[i] > 0`` (strictly, as the kernel tests: a zero
+    term has no gradient either). 16-bit inputs are computed in float32. Returns (input as ``[N, C]`` in
+    opmath, the targets gather-safe ``[N, C]``, ``z``, ``counted``, ``is_target [N, C]`` as bool)."""
+    x = _opmath(input).reshape(-1, input.shape[-1] if input.dim() else 1)
+    t = target.reshape(x.shape)
+    classes = torch.arange(x.shape[1], device=x.device)
+    end = torch.where(t < 0, classes, x.shape[1]).amin(dim=1, keepdim=True)  # first -1 (C if none)
+    in_use = classes < end  # [N, slot]
+    safe = torch.where(in_use, t, 0)
+    is_target = ((safe.unsqueeze(-1) == classes) & in_use.unsqueeze(-1)).any(dim=1)  # [N, class]
+    z = (1 - torch.gather(x, 1, safe)).unsqueeze(-1) + x.unsqueeze(1)  # [N, slot, class]
+    counted = in_use.unsqueeze(-1) & ~is_target.unsqueeze(1) & (z > 0)
+    return x, safe, z, counted, is_target
+
+
+def _multilabel_margin_check(input: torch.Tensor, target: torch.Tensor) -> None:
+    """Eager's shape rules (``multilabel_margin_loss_shape_check``)."""
+    torch._check(
+        input.dim() <= 2 and (input.dim() == 0 or input.shape[-1] != 0),
+        lambda: f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: {input.shape}",
+    )
+    same = target.shape == input.shape if input.dim() == 2 else target.dim() <= 1 and target.numel() == input.numel()
+    torch._check(same, lambda: f"inconsistent size {target.shape} for argument #2 'target'")
+
+
+def _multilabel_margin_loss_forward(
+    input: torch.Tensor, target: torch.Tensor, reduction: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``multilabel_margin_loss_forward`` as eager computes it: per row, the sum over its targets j (the
+    entries before the first -1) and its non-target classes i of ``max(0, 1 - x[j] + x[i])``, over C.
+
+    torch 2.13's decomposition (also its Autograd kernel, which every tracer meets) counts the slots after
+    the first -1 too, each as a target of class 0, and gives a 1-d input a ``(1,)`` loss for
+    ``reduction="none"``, where eager's is 0-d (pytorch/pytorch#141017, fixed upstream after 2.13). Its
+    gradient, derived by autograd, is eager's ``multilabel_margin_loss_backward``: -1/C to a target and
+    +1/C to a class per counted term (none at ``z == 0``)."""
+    _multilabel_margin_check(input, target)
+    x, _, z, counted, is_target = _multilabel_margin_terms(input, target)
+    per_row = torch.where(counted, z, 0).sum(dim=(1, 2))
+    dim = x.shape[1]
+    if reduction == 1:  # mean
+        loss = per_row.sum() / dim / x.shape[0]
+    elif reduction == 2:  # sum
+        loss = per_row.sum() / dim
+    else:
+        loss = per_row / dim
+        loss = loss.reshape(()) if target.dim() <= 1 else loss
+    return loss.to(input.dtype), is_target.to(input.dtype).reshape(target.shape)
+
+
+def _multilabel_margin_loss_backward(
+    grad_output: torch.Tensor,
+    input: torch.Tensor,
+    target: torch.Tensor,
+    reduction: int,
+    is_target: torch.Tensor,
+) -> torch.Tensor:
+    """``multilabel_margin_loss_backward`` (what eager's autograd records for the forward; a graph traced
+    with torch's Autograd-level decomposition never holds it): per counted term, -1 to its target's
+    gradient and +1 to its class's, scaled by ``1/C`` (``1/(N*C)`` for the mean) and the output gradient."""
+    _multilabel_margin_check(input, target)
+    x, safe, z, counted, _ = _multilabel_margin_terms(input, target)
+    n, dim = x.shape
+    counts = counted.to(x.dtype)
+    grad = counts.sum(dim=1) - torch.zeros_like(x).scatter_add(1, safe, counts.sum(dim=2))
+    grad = grad * (1.0 / (n * dim) if reduction == 1 else 1.0 / dim)
+    g = _opmath(grad_output)
+    grad = grad * (g.reshape(-1, 1) if reduction == 0 and grad_output.dim() > 0 else g.reshape(()))
+    return grad.to(input.dtype).reshape(input.shape)
+
+
+def _multi_margin_loss(
+    input: torch.Tensor,
+    target: torch.Tensor,
+    p: Any = 1,
+    margin: Any = 1,
+    weight: torch.Tensor | None = None,
+    reduction: int = 1,
+) -> torch.Tensor:
+    """``multi_margin_loss`` as eager computes it: per row, the sum over the classes i other than the
+    target y of ``h = w[y] * z**p`` for ``z = margin - x[y] + x[i] > 0`` (strictly: a zero term has no
+    gradient, where torch 2.13's decomposition, ``clamp_min(z, 0)``, gives p=1 ties a gradient), over C.
+    ``reduction="none"`` with a 0-d target gives a 0-d loss, as eager (torch's gives ``(1,)``)."""
+    torch._check(p == 1 or p == 2, lambda: "only p == 1 and p == 2 supported")
+    torch._check(
+        input.dim() <= 2 and (input.dim() == 0 or input.shape[-1] != 0),
+        lambda: f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: {input.shape}",
+    )
+    x = _opmath(input).reshape(-1, input.shape[-1] if input.dim() else 1)
+    nframe, dim = x.shape
+    torch._check(
+        target.dim() <= 1 and target.numel() == nframe,
+        lambda: f"inconsistent target size, expected {nframe} but got {target.shape}",
+    )
+    t = target.reshape(nframe, 1)
+    z = (margin - torch.gather(x, 1, t)) + x  # eager's order: (margin - x[y]) + x[i]
+    counted = (torch.arange(dim, device=x.device) != t) & (z > 0)
+    h = z if p == 1 else z * z
+    if weight is not None:
+        torch._check(
+            weight.dim() <= 1 and weight.numel() == dim,
+            lambda: f"inconsistent weight size, expected {dim} but got {weight.shape}",
+        )
+        h = h * _opmath(weight).reshape(-1)[t]
+    per_row = torch.where(counted, h, 0).sum(dim=1)
+    if reduction == 1:  # mean
+        loss = per_row.sum() / dim / nframe
+    elif reduction == 2:  # sum
+        loss = per_row.sum() / dim
+    else:
+        loss = (per_row / dim).reshape(target.shape)  # (N,), or 0-d for a 0-d target
+    return loss.to(input.dtype)
+
+
+#: Decompositions of torch's that it also registers as the op's Autograd kernel for the Python dispatcher
+#: (``py_impl(DispatchKey.Autograd)``), so that AOTAutograd, Dynamo's fake propagation and export decompose
+#: the op above autograd whatever table they are given; where torch's is wrong, ours replaces it there too.
+AUTOGRAD_KERNEL_FIXES: dict[Any, Callable[..., Any]] = {
+    aten.multilabel_margin_loss_forward.default: _multilabel_margin_loss_forward,
+    aten.multi_margin_loss.default: _multi_margin_loss,
+}
+
+
+def fix_autograd_kernels() -> None:
+    """Put ``AUTOGRAD_KERNEL_FIXES`` in place of torch's Autograd kernels (idempotent). Called when the
+    backend is imported, before Dynamo traces a frame (its fake propagation runs these kernels too)."""
+    from torch._C import DispatchKey
+
+    for op, fixed in AUTOGRAD_KERNEL_FIXES.items():
+        if op.py_kernels.get(DispatchKey.Autograd) is not fixed:
+            op.py_kernels[DispatchKey.Autograd] = fixed
+            op._dispatch_cache.clear()
+
+
 #: The per-tensor op of a ``_foreach_*`` overload where its name is not the op's: eager's CPU kernels compute
 #: maximum/minimum with a scalar as clamp_min/clamp_max, and norm as linalg_vector_norm.
 _FOREACH_BASE = {
@@ -318,6 +480,10 @@ OWN_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
     aten._native_multi_head_attention.default: _native_multi_head_attention,
     aten._transformer_encoder_layer_fwd.default: _transformer_encoder_layer_fwd,
     aten._weight_norm_interface_backward.default: _weight_norm_interface_backward,
+    # torch's are wrong (see the functions); also their Autograd kernels (AUTOGRAD_KERNEL_FIXES).
+    aten.multilabel_margin_loss_forward.default: _multilabel_margin_loss_forward,
+    aten.multilabel_margin_loss_backward.default: _multilabel_margin_loss_backward,
+    aten.multi_margin_loss.default: _multi_margin_loss,
 }
 
 
@@ -332,6 +498,7 @@ def _core_aten() -> dict[Any, Callable[..., Any]]:
 
 @functools.lru_cache(maxsize=None)
 def _table() -> dict[Any, Callable[..., Any]]:
+    fix_autograd_kernels()
     table = _core_aten()
     table.update(get_decompositions(EXTRA_DECOMPOSITIONS))
     table.update(OWN_DECOMPOSITIONS)
@@ -344,6 +511,9 @@ def _table() -> dict[Any, Callable[..., Any]]:
         op = getattr(aten.linspace, name)
         if op in table:
             table[op] = _exact_integral_linspace(table[op])
+    for op, position in _SMOOTH_L1_BETA.items():
+        if op in table:
+            table[op] = _smooth_l1_beta_checked(table[op], position)
     return {op: fn for op, fn in table.items() if op not in keep}
 
 

@@ -2,16 +2,22 @@
 
 Processes that share a bucket share compiled graphs; racing writers publish one entry; damaged, unsigned
 or wrongly signed entries are refused with a warning and recompiled; a remote that dies mid-run costs a
-bounded delay and one warning.
+bounded delay and one warning. A TCP proxy in front of the server (``_Proxy``) loses or slows chosen
+replies; reads of objects far bigger than they may be are measured in a child process's peak RSS.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 import warnings
@@ -24,9 +30,15 @@ import torch
 
 import neuron_compile.cache as nc
 import neuron_compile.cache.key as key_mod
+import neuron_compile.cache.remote as remote_mod
 from neuron_compile import cli
 from neuron_compile.cache.key import cache_key
-from neuron_compile.cache.remote import MANIFEST, RemoteRejected, RemoteStore
+from neuron_compile.cache.remote import (
+    MANIFEST,
+    RemoteRejected,
+    RemoteStore,
+    RemoteUnavailable,
+)
 from neuron_compile.cache.store import DiskStore
 from neuron_compile.errors import NeuronOptionsError
 from neuron_compile.options import Options
@@ -438,3 +450,264 @@ def test_import_does_not_load_fsspec():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120, cwd=REPO)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# --------------------------------------------------------------------------- lost and slow replies
+_REQUEST = re.compile(rb"(GET|PUT|HEAD|POST|DELETE) (\S+) HTTP/1\.1\r\n")
+
+
+class _Proxy:
+    """A TCP proxy on 127.0.0.1 in front of the S3 server, on its own event loop in a daemon thread.
+
+    Forwards both ways, except the reply to a request matching a rule ``(method, path regex, action,
+    seconds, times)``: ``"hold"`` never forwards it (only a "100 Continue" before it, so that the request
+    reaches the server whole) and closes the connection after ``seconds`` (the write landed, its reply is
+    lost); ``"trickle"`` forwards it 8 bytes per 0.1 s, for at most
+    ``seconds`` (a download slower than any deadline; the client's own read time-out never fires).
+    ``times``: how many requests the rule applies to (None: all). ``events``: (time, connection, method or
+    "closed", path) for each request and each connection its client closed."""
+
+    def __init__(self, upstream: str, rules: list) -> None:
+        self.host, port = upstream.removeprefix("http://").rsplit(":", 1)
+        self.port = int(port)
+        self.rules = [list(rule) for rule in rules]
+        self.events: list[tuple[float, int, str, str]] = []
+        self._ids = itertools.count()
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.server = self.loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+            started.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=run, name="test-proxy", daemon=True)
+        self.thread.start()
+        assert started.wait(10)
+        self.endpoint = f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    def close(self) -> None:
+        async def stop() -> None:
+            self.server.close()
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    def _rule(self, method: str, path: str):
+        for rule in self.rules:
+            if rule[0] == method and re.search(rule[1], path) and rule[4] != 0:
+                if rule[4] is not None:
+                    rule[4] -= 1
+                return rule[2], rule[3]
+        return None
+
+    async def _handle(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        conn = next(self._ids)
+        self.events.append((time.monotonic(), conn, "open", ""))
+        up_r, up_w = await asyncio.open_connection(self.host, self.port)
+        action: list = [None]  # for the reply to the last request seen on this connection
+
+        async def to_server() -> None:
+            with contextlib.suppress(ConnectionError):
+                while data := await client_r.read(65536):
+                    for m in _REQUEST.finditer(data):
+                        method, path = m.group(1).decode(), m.group(2).decode()
+                        self.events.append((time.monotonic(), conn, method, path))
+                        action[0] = self._rule(method, path)
+                    up_w.write(data)
+                    await up_w.drain()
+            self.events.append((time.monotonic(), conn, "closed", ""))
+            up_w.close()
+
+        async def to_client() -> None:
+            try:
+                while data := await up_r.read(65536):
+                    if action[0] is None:
+                        client_w.write(data)
+                        await client_w.drain()
+                        continue
+                    kind, seconds = action[0]
+                    while data.startswith(b"HTTP/1.1 100 "):  # "100 Continue" lets the client send its body
+                        interim, _, data = data.partition(b"\r\n\r\n")
+                        client_w.write(interim + b"\r\n\r\n")
+                        data = data or await up_r.read(65536)
+                    if kind == "hold":
+                        await asyncio.sleep(seconds)
+                        return
+                    end = time.monotonic() + seconds
+                    for i in range(0, len(data), 8):
+                        if time.monotonic() > end:
+                            return
+                        client_w.write(data[i : i + 8])
+                        await client_w.drain()
+                        await asyncio.sleep(0.1)
+            except ConnectionError:
+                pass
+            finally:
+                client_w.close()
+
+        try:
+            await asyncio.gather(to_server(), to_client(), return_exceptions=True)
+        except asyncio.CancelledError:  # close(): ends quietly
+            client_w.close()
+            up_w.close()
+
+
+def test_lost_reply_to_the_manifest_upload_keeps_the_entry(url, s3, s3_endpoint, tmp_path, monkeypatch):
+    """The first manifest PUT lands but its reply never comes: the retry finds the manifest, which is the
+    publisher's own, so its payload stays and the next host hits (it used to delete its payload: a
+    manifest naming nothing, a miss for every host, never repaired)."""
+    proxy = _Proxy(s3_endpoint, [("PUT", r"/manifest\.json$", "hold", float(TIMEOUT) + 1.5, 1)])
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
+    try:
+        first = compile_here(tmp_path / "a", url)
+    finally:
+        proxy.close()
+    puts = [e for e in proxy.events if e[2] == "PUT" and e[3].endswith(MANIFEST)]
+    # retried (by us; aiohttp also resends an idempotent PUT once when a reused connection drops unanswered)
+    assert len(puts) >= 2, proxy.events
+    assert first["stats"]["remote_stores"] == 1 and not first["warnings"], first
+    ((_, names),) = _objects(s3, url).items()
+    assert len(names) == 2 and MANIFEST in names, names
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
+    monkeypatch.setattr(nc.CACHE, "_remotes", {})  # another host: its own connection, not the proxy's
+    second = compile_here(tmp_path / "b", url)
+    assert second["stats"]["remote_hits"] == 1 and second["stats"]["misses"] == 0, second
+    assert second["err"] <= ATOL and not second["warnings"], second
+
+
+@pytest.mark.parametrize("age", ["young: republished by the reader", "old: removed by the reader"])
+def test_manifest_without_its_payload_is_warned_and_repaired(url, s3, tmp_path, monkeypatch, age):
+    compile_here(tmp_path / "a", url)
+    ((key, _),) = _objects(s3, url).items()
+    base = f"{url.removeprefix('s3://')}/{key}"
+    payload = json.loads(s3.cat_file(f"{base}/{MANIFEST}"))["payload"]
+    s3.rm_file(f"{base}/{payload}")  # as a writer that lost its payload left it
+
+    if age.startswith("old"):  # a reader that proves it dangling clears it, even if it cannot republish
+        monkeypatch.setattr(remote_mod, "DANGLING_SECONDS", 0.0, raising=False)
+        with pytest.raises(RemoteRejected, match=f"names payload {payload}, which does not exist; removed the manifest"):
+            RemoteStore(url).fetch(key)
+        assert key not in _objects(s3, url)
+    else:
+        second = compile_here(tmp_path / "b", url)
+        assert second["err"] <= ATOL and second["stats"]["misses"] == 1, second
+        assert second["stats"]["remote_rejected"] == 1 and second["stats"]["remote_stores"] == 1, second["stats"]
+        assert len(second["warnings"]) == 1, second["warnings"]
+        assert "is damaged" in second["warnings"][0] and "does not exist" in second["warnings"][0], second["warnings"]
+        assert "removed" not in second["warnings"][0]  # young: maybe a filesystem showing files late
+
+    third = compile_here(tmp_path / "c", url)
+    assert third["stats"]["remote_hits" if age.startswith("young") else "remote_stores"] == 1, third
+    assert not third["warnings"], third["warnings"]
+    assert RemoteStore(url).fetch(key) is not None
+
+
+def test_timed_out_download_is_cancelled_before_the_retry(url, s3, s3_endpoint, monkeypatch):
+    """A download slower than its deadline (the server keeps sending, so no read time-out fires) is
+    cancelled at the deadline: its connection closed before the retry starts, none left running after the
+    call gives up (it used to go on in a thread while the retry started a second one)."""
+    key = "ab" * 20
+    s3.pipe_file(f"{url.removeprefix('s3://')}/{key}/{MANIFEST}", b"x" * 4000)
+    proxy = _Proxy(s3_endpoint, [("GET", rf"/{key}/manifest\.json", "trickle", 12.0, None)])
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
+    try:
+        remote = RemoteStore(url)
+        t0 = time.monotonic()
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            with pytest.raises(RemoteUnavailable, match="no answer within") as failed:
+                remote.fetch(key)
+        elapsed = time.monotonic() - t0
+        time.sleep(1.0)
+        events = list(proxy.events)
+    finally:
+        proxy.close()
+    why = (elapsed, str(failed.value), events)
+    gets = [(t, conn) for t, conn, method, path in events if method == "GET" and key in path]
+    closed = {conn: t for t, conn, method, _ in events if method == "closed"}
+    assert gets, why
+    for started, conn in gets:  # each stopped at its deadline (the proxy would trickle on for 12 s)
+        assert conn in closed and closed[conn] - started < float(TIMEOUT) + 1, why
+    for (_, conn), (retry_started, _) in itertools.pairwise(gets):
+        assert closed[conn] <= retry_started, why  # never two downloads at once
+    assert elapsed < 2 * float(TIMEOUT) + 2, why
+
+
+# --------------------------------------------------------------------------- huge objects
+_PEAK_CHILD = """
+import json, sys, warnings
+from neuron_compile.cache.remote import RemoteRejected, RemoteStore
+
+def kib(field):
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith(field + ":"))
+
+remote = RemoteStore(sys.argv[1])
+assert remote.fetch("0" * 40) is None  # s3fs and botocore loaded and connected: a plain miss
+try:
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")  # the peak RSS starts again from here
+except OSError:
+    pass
+before = kib("VmRSS")
+try:
+    remote.fetch(sys.argv[2])
+    error = None
+except RemoteRejected as e:
+    error = str(e)
+print(json.dumps({"growth_mib": (kib("VmHWM") - before) / 1024, "error": error}))
+"""
+HUGE = 200 * 1024**2
+
+
+@pytest.mark.parametrize("where", ["manifest", "payload"])
+def test_huge_object_is_never_read_whole(url, s3, tmp_path, where):
+    """A 200 MB object where a manifest or a payload should be: the reader reads at most the bytes it may
+    have (the manifest's limit; the size its manifest states), so its memory stays far below the object."""
+    key = "cd" * 20
+    base = f"{url.removeprefix('s3://')}/{key}"
+    if where == "manifest":
+        s3.pipe_file(f"{base}/{MANIFEST}", bytes(HUGE))
+        expected = "manifest is larger than"
+    else:
+        payload = f"{uuid.uuid4().hex}.entry"
+        manifest = {"format": 1, "key": key, "payload": payload, "size": 1000, "sha256": "0" * 64, "created": 0.0}
+        s3.pipe_file(f"{base}/{MANIFEST}", json.dumps(manifest).encode())
+        s3.pipe_file(f"{base}/{payload}", bytes(HUGE))
+        expected = "payload is larger than the 1000 bytes its manifest says"
+    script = tmp_path / "peak.py"
+    script.write_text(_PEAK_CHILD)
+    # a deadline that would let a whole read finish: the limit, not the clock, must bound it
+    env = {**os.environ, "NEURON_COMPILE_CACHE_URL_TIMEOUT": "60"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    out = subprocess.run(
+        [sys.executable, str(script), url, key], env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert expected in (result["error"] or ""), result
+    assert result["growth_mib"] < 32, result  # the object is 200 MiB; reading it whole took >= that
+
+
+# --------------------------------------------------------------------------- broken filesystems
+@pytest.mark.parametrize("broken", ["ftp://127.0.0.1:1/cache", "zip://x", "tar://x", "dir://x"])
+def test_filesystem_that_fails_to_set_up_costs_one_warning_not_the_compile(s3, tmp_path, monkeypatch, broken):
+    """ftp: the connection is refused while the filesystem is created; zip, tar: the (empty) archive path
+    is a directory; dir: no target filesystem. Each used to fail the compile (BackendCompilerFailed)."""
+    monkeypatch.chdir(tmp_path)
+    runs = [compile_here(tmp_path / "local", broken, shape=(rows, 8)) for rows in (3, 5)]
+    assert all(r["err"] <= ATOL and r["stats"]["misses"] == 1 for r in runs), runs
+    warned = [w for r in runs for w in r["warnings"]]
+    assert len(warned) == 1 and "not usable" in warned[0] and "local cache only" in warned[0], warned
+    assert runs[0]["stats"]["remote_errors"] == 1 and runs[1]["stats"]["remote_errors"] == 0, runs
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["cache", "--url", broken, "list"])
+    message = str(exit_.value.code)
+    assert message.startswith("neuron-compile: the remote cache is not usable: ") and "\n" not in message, message

@@ -13,11 +13,16 @@ Layout under the URL (one "directory" per cache key)::
 **Many writers.** An entry is visible only once its manifest exists, and the manifest is written after
 its payload is complete, with a create-only write (S3 ``If-None-Match: *``; other filesystems: fsspec's
 exists-then-write). Racing writers each upload their own payload; the one whose manifest lands wins, the
-others delete their payload. A reader that finds the payload gone (pruned meanwhile) has a plain miss.
+others delete their payload. A writer whose retried manifest write finds a manifest compares it with the
+one it wrote: when the first attempt landed and only its reply was lost, the manifest is its own and it
+keeps its payload. A reader that finds the payload gone has a plain miss when the manifest changed
+meanwhile (pruned or replaced); when it did not, the entry is dangling: a warned miss, recompiled and
+republished over it (and the manifest removed first once older than ``DANGLING_SECONDS``).
 
 **Untrusted input.** Everything read from the URL is untrusted: the key is ours (``paths.check_key``
 before any use, and the manifest must name it), the payload name must match ``_PAYLOAD`` (no path can be
-smuggled in), sizes are bounded, and the payload goes through the local store's own checks
+smuggled in), sizes are bounded and no read takes more bytes than the object may have (a manifest's
+limit; the payload's size from its manifest), and the payload goes through the local store's own checks
 (``entry.verify_meta``/``entry.decode``: metadata checksum, every file's size and sha256) before a byte of
 it reaches the local cache. A damaged entry is a warned miss and is replaced by the next publish. With a
 signing key (``NEURON_COMPILE_CACHE_HMAC_KEY``, shared by writers and readers), the manifest carries an
@@ -26,19 +31,22 @@ ignored with a warning, and not overwritten (a host with a wrong key must not ev
 
 **Failures never fail the job.** Every remote call runs with a deadline (``NEURON_COMPILE_CACHE_URL_TIMEOUT``
 seconds, default 10, plus transfer time at 4 MiB/s) and one retry; after that the URL is unused for the rest
-of the process, with one warning. Access denied on publishing only stops publishing (read-only
-credentials are a normal setup for consumers).
+of the process, with one warning. A timed-out download is cancelled (async filesystems: its request;
+others: at the next chunk) before the retry starts. Any failure while setting up the URL's filesystem
+(e.g. an FTP server that refuses) also leaves the URL unused for the process. Access denied on publishing
+only stops publishing (read-only credentials are a normal setup for consumers).
 
 fsspec (and s3fs for S3) is imported only when a URL is used: ``import neuron_compile`` stays light.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import hashlib
 import hmac
 import json
-import os
 import re
 import threading
 import time
@@ -47,7 +55,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 from ..artifact import Artifact
-from ..errors import NeuronOptionsError
 from . import entry as E
 from .paths import check_key, is_key
 from .report import log, warn
@@ -66,6 +73,11 @@ MANIFEST = "manifest.json"
 MANIFEST_FORMAT = 1
 #: A manifest is a few hundred bytes; anything bigger is not one of ours (and is not read whole).
 MAX_MANIFEST_BYTES = 64 * 1024
+#: Blocking filesystems are read in chunks this big (a download stops within one chunk of its deadline).
+_CHUNK = 4 * 1024**2
+#: A manifest whose payload is missing is removed by a reader once this old (a reader that compiles the
+#: entry republishes over it sooner); younger, it may be a filesystem that shows files late (NFS).
+DANGLING_SECONDS = STALE_SECONDS
 _PAYLOAD = re.compile(r"[0-9a-f]{32}\.entry")
 _SIGNATURE_PREFIX = "hmac-sha256:"
 
@@ -123,71 +135,101 @@ class RemoteStore:
         self.publishing = True
         self._fs: Any = None
         self._root = ""
+        self._setup_error: str | None = None  # setting up the filesystem failed: not tried again
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- access
     def _filesystem(self) -> tuple[Any, str]:
+        """(fsspec filesystem, root path) for the URL, set up once. Any failure while setting it up (missing
+        package, bad URL, a server that refuses or does not answer, a filesystem that cannot take the URL) is
+        ``RemoteUnavailable`` now and on every later call: the process does not try again."""
         with self._lock:
+            if self._setup_error is not None:
+                raise RemoteUnavailable(self._setup_error)
             if self._fs is None:
                 try:
-                    import fsspec
-                except ImportError:
-                    raise RemoteUnavailable(
-                        "fsspec is not installed: pip install fsspec "
-                        "(and s3fs for s3://: pip install 'neuron_compile[remote]')"
-                    ) from None
-                protocol = fsspec.utils.get_protocol(self.url)
-                options: dict[str, Any] = {"skip_instance_cache": True}
-                if protocol in ("s3", "s3a"):
-                    # botocore's own timeouts and a single attempt: retries are ours, under one deadline
-                    options["config_kwargs"] = {
-                        "connect_timeout": self.timeout,
-                        "read_timeout": self.timeout,
-                        "retries": {"max_attempts": 1},
-                    }
-                try:
-                    fs, root = fsspec.core.url_to_fs(self.url, **options)
-                except ImportError as e:
-                    raise RemoteUnavailable(f"{e} (for S3: pip install 'neuron_compile[remote]')") from None
-                except (ValueError, TypeError) as e:
-                    raise RemoteUnavailable(f"not a usable fsspec URL ({e})") from None
-                if hasattr(fs, "retries"):
-                    fs.retries = 1  # s3fs's internal retry loop would multiply ours
-                self._fs, self._root = fs, root.rstrip("/")
+                    self._fs, self._root = self._set_up()
+                except RemoteUnavailable as e:
+                    self._setup_error = str(e)
+                    raise
             return self._fs, self._root
+
+    def _set_up(self) -> tuple[Any, str]:
+        try:
+            import fsspec
+        except ImportError:
+            raise RemoteUnavailable(
+                "fsspec is not installed: pip install fsspec "
+                "(and s3fs for s3://: pip install 'neuron_compile[remote]')"
+            ) from None
+        try:
+            protocol = fsspec.utils.get_protocol(self.url)
+        except Exception as e:  # noqa: BLE001 - a URL fsspec cannot parse is not ours to fail on
+            raise RemoteUnavailable(f"not a usable fsspec URL ({type(e).__name__}: {e})") from None
+        options: dict[str, Any] = {"skip_instance_cache": True}
+        if protocol in ("s3", "s3a"):
+            # botocore's own timeouts and a single attempt: retries are ours, under one deadline
+            options["config_kwargs"] = {
+                "connect_timeout": self.timeout,
+                "read_timeout": self.timeout,
+                "retries": {"max_attempts": 1},
+            }
+        # Some filesystems connect while being created (ftp, sftp, smb...): under a deadline like any call.
+        done, value, error = _run_in_thread(lambda: fsspec.core.url_to_fs(self.url, **options), self.timeout)
+        if not done:
+            raise RemoteUnavailable(f"setting up the {protocol}:// filesystem: no answer within {self.timeout:.1f}s")
+        if isinstance(error, ImportError):
+            raise RemoteUnavailable(f"{error} (for S3: pip install 'neuron_compile[remote]')")
+        if isinstance(error, (ValueError, TypeError)):
+            raise RemoteUnavailable(f"not a usable fsspec URL ({error})")
+        if error is not None:  # any other: e.g. ConnectionRefusedError (ftp), IsADirectoryError (zip, tar)
+            raise RemoteUnavailable(f"setting up the {protocol}:// filesystem failed: {type(error).__name__}: {error}")
+        fs, root = value
+        if hasattr(fs, "retries"):
+            fs.retries = 1  # s3fs's internal retry loop would multiply ours
+        return fs, root.rstrip("/")
 
     def _path(self, key: str, name: str = "") -> str:
         check_key(key)
         base = f"{self._root}/{key}" if self._root else key
         return f"{base}/{name}" if name else base
 
-    def _call(self, what: str, fn: Callable[[], T], nbytes: int = 0) -> T:
-        """``fn()`` with a deadline and one retry. Errors that retrying cannot fix (not found, exists,
-        denied) pass through at once; time-outs and the rest become ``RemoteUnavailable``."""
+    def _call(
+        self,
+        what: str,
+        fn: Callable[[], T] | None = None,
+        nbytes: int = 0,
+        *,
+        stoppable: Callable[[threading.Event], T] | None = None,
+        coro: Callable[[], Any] | None = None,
+    ) -> T:
+        """One remote call with a deadline and one retry. Errors that retrying cannot fix (not found,
+        exists, denied) pass through at once; time-outs and the rest become ``RemoteUnavailable``.
+
+        The call is one of: ``coro``, a coroutine factory run on the (async) filesystem's event loop and
+        cancelled at its deadline, which closes its connection; ``stoppable``, a blocking call given an
+        event that is set at its deadline (it stops between chunks); ``fn``, a blocking call in a daemon
+        thread, abandoned at its deadline (small requests only). A timed-out attempt is stopped before the
+        retry starts, where it can be: a large download never runs twice at once."""
         deadline = self.timeout + nbytes / MIN_RATE
         last: BaseException | None = None
         for attempt in range(ATTEMPTS):
-            box: dict[str, Any] = {}  # this attempt's own: a late earlier attempt must not answer for it
-
-            def run(box: dict[str, Any]) -> None:
-                try:
-                    box["value"] = fn()
-                except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
-                    box["error"] = e
-
-            # a daemon thread: a remote that never answers must not keep the process from exiting
-            worker = threading.Thread(target=run, args=(box,), name="neuron-cache-remote", daemon=True)
-            worker.start()
-            worker.join(deadline)
-            if worker.is_alive():
-                last = TimeoutError(f"no answer within {deadline:.1f}s")
-            elif "error" in box:
-                err = box["error"]
-                if isinstance(err, (FileNotFoundError, FileExistsError, PermissionError, RemoteRejected)):
-                    raise err
-                last = err
+            if coro is not None:
+                done, value, error = _run_on_loop(self._fs, coro, deadline)
             else:
-                return box["value"]
+                stop = threading.Event()
+                call = fn if stoppable is None else (lambda stop=stop: stoppable(stop))
+                done, value, error = _run_in_thread(call, deadline)
+                if not done:
+                    stop.set()
+            if not done:
+                last = TimeoutError(f"no answer within {deadline:.1f}s")
+            elif error is not None:
+                if isinstance(error, (FileNotFoundError, FileExistsError, PermissionError, RemoteRejected)):
+                    raise error
+                last = error
+            else:
+                return value
             if attempt + 1 < ATTEMPTS:
                 time.sleep(0.2)
         raise RemoteUnavailable(f"{what}: {type(last).__name__}: {last}")
@@ -205,12 +247,21 @@ class RemoteStore:
             )
 
     # ------------------------------------------------------------------ read
-    def _read(self, key: str, name: str, nbytes: int = 0) -> bytes | None:
-        """The bytes of ``key``'s object ``name``, or None when it does not exist. A denied or failing
-        remote is marked down (one warning) and raises ``RemoteUnavailable``."""
+    def _get(self, key: str, name: str, limit: int) -> bytes:
+        """At most ``limit`` + 1 bytes of ``key``'s object ``name`` (more than ``limit``: not what it should
+        be, and never read whole). Raises FileNotFoundError, PermissionError, ``RemoteUnavailable``."""
+        fs, _ = self._filesystem()
+        path = self._path(key, name)
+        what = f"reading {key[:12]}/{name}"
+        if getattr(fs, "async_impl", False) and hasattr(fs, "_cat_file"):
+            return self._call(what, nbytes=limit, coro=lambda: _cat_at_most(fs, path, limit))
+        return self._call(what, nbytes=limit, stoppable=lambda stop: _read_at_most(fs, path, limit, stop))
+
+    def _read(self, key: str, name: str, limit: int) -> bytes | None:
+        """At most ``limit`` + 1 bytes of ``key``'s object ``name``, or None when it does not exist. A
+        denied or failing remote is marked down (one warning) and raises ``RemoteUnavailable``."""
         try:
-            fs, _ = self._filesystem()
-            return self._call(f"reading {key[:12]}/{name}", lambda: fs.cat_file(self._path(key, name)), nbytes=nbytes)
+            return self._get(key, name, limit)
         except FileNotFoundError:
             return None
         except PermissionError as e:
@@ -223,20 +274,25 @@ class RemoteStore:
     def fetch(self, key: str) -> tuple[tuple[bytes, bytes, bytes], Artifact] | None:
         """The verified entry ``((meta, module, executable), Artifact)`` for ``key``, or None on a miss.
 
-        Raises ``RemoteRejected`` (present but damaged or not signed with our key) and
-        ``RemoteUnavailable`` (the remote failed; it is then marked down, with one warning).
+        Raises ``RemoteRejected`` (present but damaged or not signed with our key; a manifest whose
+        payload is missing is damaged) and ``RemoteUnavailable`` (the remote failed; it is then marked
+        down, with one warning). No read takes more bytes than the object may have: the manifest's limit,
+        then the payload's size as the manifest states it.
         """
         check_key(key)
         if self.down is not None:
             raise RemoteUnavailable(self.down)
-        raw = self._read(key, MANIFEST)
+        raw = self._read(key, MANIFEST, MAX_MANIFEST_BYTES)
         if raw is None:
             return None
         manifest = self._check_manifest(key, raw)
         size = manifest["size"]
-        blob = self._read(key, manifest["payload"], nbytes=size)
+        blob = self._read(key, manifest["payload"], size)
         if blob is None:
+            self._check_dangling(key, raw, manifest["payload"])
             return None  # pruned or replaced between the two reads: a plain miss
+        if len(blob) > size:
+            raise RemoteRejected(f"payload is larger than the {size} bytes its manifest says", damaged=True)
         if len(blob) != size:
             raise RemoteRejected(f"payload is {len(blob)} bytes, its manifest says {size} (truncated?)", damaged=True)
         if E.sha256(blob) != manifest["sha256"]:
@@ -248,6 +304,24 @@ class RemoteStore:
         except E.CorruptEntry as e:
             raise RemoteRejected(str(e), damaged=True) from None
         return (meta, module, executable), artifact
+
+    def _check_dangling(self, key: str, raw: bytes, payload: str) -> None:
+        """The payload the manifest ``raw`` names was not found. Returns when the manifest changed meanwhile
+        (pruned or replaced: a plain miss); else the entry is dangling (a writer lost its payload) and every
+        host would miss on it forever without repairing it: raises ``RemoteRejected`` (damaged), so the
+        caller warns, recompiles and republishes over it. A dangling manifest older than
+        ``DANGLING_SECONDS`` is removed first, so the key is free even when this host cannot republish."""
+        if self._read(key, MANIFEST, MAX_MANIFEST_BYTES) != raw:
+            return
+        why = f"its manifest names payload {payload}, which does not exist"
+        fs, _ = self._filesystem()
+        path = self._path(key, MANIFEST)
+        with contextlib.suppress(RemoteUnavailable, OSError):
+            info = self._call(f"checking {key[:12]}/{MANIFEST}", lambda: fs.info(path))
+            if time.time() - _modified(info) >= DANGLING_SECONDS:
+                self._call(f"removing {key[:12]}/{MANIFEST}", lambda: fs.rm_file(path))
+                why += "; removed the manifest"
+        raise RemoteRejected(why, damaged=True)
 
     def _check_manifest(self, key: str, raw: bytes) -> dict[str, Any]:
         if len(raw) > MAX_MANIFEST_BYTES:
@@ -320,10 +394,19 @@ class RemoteStore:
                     f"writing {key[:12]}/{MANIFEST}", lambda: _pipe(fs, self._path(key, MANIFEST), body, mode=mode)
                 )
             except FileExistsError:
-                log.info("neuron cache: %s was published to %s by another writer first", key[:12], self.url)
+                # Another writer's manifest, or our own: an earlier attempt landed and its reply was lost
+                # (the retry then finds it). Only its bytes tell (our payload name is random); deleting our
+                # payload under our own manifest would leave every host a manifest with nothing behind it.
+                current = None
                 with contextlib.suppress(RemoteUnavailable, OSError):
-                    self._call(f"removing {key[:12]}/{name}", lambda: fs.rm_file(self._path(key, name)))
-                return "exists"
+                    current = self._get(key, MANIFEST, MAX_MANIFEST_BYTES)
+                if current != body:
+                    log.info("neuron cache: %s was published to %s by another writer first", key[:12], self.url)
+                    if current is not None:  # unreadable: keep our payload (prune removes it if not ours)
+                        with contextlib.suppress(RemoteUnavailable, OSError):
+                            self._call(f"removing {key[:12]}/{name}", lambda: fs.rm_file(self._path(key, name)))
+                    return "exists"
+                log.info("neuron cache: %s: our first manifest write landed, its reply was lost", key[:12])
             stale = (old or {}).get("payload")
             if isinstance(stale, str) and _PAYLOAD.fullmatch(stale) and stale != name:
                 with contextlib.suppress(RemoteUnavailable, OSError):
@@ -364,9 +447,8 @@ class RemoteStore:
 
     def _manifest(self, key: str) -> dict[str, Any] | None:
         """The manifest of ``key`` if it reads and parses (for listing and pruning; loading checks more)."""
-        fs, _ = self._filesystem()
         with contextlib.suppress(RemoteUnavailable, OSError, ValueError, UnicodeDecodeError):
-            raw = self._call("reading a manifest", lambda: fs.cat_file(self._path(key, MANIFEST)))
+            raw = self._get(key, MANIFEST, MAX_MANIFEST_BYTES)
             doc = json.loads(raw.decode()) if len(raw) <= MAX_MANIFEST_BYTES else None
             if isinstance(doc, dict):
                 return doc
@@ -414,6 +496,75 @@ class RemoteStore:
                 self._call(f"removing {key[:12]}/{name}", lambda k=key, n=name: fs.rm_file(self._path(k, n)))
                 count += 1
         return removed, count
+
+
+def _run_in_thread(fn: Callable[[], T], deadline: float) -> tuple[bool, Any, BaseException | None]:
+    """(finished in time, value, error) of ``fn()`` run in a daemon thread (a remote that never answers
+    must not keep the process from exiting); each call has its own box, so a late call answers nobody."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = e
+
+    worker = threading.Thread(target=run, name="neuron-cache-remote", daemon=True)
+    worker.start()
+    worker.join(deadline)
+    if worker.is_alive():
+        return False, None, None
+    return True, box.get("value"), box.get("error")
+
+
+def _run_on_loop(fs: Any, coro: Callable[[], Any], deadline: float) -> tuple[bool, Any, BaseException | None]:
+    """(finished in time, value, error) of the coroutine ``coro()`` on the event loop of the async
+    filesystem ``fs``; cancelled at the deadline, which closes its connection (no download left running)."""
+    try:
+        loop = fs.loop  # fsspec's IO thread (raises in a forked child: handed to the caller as a failure)
+        future = asyncio.run_coroutine_threadsafe(coro(), loop)
+    except Exception as e:  # noqa: BLE001
+        return True, None, e
+    try:
+        return True, future.result(timeout=deadline), None
+    except concurrent.futures.TimeoutError:
+        future.cancel()
+        return False, None, None
+    except concurrent.futures.CancelledError as e:
+        return True, None, e
+    except Exception as e:  # noqa: BLE001 - handed to the caller, as from a thread
+        return True, None, e
+
+
+async def _cat_at_most(fs: Any, path: str, limit: int) -> bytes:
+    """At most ``limit`` + 1 bytes of ``path`` on an async filesystem, in one ranged request (one byte
+    more than allowed tells "too big" without reading the rest)."""
+    try:
+        return await fs._cat_file(path, start=0, end=limit + 1)
+    except (FileNotFoundError, PermissionError):
+        raise
+    except OSError:
+        # S3 answers a range on an empty object with 416 "not satisfiable": empty is a size, not a failure
+        if (await fs._info(path)).get("size") == 0:
+            return b""
+        raise
+
+
+def _read_at_most(fs: Any, path: str, limit: int, stop: threading.Event) -> bytes:
+    """At most ``limit`` + 1 bytes of ``path`` on a blocking filesystem, in chunks; stops at the next chunk
+    once ``stop`` is set (the call's deadline passed)."""
+    chunks: list[bytes] = []
+    got = 0
+    with fs.open(path, "rb") as fh:
+        while got <= limit:
+            if stop.is_set():
+                raise TimeoutError("cancelled at the deadline")
+            chunk = fh.read(min(_CHUNK, limit + 1 - got))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+    return b"".join(chunks)
 
 
 def _pipe(fs: Any, path: str, data: bytes, mode: str = "overwrite") -> None:

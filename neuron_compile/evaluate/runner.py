@@ -169,6 +169,9 @@ class _CollectingBackend:
         self.refused: list[tuple[str, list[UnsupportedNode]]] = []
         self.errors: list[str] = []
 
+    #: It compiles with the neuron backend, so Dynamo gives it the ops trace_fixes keeps whole.
+    _neuron_compile_backend = True
+
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         from ..backend import neuron_backend
 

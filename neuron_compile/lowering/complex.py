@@ -405,6 +405,18 @@ def div(a: Any, b: Any) -> Pair:
     return cdiv(a, b)
 
 
+@register_complex_lowering(aten.addcmul)
+def addcmul(a: Any, t1: Any, t2: Any, *, value: Any = 1) -> Pair:
+    """``self + value * tensor1 * tensor2`` in eager's order (kept whole: decompositions.KEEP_WHOLE)."""
+    return cadd(a, cmul(cmul(value, t1), t2))
+
+
+@register_complex_lowering(aten.addcdiv)
+def addcdiv(a: Any, t1: Any, t2: Any, *, value: Any = 1) -> Pair:
+    """``self + value * tensor1 / tensor2`` in eager's order (kept whole: decompositions.KEEP_WHOLE)."""
+    return cadd(a, cdiv(cmul(value, t1), t2))
+
+
 @register_complex_lowering(aten.reciprocal)
 def reciprocal(a: Pair) -> Pair:
     return cdiv(1.0, a)

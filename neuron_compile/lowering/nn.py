@@ -322,11 +322,13 @@ def nll_loss_backward(grad_out, x, target, weight, reduction, ignore_index, tota
     if x.ndim == 1:
         target = jnp.reshape(target, (1,))
     num_classes = shape[-1]
-    safe, _, w = _nll_terms(target, weight, ignore_index, dtype)
+    safe, valid, w = _nll_terms(target, weight, ignore_index, dtype)
     g = jnp.reshape(convert(grad_out, dtype), (-1,))  # (N,) for reduction none, (1,) otherwise
     if reduction == _REDUCTION_MEAN:
         g = lax.div(g, convert(total_weight, dtype))
-    per_sample = lax.neg(lax.mul(w, g))
+    # where, not multiply: eager leaves an ignored row's gradient 0 even when the mean's total weight is 0
+    # (every target ignored: g is inf, and 0 * inf NaN).
+    per_sample = jnp.where(valid, lax.neg(lax.mul(w, g)), jnp.zeros((), dtype))
     # A one-hot select instead of a scatter: the same values, and friendlier to the device.
     hot = lax.eq(lax.broadcasted_iota(safe.dtype, (safe.shape[0], num_classes), 1), safe[:, None])
     grad = jnp.where(hot, per_sample[:, None], jnp.zeros((), dtype))
