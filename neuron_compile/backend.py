@@ -41,11 +41,15 @@ torch._dynamo.config.allow_rnn = True
 @contextlib.contextmanager
 def _no_mkldnn_decompositions() -> Iterator[None]:
     """Trace with oneDNN off: torch's LSTM decomposition otherwise emits ``aten.mkldnn_rnn_layer``, a CPU
-    library kernel, instead of the cell's matmuls and pointwise ops. Nothing runs while tracing."""
+    library kernel, instead of the cell's matmuls and pointwise ops. Nothing runs while tracing. A float32 or
+    bfloat16 LSTM decomposes in oneDNN's order of operations instead (decompositions.opmath_recurrent)."""
+    from .decompositions import opmath_recurrent
+
     enabled = torch._C._get_mkldnn_enabled()
     torch._C._set_mkldnn_enabled(False)
     try:
-        yield
+        with opmath_recurrent():
+            yield
     finally:
         torch._C._set_mkldnn_enabled(enabled)
 
@@ -60,6 +64,10 @@ def neuron_backend(
 ) -> Callable[..., Any]:
     """Compile a Dynamo FX graph for Trainium (or its CPU stand-in), forward and backward."""
     opts = Options.from_user(options)
+    if opts.precompile_manifest:  # `neuron-compile precompile collect`: record every graph for the neuron target
+        from .precompile import start_collecting
+
+        start_collecting()
     warn_mode(mode)
     refuse_silent_eager_fallback(opts.allow_eager_fallback)
     check_tensor_kinds(gm, example_inputs)

@@ -8,6 +8,8 @@
     neuron-compile cache prune --older-than 30d   remove entries not used for 30 days
     neuron-compile evaluate FILE.py:FACTORY   can this model move to Trainium? (neuron_compile/evaluate/)
     neuron-compile doctor [--bundle F.tar.gz] can the backend work on this machine? (neuron_compile/doctor.py)
+    neuron-compile cache explain KEY          why a graph missed: nearest entries, the key parts that differ
+    neuron-compile precompile collect|compile|check   compile once for the fleet (docs/precompile.md)
 
 ``--url s3://bucket/prefix`` (any fsspec URL) makes ``list`` and ``prune --older-than`` act on that remote
 cache (``cache.remote``) instead of the directory, and ``stats`` add its entry count and size; an entry's age
@@ -255,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_commands(sub)
     add_evaluate_command(sub)
     add_doctor_command(sub)
+    add_precompile_commands(sub)
     return p
 
 
@@ -268,17 +271,25 @@ def add_evaluate_command(sub: "argparse._SubParsersAction[argparse.ArgumentParse
     ev.add_argument("--steps", type=int, default=3, help="steady-state steps timed (medians; default 3)")
     ev.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                     help="seconds each phase may take (default: no limit); a phase past it is reported")  # fmt: skip
+    ev.add_argument("--bisect", action="store_true",
+                    help="instead of the report, judge every aten op alone: compiled vs eager, each against a "
+                         "float64 reference of the same inputs; prints the first ops whose compiled error "
+                         "exceeds eager's by the multiple (docs/bisect.md)")  # fmt: skip
+    ev.add_argument("--bisect-multiple", type=float, default=2.0, metavar="X",
+                    help="--bisect flags an op whose compiled error exceeds X times eager's (default 2)")  # fmt: skip
     ev.set_defaults(fn=cmd_evaluate)
 
 
 #: Kept here (not in evaluate/cli.py) so that --help does not import torch; evaluate/cli.py's docstring agrees.
 EVALUATE_EPILOG = """\
 exit status:
-  0  every graph compiles for Trainium and the numerics pass
+  0  every graph compiles for Trainium and the numerics pass (--bisect: no op flagged)
   1  the report says why not: an unsupported op, a crash in a phase (the model's own error included), a
-     phase past --timeout, numerics that fail, or random draws that leave them unverified
+     phase past --timeout, numerics that fail, or random draws that leave them unverified (--bisect: an op
+     flagged, or a graph it could not judge)
   2  usage or loading error: FILE.py:FACTORY malformed or not a .py file, the file fails to import,
      FACTORY missing, raising, calling sys.exit() or returning the wrong types, --steps < 1, --timeout <= 0,
+     --bisect-multiple < 1,
      a bad backend option in the environment: one line on stderr, and with --json the JSON object
      {"ok": false, "factory": ..., "error": ..., "exit_status": 2} on stdout
 
@@ -352,6 +363,70 @@ def add_cache_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]
     prune.add_argument("--max-size", type=parse_size, help="e.g. 500M, 2G")
     prune.add_argument("--older-than", type=parse_age, help="unused (remote: published) longer than, e.g. 12h, 30d")
     prune.set_defaults(fn=cmd_prune)
+    explain = csub.add_parser("explain", help="why a key missed: the nearest entries and the key parts that differ")
+    explain.add_argument("key", help="a key or unique key prefix (of an entry, or of a graph of --manifest)")
+    explain.add_argument("--manifest", help="a precompile manifest whose graphs' keys may be named too")
+    explain.set_defaults(fn=cmd_explain)
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .precompile import explain_key
+
+    _no_url(args)
+    return explain_key(args.key, args.dir, args.manifest, sys.stdout)
+
+
+PRECOMPILE_EPILOG = """\
+  collect --manifest M -- CMD...   run CMD (e.g. python train.py) on the CPU target, recording every graph
+                                   as the neuron target will key and compile it (NEURON_COMPILE_PRECOMPILE_MANIFEST)
+  compile M [--jobs N] [--shard I/N]   compile what the caches lack, N neuronx-cc at once; exit 1 if any failed
+  check M [--cache-url URL]        coverage per graph (and why each miss); exit 1 below 100%
+See docs/precompile.md.
+"""
+
+
+def add_precompile_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """``neuron-compile precompile {collect,compile,check}``; neuron_compile/precompile.py loads only when run."""
+    pre = sub.add_parser("precompile", help="compile every graph of a run ahead of it, in parallel, for the fleet",
+                         epilog=PRECOMPILE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    psub = pre.add_subparsers(dest="cmd", required=True)
+    col = psub.add_parser("collect", help="run a script on the CPU target and record its graphs for the neuron target")
+    col.add_argument("--manifest", required=True, help="the manifest file (its modules go in modules/ beside it)")
+    col.add_argument("command", nargs=argparse.REMAINDER, help="-- the command, e.g. -- python train.py ARGS")
+    col.set_defaults(fn=cmd_precompile_collect)
+    comp = psub.add_parser("compile", help="compile the recorded graphs the caches lack, in parallel")
+    comp.add_argument("manifest")
+    comp.add_argument("--jobs", type=int, default=None, help="compiler processes at once (default: the cores)")
+    comp.add_argument("--shard", metavar="I/N", help="this host's share: every N-th key from the I-th (0-based)")
+    comp.add_argument("--dir", help="local cache directory (default: NEURON_COMPILE_CACHE_DIR or the user cache dir)")
+    comp.add_argument("--cache-url", help="remote cache (default: NEURON_COMPILE_CACHE_URL)")
+    comp.set_defaults(fn=cmd_precompile_compile)
+    chk = psub.add_parser("check", help="coverage of a manifest by the caches; exit 1 below 100%%")
+    chk.add_argument("manifest")
+    chk.add_argument("--dir", help="local cache directory (default: NEURON_COMPILE_CACHE_DIR or the user cache dir)")
+    chk.add_argument("--cache-url", help="remote cache (default: NEURON_COMPILE_CACHE_URL)")
+    chk.set_defaults(fn=cmd_precompile_check)
+
+
+def cmd_precompile_collect(args: argparse.Namespace) -> int:
+    from .precompile import main_collect
+
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    return main_collect(args.manifest, command)
+
+
+def cmd_precompile_compile(args: argparse.Namespace) -> int:
+    from .precompile import main_compile
+
+    if args.jobs is not None and args.jobs < 1:
+        raise SystemExit("neuron-compile: --jobs needs a number >= 1")
+    return main_compile(args.manifest, args.jobs, args.shard, args.dir, args.cache_url)
+
+
+def cmd_precompile_check(args: argparse.Namespace) -> int:
+    from .precompile import main_check
+
+    return main_check(args.manifest, args.dir, args.cache_url)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

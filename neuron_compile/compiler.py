@@ -92,8 +92,11 @@ def _replay(artifact: Artifact) -> None:
         warnings.warn(message, cls, stacklevel=3)
 
 
-def build_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options, name: str) -> Artifact:
-    """Everything a cache miss costs: lowering, the legality pass and the target compile."""
+def build_artifact(
+    gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options, name: str, compile: bool = True
+) -> Artifact:
+    """Everything a cache miss costs: lowering, the legality pass and the target compile. ``compile=False``
+    stops before the target compile (an empty executable: ``neuron-compile precompile`` compiles it later)."""
     from . import legality
 
     # Looked up at each call, so that a tool's or test's replacement of compiler.lower_graph is used.
@@ -124,13 +127,15 @@ def build_artifact(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Op
         ours.append((NeuronNkiUnavailableWarning.__name__, NKI_UNAVAILABLE_MESSAGE))
     stablehlo = lowered.stablehlo()
     t1 = time.perf_counter()
-    executable = target.compile(stablehlo, lowered.host_callbacks)
+    # Host callbacks (kernels="emulate", user kernels on the CPU target) are live Python objects the executable
+    # calls: such a graph is compiled with them and never served from the disk cache.
+    executable = target.compile(stablehlo, jax_adapter.host_callbacks_of(lowered.lowered)) if compile else None
     t2 = time.perf_counter()
     debug.dump_graph(opts, name, gm, lowered, report, {"lower_s": t1 - t0, "compile_s": t2 - t1})
     return Artifact(
         name=name,
         stablehlo=stablehlo,
-        executable=target.serialize(executable),
+        executable=target.serialize(executable) if compile else b"",
         inputs=lowered.inputs,
         outputs=lowered.outputs,
         downcast_float64=lowered.downcast_float64,
@@ -196,7 +201,9 @@ def compile_graph(
     artifact, cache_state, digest = cache_for(cache_opts).get_or_build(
         gm, example_inputs, cache_opts, lambda: build_artifact(gm, example_inputs, opts, name)
     )
-    if kind == "forward" and whole:
+    # Collecting for precompile: the backward is traced with torch's strides, as the neuron target's run traces
+    # it, so that its key is the run's (the executor makes channels-last inputs contiguous).
+    if kind == "forward" and whole and not opts.precompile_manifest:
         user_outputs = artifact.outputs[: len(artifact.outputs) - check_outputs]
         _report_output_strides(user_outputs, gm.meta[SAVED_FOR_BACKWARD_FROM])
     return compiled_graph(artifact, cache_state, digest, opts, kind, name, t0)

@@ -7,9 +7,11 @@ form (gelu, silu).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -403,13 +405,140 @@ def _multi_margin_loss(
     return loss.to(input.dtype)
 
 
+# ---- LSTM as eager's oneDNN kernel computes it -------------------------------------------------------------
+# Eager's CPU LSTM (float32 and bfloat16, training and inference) is oneDNN's: the gates of each step are
+# x @ W_ih^T + h @ W_hh^T + (b_ih + b_hh) accumulated in float32 (the bias pair summed in the dtype first),
+# the gate math in float32, and h and c rounded to the dtype once per step (tanh(c) takes c before rounding);
+# its backward takes the gates' gradient in the dtype and sums the parameters' gradients over time in float32.
+# A bfloat16 emulation of that order is bit-identical to eager's forward. torch's decomposition instead
+# rounds every gate op to bfloat16 (compiled output and bias gradients 2-4x eager's error against float64)
+# and ignores the dropout between layers (``_rnn_helper`` tests ``num_layers < i - 1``).
+_OPMATH_RECURRENT: contextvars.ContextVar[bool] = contextvars.ContextVar("neuron_opmath_recurrent", default=False)
+#: The dtypes eager's oneDNN LSTM takes on CPU; others (float16, float64) keep torch's decomposition.
+_ONEDNN_LSTM_DTYPES = (torch.float32, torch.bfloat16)
+
+
+@contextlib.contextmanager
+def opmath_recurrent() -> Iterator[None]:
+    """While tracing a neuron compile: ``aten.lstm.input`` decomposes as eager's oneDNN kernel computes it
+    (``_onednn_lstm``). Other backends' traces keep torch's decomposition."""
+    token = _OPMATH_RECURRENT.set(True)
+    try:
+        yield
+    finally:
+        _OPMATH_RECURRENT.reset(token)
+
+
+def _round_value(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` rounded to ``dtype`` (as eager stores h and c between steps), its gradient passed through in
+    float32: rounding is not a function to differentiate, and oneDNN's state gradients stay float32."""
+    if dtype == x.dtype:
+        return x
+    rounded = x.to(dtype).to(x.dtype)
+    return x + (rounded - x).detach()  # exact: the rounding residual is representable in float32
+
+
+def _round_gradient(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` unchanged, its gradient rounded to ``dtype``: oneDNN's backward multiplies the gates' gradient
+    in the dtype. (bfloat16 has float32's range, so ``x - rounded`` is finite.)"""
+    if dtype == x.dtype:
+        return x
+    rounded = x.to(dtype).to(x.dtype)
+    return rounded + (x - rounded).detach()
+
+
+def _onednn_lstm_layer(
+    x: torch.Tensor,
+    h0: torch.Tensor,
+    c0: torch.Tensor,
+    params: Sequence[torch.Tensor],
+    has_biases: bool,
+    reverse: bool,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One direction of one layer on float32 ``x`` (T, B, I) holding ``dtype`` values: outputs (T, B, H), h, c."""
+    w_ih, w_hh = params[0].float(), params[1].float()
+    bias = (params[2] + params[3]).float() if has_biases else None
+    w_hr = params[-1].float() if len(params) in (3, 5) else None  # proj_size
+    gates_x = F.linear(x, w_ih)
+    h, c = h0.float(), c0.float()
+    steps = range(x.size(0) - 1, -1, -1) if reverse else range(x.size(0))
+    outputs: list[torch.Tensor] = [x] * x.size(0)
+    for t in steps:
+        gates = gates_x[t] + F.linear(h, w_hh)
+        if bias is not None:
+            gates = gates + bias
+        in_gate, forget_gate, cell_gate, out_gate = _round_gradient(gates, dtype).chunk(4, -1)
+        c_new = forget_gate.sigmoid() * c + in_gate.sigmoid() * cell_gate.tanh()
+        h_new = out_gate.sigmoid() * c_new.tanh()
+        if w_hr is not None:
+            h_new = F.linear(h_new, w_hr)
+        h, c = _round_value(h_new, dtype), _round_value(c_new, dtype)
+        outputs[t] = h
+    return torch.stack(outputs), h, c
+
+
+def _onednn_lstm(
+    input: torch.Tensor,
+    hx: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor],
+    has_biases: bool,
+    num_layers: int,
+    dropout: float,
+    train: bool,
+    bidirectional: bool,
+    batch_first: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``aten.lstm.input`` in eager's oneDNN order of operations (see above), unrolled over time."""
+    dtype = input.dtype
+    directions = 2 if bidirectional else 1
+    per_direction = 2 + 2 * int(has_biases) + int(hx[0].size(-1) != hx[1].size(-1))
+    x = (input.transpose(0, 1) if batch_first else input).float()
+    h_n: list[torch.Tensor] = []
+    c_n: list[torch.Tensor] = []
+    for layer in range(num_layers):
+        outputs = []
+        for direction in range(directions):
+            k = layer * directions + direction
+            group = params[k * per_direction : (k + 1) * per_direction]
+            out, h, c = _onednn_lstm_layer(x, hx[0][k], hx[1][k], group, has_biases, direction == 1, dtype)
+            outputs.append(out)
+            h_n.append(h)
+            c_n.append(c)
+        x = torch.cat(outputs, -1) if directions == 2 else outputs[0]
+        if dropout and train and layer < num_layers - 1:
+            x = torch.dropout(x.to(dtype), dropout, True).float()  # eager drops out the stored layer output
+    out = x.transpose(0, 1) if batch_first else x
+    return out.to(dtype), torch.stack(h_n).to(dtype), torch.stack(c_n).to(dtype)
+
+
+def _lstm(
+    input: torch.Tensor,
+    hx: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor],
+    *args: Any,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``aten.lstm.input``'s Python-dispatcher kernel: oneDNN's order in a neuron trace of a float32 or
+    bfloat16 LSTM, torch's decomposition otherwise."""
+    from torch._decomp.decompositions import lstm_impl
+
+    dtypes = {t.dtype for t in (input, *hx, *params)}
+    if _OPMATH_RECURRENT.get() and len(dtypes) == 1 and input.dtype in _ONEDNN_LSTM_DTYPES:
+        return _onednn_lstm(input, hx, params, *args)
+    return lstm_impl(input, hx, params, *args)
+
+
 #: Decompositions of torch's that it also registers as the op's Autograd kernel for the Python dispatcher
 #: (``py_impl(DispatchKey.Autograd)``), so that AOTAutograd, Dynamo's fake propagation and export decompose
 #: the op above autograd whatever table they are given; where torch's is wrong, ours replaces it there too.
 AUTOGRAD_KERNEL_FIXES: dict[Any, Callable[..., Any]] = {
     aten.multilabel_margin_loss_forward.default: _multilabel_margin_loss_forward,
     aten.multi_margin_loss.default: _multi_margin_loss,
+    # Also its CompositeImplicitAutograd kernel (inference traces reach that one): _KEYS_ALSO_REPLACED.
+    aten.lstm.input: _lstm,
 }
+#: Ops of ``AUTOGRAD_KERNEL_FIXES`` whose CompositeImplicitAutograd Python kernel is replaced too.
+_KEYS_ALSO_REPLACED = (aten.lstm.input,)
 
 
 def fix_autograd_kernels() -> None:
@@ -418,9 +547,11 @@ def fix_autograd_kernels() -> None:
     from torch._C import DispatchKey
 
     for op, fixed in AUTOGRAD_KERNEL_FIXES.items():
-        if op.py_kernels.get(DispatchKey.Autograd) is not fixed:
-            op.py_kernels[DispatchKey.Autograd] = fixed
-            op._dispatch_cache.clear()
+        keys = [DispatchKey.Autograd] + [DispatchKey.CompositeImplicitAutograd] * (op in _KEYS_ALSO_REPLACED)
+        for key in keys:
+            if op.py_kernels.get(key) is not fixed:
+                op.py_kernels[key] = fixed
+                op._dispatch_cache.clear()
 
 
 #: The per-tensor op of a ``_foreach_*`` overload where its name is not the op's: eager's CPU kernels compute
@@ -528,7 +659,7 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
 # without our table, where they are the op's direct form.
 _WITHOUT_OUR_TABLE = "reached only in aten graphs traced without decomposition_table() (lower_graph on make_fx/export)"
 _INDEX_ADD_REASON = (
-    "reached in aten graphs traced without decomposition_table(); tests/test_lowering_families.py lowers "
+    "reached in aten graphs traced without decomposition_table(); tests/test_lowering_indexing.py lowers "
     "it directly to check alpha and duplicate indices"
 )
 

@@ -230,6 +230,9 @@ _FIELDS: dict[str, _Field] = {
     "neuron_core": _Field(
         _optional(_small_int(None)), "an int >= 0 (a logical NeuronCore of those visible), or None", "NEURON_COMPILE_CORE"
     ),
+    "precompile_manifest": _Field(
+        _path, "a str or os.PathLike path of a manifest file, without NUL bytes (or None)", "NEURON_COMPILE_PRECOMPILE_MANIFEST"
+    ),
 }
 
 
@@ -286,7 +289,7 @@ def _auto_target() -> str:
 
 @dataclass(frozen=True)
 class Options:
-    """What the backend does with a graph. Every field is documented in the README."""
+    """What the backend does with a graph. Every field is documented in docs/options.md."""
 
     #: "cpu" runs the StableHLO with XLA CPU; "neuron" compiles it with neuronx-cc to a NEFF run by libnrt.
     #: "auto" (the default) resolves to "neuron" where neuronx-cc and libnrt.so.1 are found, else "cpu", and
@@ -333,6 +336,10 @@ class Options:
     #: The logical NeuronCore graphs run on (neuron target), counted from the first one the process owns
     #: (NEURON_RT_VISIBLE_CORES; under torchrun each rank owns core LOCAL_RANK); None: 0. Env: NEURON_COMPILE_CORE.
     neuron_core: int | None = None
+    #: Collect for ``neuron-compile precompile`` (docs/precompile.md): run on the CPU target and record every
+    #: graph, as the neuron target with these options would key and compile it, in this manifest file.
+    #: Not part of the cache key. Env: NEURON_COMPILE_PRECOMPILE_MANIFEST.
+    precompile_manifest: str | None = None
 
     @classmethod
     def from_user(cls, options: Mapping[str, Any] | None) -> "Options":
@@ -359,7 +366,9 @@ class Options:
                 values[name] = _parse(name, options[name], f"options[{name!r}]")
             elif row.env and os.environ.get(row.env, "").strip():  # an empty variable counts as unset
                 values[name] = _parse(name, os.environ[row.env], row.env)
-        if values.get("target", "auto") == "auto":
+        if values.get("precompile_manifest"):
+            values["target"] = "cpu"  # collecting runs the script on the CPU target, recording neuron keys
+        elif values.get("target", "auto") == "auto":
             values["target"] = _auto_target()
         return cls(**values)
 

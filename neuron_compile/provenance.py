@@ -24,21 +24,21 @@ def op_name(node: torch.fx.Node) -> str:
     return getattr(target, "__name__", str(target))
 
 
-def _describe(value: Any) -> str:
+def describe_value(value: Any) -> str:
     if isinstance(value, torch.fx.Node):
         value = value.meta.get("val", value.meta.get("example_value"))
     if isinstance(value, torch.Tensor):
         layout = "" if value.layout == torch.strided else f"{value.layout} "
         return f"{layout}{str(value.dtype).replace('torch.', '')}{list(value.shape)}"
     if isinstance(value, (list, tuple)):
-        inner = ", ".join(_describe(v) for v in value)
+        inner = ", ".join(describe_value(v) for v in value)
         return f"[{inner}]"
     return repr(value)
 
 
 def describe_inputs(node: torch.fx.Node) -> str:
-    parts = [_describe(a) for a in node.args]
-    parts += [f"{k}={_describe(v)}" for k, v in node.kwargs.items()]
+    parts = [describe_value(a) for a in node.args]
+    parts += [f"{k}={describe_value(v)}" for k, v in node.kwargs.items()]
     return ", ".join(parts)
 
 

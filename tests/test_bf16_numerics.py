@@ -23,6 +23,8 @@ import torch
 
 from tools import opinfo_harness as H
 
+from .util import tensor_leaves
+
 _OPS = {H.entry_name(op): op for op in H.load_op_db()}
 
 
@@ -361,3 +363,69 @@ def test_backend_installs_the_trace_fixes() -> None:
     assert getattr(neuron_backend, trace_fixes.NEURON_BACKEND_MARK, False)
     for op, fixed in decompositions.AUTOGRAD_KERNEL_FIXES.items():
         assert op.py_kernels[DispatchKey.Autograd] is fixed, op
+
+
+# ---- bfloat16 recurrent layers against float64 (issue 38) ------------------------------------------------
+def _recurrent_run(module: torch.nn.Module, x: torch.Tensor, cotangents: list[torch.Tensor], compiled: bool) -> dict:
+    """Outputs (output, h_n[, c_n]) and the gradients of the input and every parameter, by name."""
+    module = copy.deepcopy(module)
+    x = x.detach().clone().requires_grad_()
+    out, hidden = (_compiled(module) if compiled else module)(x)
+    outs = [out, *(hidden if isinstance(hidden, tuple) else (hidden,))]
+    torch.autograd.backward(outs, [c.to(o.dtype) for c, o in zip(cotangents, outs)])
+    values = {name: v.detach() for name, v in zip(("output", "h_n", "c_n"), outs)}
+    values["grad of input"] = x.grad
+    values.update({f"grad of {n}": p.grad for n, p in module.named_parameters()})
+    return values
+
+
+def _rms(value: torch.Tensor, reference: torch.Tensor) -> float:
+    return (value.double() - reference).pow(2).mean().sqrt().item()
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+def test_bf16_recurrent_error_against_float64_within_eager(kind: str) -> None:
+    """A 2-layer bfloat16 layer over 12 steps. Eager's LSTM is oneDNN's (gates in float32, h and c rounded once
+    a step): compiled forward values within eager's error + 1 ulp per element, and every output's and
+    gradient's RMS error against float64 within 2x eager's (torch's decomposition rounded each gate op: bias
+    gradients up to 4x). Eager's GRU/RNN round each op, as the decomposition does."""
+    torch.manual_seed(0)
+    module = getattr(torch.nn, kind)(8, 16, num_layers=2, batch_first=True).to(torch.bfloat16)
+    x = torch.randn(3, 12, 8).to(torch.bfloat16)
+    shapes = [(3, 12, 16), (2, 3, 16)] + ([(2, 3, 16)] if kind == "LSTM" else [])
+    cotangents = [torch.randn(s).to(torch.bfloat16).double() for s in shapes]
+    reference = _recurrent_run(copy.deepcopy(module).double(), x.double(), cotangents, compiled=False)
+    eager = _recurrent_run(module, x, cotangents, compiled=False)
+    actual = _recurrent_run(module, x, cotangents, compiled=True)
+    assert actual.keys() == eager.keys() == reference.keys()
+    for name in ("output", "h_n", "c_n"):
+        if name in actual:
+            _assert_within_eager_plus_one_ulp(actual[name], eager[name], reference[name], f"{kind} {name}")
+    for name, ref in reference.items():
+        e, a = _rms(eager[name], ref), _rms(actual[name], ref)
+        assert a <= 2 * e + 1e-6, f"{kind} [bfloat16 x{list(x.shape)}] {name}: RMS error vs float64 {a:.3e} > 2x eager's {e:.3e}"
+
+
+def test_bf16_lstm_inference_is_onednns_order() -> None:
+    """Without grad (the CompositeImplicitAutograd kernel) too: forward within eager's error + 1 ulp."""
+    torch.manual_seed(0)
+    module = torch.nn.LSTM(8, 16, bidirectional=True).to(torch.bfloat16)
+    x = torch.randn(12, 3, 8).to(torch.bfloat16)
+    with torch.no_grad():
+        reference = copy.deepcopy(module).double()(x.double())
+        eager, actual = module(x), _compiled(module)(x)
+    for i, (a, e, r) in enumerate(zip(tensor_leaves(actual), tensor_leaves(eager), tensor_leaves(reference))):
+        _assert_within_eager_plus_one_ulp(a, e, r, f"LSTM no_grad output {i}")
+
+
+def test_lstm_dropout_between_layers_applies_in_training() -> None:
+    """torch's decomposition tests ``num_layers < i - 1`` and never drops out; eager does, in training only."""
+    torch.manual_seed(0)
+    module = torch.nn.LSTM(4, 8, num_layers=2, dropout=0.5)
+    x = torch.randn(2, 3, 4)
+    compiled = _compiled(module)
+    module.eval()
+    without = compiled(x)[0]
+    torch.testing.assert_close(without, module(x)[0], rtol=1e-4, atol=1e-5)
+    module.train()
+    assert not torch.allclose(compiled(x)[0], without), "dropout=0.5 in training left the LSTM's output unchanged"

@@ -1,6 +1,6 @@
 """torch's loop higher-order ops: ``scan`` and ``map`` have a static trip count (the length of ``xs``) and are
 unrolled; forward and backward (AOTAutograd's backward of a scan is a scan over flipped operands) match eager.
-``cond`` and ``while_loop`` stay refused with their reasons (tests/test_fidelity.py)."""
+``cond`` and ``while_loop`` stay refused with their reasons (tests/test_legality.py)."""
 
 from __future__ import annotations
 

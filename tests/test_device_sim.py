@@ -230,11 +230,8 @@ def _target(name):
     """Lower device calls for ``name`` ("cpu" / "neuron") outside the graph interpreter."""
     from neuron_compile.lowering import registry
 
-    token = registry._CURRENT.set(types.SimpleNamespace(target=name))
-    try:
+    with registry.lowering_context(types.SimpleNamespace(target=name)):
         yield
-    finally:
-        registry._CURRENT.reset(token)
 
 
 @pytest.fixture(scope="module")

@@ -235,6 +235,58 @@ def test_recurrent_inference(grad_mode: str) -> None:
         _assert_close(a, e, TOL["reduce"][F32], f"lstm {grad_mode}")
 
 
+# ---- fractional max pooling: windows from the op's random-samples input (lowering/nn.py) ----------
+def _fractional(nd: int, shape: tuple[int, ...], **kwargs: Any) -> Callable[[torch.dtype], tuple[Any, list[Any]]]:
+    cls = nn.FractionalMaxPool2d if nd == 2 else nn.FractionalMaxPool3d
+
+    def make(d: torch.dtype) -> tuple[Any, list[Any]]:
+        planes = (shape[0] if len(shape) == nd + 2 else 1, shape[-nd - 1])
+        x = _randn(*shape, dtype=d)
+        x.view(-1)[3] = math.nan  # eager's scan takes a NaN as the window's maximum
+        return cls(_random_samples=torch.rand(*planes, nd).to(d), **kwargs), [x]
+
+    return make
+
+
+FRACTIONAL = [
+    Case("fractional_max_pool2d_ratio_indices", _fractional(2, (2, 3, 9, 11), kernel_size=2, output_ratio=0.5, return_indices=True)),
+    Case("fractional_max_pool2d_size_unbatched", _fractional(2, (3, 7, 6), kernel_size=(2, 3), output_size=(4, 3))),
+    Case("fractional_max_pool3d_ratio_indices", _fractional(3, (2, 2, 5, 6, 7), kernel_size=2, output_ratio=0.5, return_indices=True)),
+    Case("fractional_max_pool3d_size_unbatched", _fractional(3, (2, 6, 5, 7), kernel_size=(1, 2, 3), output_size=(3, 2, 4))),
+]
+
+
+@pytest.mark.parametrize("case,dtype", _run(FRACTIONAL))
+def test_fractional_max_pool(case: Case, dtype: torch.dtype) -> None:
+    check(case, dtype)
+
+
+@pytest.mark.parametrize("name", ["nn.FractionalMaxPool2d", "nn.FractionalMaxPool3d"])
+def test_fractional_max_pool_module_info_samples(name: str) -> None:
+    """torch's ModuleInfo samples, in float32 (their float64 ``_random_samples`` converted: eager requires the
+    input's dtype): outputs and indices equal eager's, input gradients within float32 rounding."""
+    from torch.testing._internal.common_modules import module_db
+
+    info = next(m for m in module_db if m.name == name)
+    samples = info.module_inputs_func(info, device="cpu", dtype=F32, requires_grad=True, training=True)
+    assert samples, name
+    for sample in samples:
+        kwargs = dict(sample.constructor_input.kwargs)
+        kwargs["_random_samples"] = kwargs["_random_samples"].to(F32)
+        module = info.module_cls(*sample.constructor_input.args, **kwargs)
+        x = sample.forward_input.args[0]
+        what = f"{name} [{sample.desc}: {_describe([x])}]"
+        eager_in, comp_in = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
+        expected = tensor_leaves(module(eager_in))
+        actual = tensor_leaves(torch.compile(copy.deepcopy(module), backend="neuron", fullgraph=True, dynamic=False)(comp_in))
+        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
+            _assert_close(a, e, (0.0, 0.0), f"{what} output {i}")
+        cotangent = torch.randn(expected[0].shape)
+        expected[0].backward(cotangent)
+        actual[0].backward(cotangent)
+        _assert_close(comp_in.grad, eager_in.grad, TOL["pointwise"][F32], f"{what} grad of input")
+
+
 @pytest.mark.parametrize("case,dtype", _run(LINALG))
 def test_linalg(case: Case, dtype: torch.dtype) -> None:
     check(case, dtype)

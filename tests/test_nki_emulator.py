@@ -353,8 +353,10 @@ def test_counters_per_engine_and_dma_bytes():
     assert st.dma_bytes_sbuf_to_hbm == 80 * 300 * 4
     assert nki.last_run_stats() is st
     est = cost.estimate(st)
-    # two 300-column bf16 matmuls at max(N, 64) cycles on a 2.4 GHz TensorE
-    assert est.engine_seconds["tensor"] == pytest.approx(2 * 300 / 2.4e9)
+    # two 300-column bf16 matmuls at max(N, 64) cycles on a 2.4 GHz TensorE, run at the cold (warming-up)
+    # TensorE rate: between half and full speed
+    assert st.engines["tensor"].cycles == 2 * 300
+    assert 2 * 300 / 2.4e9 < est.engine_seconds["tensor"] <= 2 * 2 * 300 / 2.4e9
 
 
 def test_torch_in_torch_out_and_in_place_update():

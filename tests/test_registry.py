@@ -80,13 +80,13 @@ def test_refused_ops_are_not_supported() -> None:
 
 
 def test_packet_registration_skips_out_and_inplace_variants() -> None:
-    overloads = registry._overloads(torch.ops.aten.topk)
+    overloads = registry.overloads_of(torch.ops.aten.topk)
     assert [str(o) for o in overloads] == ["aten.topk.default"]
     with pytest.raises(TypeError, match="aten.topk.values"):
-        registry._overloads(torch.ops.aten.topk.values)
+        registry.overloads_of(torch.ops.aten.topk.values)
     with pytest.raises(TypeError, match="aten.relu_.default"):
-        registry._overloads(torch.ops.aten.relu_.default)
-    assert registry._overloads(torch.ops.aten.__and__.Tensor) == [torch.ops.aten.__and__.Tensor]
+        registry.overloads_of(torch.ops.aten.relu_.default)
+    assert registry.overloads_of(torch.ops.aten.__and__.Tensor) == [torch.ops.aten.__and__.Tensor]
 
 
 @pytest.fixture

@@ -149,7 +149,7 @@ def _normal_range(lo: float, hi: float) -> torch.Tensor:
 
 
 #: (name, fn, inputs whose results are normal float32 numbers). XLA CPU flushes subnormals to zero, so
-#: results below 2**-126 are left out: their error is the flush, not the function (README, "Subnormals").
+#: results below 2**-126 are left out: their error is the flush, not the function (docs/numerics.md, "Subnormals").
 WIDE_RANGE = [
     ("exp", torch.exp, _normal_range(-87, 88.7)),
     ("exp2", torch.exp2, _normal_range(-126, 127.99)),

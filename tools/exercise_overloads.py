@@ -163,6 +163,10 @@ OVERRIDES: dict[str, Callable[[Maker], Args]] = {
     "aten.avg_pool3d_backward.default": lambda m: (
         (m(1, 2, 2, 3, 5), m(1, 2, 4, 5, 6), [2, 2, 2], [2, 2, 1], [0, 1, 0], False, True, None), {}),
     "aten.max_pool2d_with_indices.default": lambda m: ((m(1, 2, 5, 6), [2, 2], [2, 1], [1, 0]), {}),
+    "aten.fractional_max_pool2d.default": lambda m: ((m(1, 2, 5, 7), [2, 2], [3, 4], m(1, 2, 2).sigmoid()), {}),
+    "aten.fractional_max_pool3d.default": lambda m: ((m(1, 2, 4, 5, 6), [2, 2, 2], [2, 3, 3], m(1, 2, 3).sigmoid()), {}),
+    "aten.fractional_max_pool2d_backward.default": lambda m: _fractional_backward(m, m(1, 2, 5, 7), [2, 2], [3, 4]),
+    "aten.fractional_max_pool3d_backward.default": lambda m: _fractional_backward(m, m(1, 2, 4, 5, 6), [2, 2, 2], [2, 3, 3]),
     "aten.max_pool2d_with_indices_backward.default": lambda m: _pool_backward(
         m, torch.ops.aten.max_pool2d_with_indices.default, m(1, 2, 5, 6), [2, 2], [2, 1], [1, 0], [1, 1], False
     ),
@@ -420,6 +424,13 @@ def _pool_backward(m: Maker, forward: OpOverload, x: torch.Tensor, *args: Any) -
     out, indices = forward(x, *args)
     adaptive = forward in (torch.ops.aten.adaptive_max_pool2d.default, torch.ops.aten.adaptive_max_pool3d.default)
     return (m(*out.shape), x, *([] if adaptive else args), indices), {}
+
+
+def _fractional_backward(m: Maker, x: torch.Tensor, kernel: list[int], output_size: list[int]) -> Args:
+    """(grad, input, kernel, output size, indices) from a forward run with samples in (0, 1)."""
+    forward = torch.ops.aten.fractional_max_pool2d if x.dim() == 4 else torch.ops.aten.fractional_max_pool3d
+    out, indices = forward.default(x, kernel, output_size, m(1, x.shape[1], x.dim() - 2).sigmoid())
+    return (m(*out.shape), x, kernel, output_size, indices), {}
 
 
 def _layer_norm_backward(m: Maker) -> Args:
@@ -787,8 +798,10 @@ def _execute(lowered: Any, inputs: list[torch.Tensor]) -> list[Any]:
     from neuron_compile.runtime.cpu import CpuTarget
     from neuron_compile.runtime.executor import CompiledGraph
 
+    from neuron_compile.runtime.jax_adapter import host_callbacks_of
+
     target = CpuTarget()
-    executable = target.compile(lowered.stablehlo(), lowered.host_callbacks)
+    executable = target.compile(lowered.stablehlo(), host_callbacks_of(lowered.lowered))
     graph = CompiledGraph(lowered.name, target, executable, lowered.inputs, lowered.outputs, lowered.needs_rng_seed)
     return graph([t.clone() for t in inputs])
 

@@ -47,9 +47,9 @@ _ASSUMED_FORMS = {
 
 def kernel_ops() -> dict[str, str]:
     """aten overload -> the NKI kernel(s) the routing table (lowering/kernel_routing.py) may send it to."""
-    from neuron_compile.lowering.kernel_routing import ROUTED_KERNELS
+    from neuron_compile.lowering.registry import RECORDS
 
-    return {str(op): ", ".join(kernels) for op, kernels in ROUTED_KERNELS.items()}
+    return {str(op): ", ".join(r.kernels) for op, r in RECORDS.items() if r.kernel_route is not None}
 
 
 def aten_universe(results: dict[str, Any]) -> dict[str, str]:
@@ -90,7 +90,7 @@ def aten_universe(results: dict[str, Any]) -> dict[str, str]:
 
 def complex_ops() -> list[str]:
     """aten overloads with a (real, imag) pair lowering."""
-    from neuron_compile.lowering.complex import supported_complex_ops
+    from neuron_compile.lowering.complex_pairs import supported_complex_ops
 
     return sorted(supported_complex_ops())
 
@@ -103,10 +103,18 @@ def refused_ops() -> dict[str, str]:
 
 
 def lowered_in() -> dict[str, str]:
-    """Lowered aten overload -> ``lowering/<family>.py:<line>`` of its lowering."""
-    from neuron_compile.lowering import registry
+    """aten overload -> every path its dispatch record holds, in dispatch order, as markdown: its lowering's
+    ``lowering/<family>.py:<line>``, and where it has them its pair lowering, NKI route and channels-last
+    handler."""
+    from neuron_compile.lowering.registry import RECORDS
 
-    return {str(op): registry.lowered_in(op) for op in registry.LOWERINGS if str(op).startswith("aten.")}
+    paths = {}
+    for op, record in RECORDS.items():
+        if str(op).startswith("aten.") and record.paths():
+            paths[str(op)] = "; ".join(
+                f"`{where}`" if what == "lowering" else f"{what} `{where}`" for what, where in record.paths().items()
+            )
+    return paths
 
 
 def _opinfo_use(results: dict[str, Any]) -> dict[str, list[str]]:
@@ -265,7 +273,7 @@ def render(results: dict[str, Any], overloads: dict[str, Any] | None = None) -> 
     from neuron_compile.value_checks import RUN_AFTER_GRAPH
 
     lowered = set(supported_ops()) | RUN_AFTER_GRAPH
-    where = lowered_in() | {op: "value_checks.py (run after the graph)" for op in RUN_AFTER_GRAPH}
+    where = lowered_in() | {op: "`value_checks.py` (run after the graph)" for op in RUN_AFTER_GRAPH}
     refused = refused_ops()
     kernels = kernel_ops()
     universe = aten_universe(results)
@@ -366,8 +374,11 @@ def render(results: dict[str, Any], overloads: dict[str, Any] | None = None) -> 
     w("it although it is outside core ATen; refused = the registry always refuses it; seen in OpInfo = it")
     w("reached the backend in the sweep.")
     w("")
-    w("`lowered in`: the file and line of the op's lowering under `neuron_compile/`; for an op the registry")
-    w("refuses (`neuron_compile.lowering.registry.REFUSALS`), the reason its error gives.")
+    w("`lowering paths`: everything the op's dispatch record (`neuron_compile/lowering/registry.py`) holds, in")
+    w("the order `lowering/dispatch.py` applies it, as file:line under `neuron_compile/`: the pair lowering")
+    w("for complex operands (`complex pair`), the NKI kernel site tried first (`NKI route`), the lowering, and")
+    w("the channels-last handler of the CPU target (`channels-last`); for an op the registry refuses, the")
+    w("reason its error gives.")
     w("")
     w(f"{' / '.join(gens)}: whether neuronx-cc would accept what the op lowers to, per generation, from the")
     w("legality pass (`neuron_compile/legality/`, rules from the public Neuron SDK docs, not verified on")
@@ -405,12 +416,12 @@ def render(results: dict[str, Any], overloads: dict[str, Any] | None = None) -> 
     w("sends the op to when its shapes and dtypes fit the kernel (otherwise its StableHLO lowering runs).")
     w("Attention (`scaled_dot_product_attention`) reaches the flash-attention kernel as `neuron::flash_attention`.")
     w("")
-    w(f"| aten op | status | lowered in | NKI kernel | why listed | OpInfo entries using it | {' | '.join(gens)} "
+    w(f"| aten op | status | lowering paths | NKI kernel | why listed | OpInfo entries using it | {' | '.join(gens)} "
       f"| verdict from |")
     w(f"| --- | --- | --- | --- | --- | ---: |{' --- |' * len(gens)} --- |")
     for op in sorted(status):
         cells = " | ".join(_cell(labels[op][g]) for g in gens)
-        place = f"`{where[op]}`" if op in where else _cell(f"refused: {refused[op]}") if op in refused else ""
+        place = where[op] if op in where else _cell(f"refused: {refused[op]}") if op in refused else ""
         kernel = f"`{kernels[op]}`" if op in kernels else ""
         source = _cell(sources[op]) if status[op] == LOWERED or sources[op] != NOT_EXERCISED else ""
         w(f"| `{op}` | {status[op]} | {place} | {kernel} | {universe[op]} | {len(use.get(op, []))} | {cells} "
@@ -420,7 +431,7 @@ def render(results: dict[str, Any], overloads: dict[str, Any] | None = None) -> 
     w("")
     w("Trainium has no complex dtype: inside a graph a complex value is a pair of real arrays (a trailing dim")
     w("of 2, `torch.view_as_real`'s layout) and these aten ops have a pair lowering")
-    w("(`neuron_compile/lowering/complex.py`, FFT in `lowering/fft.py`); any other op on a complex value is")
+    w("(`neuron_compile/lowering/complex_pairs.py`, FFT in `lowering/fft.py`); any other op on a complex value is")
     w("refused with the clear unsupported error. The StableHLO holds only real ops and goes through the same")
     w("legality pass as every graph.")
     w("")

@@ -40,7 +40,7 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 #: Tested only when named (``opinfo_sweep --dtypes float32,complex64``): not in CI's rotation nor in the
-#: default sweep. complex64 runs as (real, imag) float32 pairs (neuron_compile/lowering/complex.py); uint8
+#: default sweep. complex64 runs as (real, imag) float32 pairs (neuron_compile/lowering/complex_pairs.py); uint8
 #: is the dtype of images (wrap-around arithmetic, fixed-point resampling kernels in eager); int8/int16/int32
 #: are quantized weights and indices (wrap-around, integer division and shifts at narrow widths).
 OPT_IN_DTYPES: dict[str, torch.dtype] = {

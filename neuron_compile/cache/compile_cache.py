@@ -12,11 +12,16 @@
 
 Any problem with the directory (unwritable, full, untrusted) degrades to compiling without the disk cache,
 with one warning per directory and process (``report.OnceWarner``).
+
+Every miss that compiles says why on the ``neuron_compile.cache`` logger at INFO (when that level is on):
+the nearest entries of the directory for the same graph and the key parts that differ (``explain_miss``).
+``CACHE.observers`` see every graph looked up (``neuron-compile precompile collect`` records them).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from typing import Any, Callable
@@ -30,7 +35,7 @@ from ..runtime import map_budget
 from . import entry as E
 from . import megacache
 from .counters import FLUSH_INTERVAL, Counters
-from .key import CacheKey, NotCacheable, cache_key
+from .key import CacheKey, NotCacheable, cache_key, key_differences, part_name
 from .memory import MemoryLRU
 from .paths import resolve_cache_dir
 from .remote import RemoteRejected, RemoteStore, RemoteUnavailable, hmac_key_from_env, timeout_from_env
@@ -63,6 +68,8 @@ class CompileCache:
         self._swept_roots: set[str] = set()
         self.recorded: set[str] = set()  # keys already handed to torch's mega-cache in this process
         self._remotes: dict[tuple[str, bytes | None, float], RemoteStore] = {}  # each keeps its failure state
+        #: Called as ``fn(gm, example_inputs, opts, artifact, digest)`` after every cached lookup (hit or miss).
+        self.observers: list[Callable[[Any, list[Any], Options, Artifact, str], None]] = []
         # Near the memory-map limit the loaded executables this layer alone keeps are the first to go.
         map_budget.add_relief(self.memory.clear, rank=0)
 
@@ -137,6 +144,8 @@ class CompileCache:
             self.counters.count(None, uncached=1)
             return build(), "off", None
         artifact, state = self._get_or_build(key, opts, build, t0)
+        for observe in self.observers:
+            observe(gm, example_inputs, opts, artifact, key.digest)
         return artifact, state, key.digest
 
     def load(self, digest: str, opts: Options) -> Artifact | None:
@@ -204,6 +213,7 @@ class CompileCache:
             if found is not None:
                 return found, "hit"
             log.info("neuron cache: miss %s; compiling", key.digest[:12])
+            self._explain_miss(store, key)
             artifact = build()
             self.memory.put(key.digest, artifact)
             spent = artifact.lower_seconds + artifact.compile_seconds
@@ -214,6 +224,16 @@ class CompileCache:
         self._publish(remote, key, parts, damaged, store.root)  # after the release: local waiters go on
         self.counters.flush(store.root)
         return artifact, "miss"
+
+    @staticmethod
+    def _explain_miss(store: DiskStore, key: CacheKey) -> None:
+        if not log.isEnabledFor(logging.INFO):
+            return  # reading other entries' metadata is for those who asked to see it
+        try:
+            lines = explain_miss(store, key.summary, exclude=key.digest)
+        except OSError:
+            return
+        log.info("neuron cache: why %s missed: %s", key.digest[:12], "; ".join(lines))
 
     def _memory_hit(self, digest: str, opts: Options) -> Artifact | None:
         hit = self.memory.get(digest)
@@ -372,5 +392,65 @@ class CompileCache:
         return store.read_stats()
 
 
+#: Entries ``explain_miss`` reads at most (the most recently used): a miss must not read a whole big cache.
+EXPLAIN_SCAN_LIMIT = 2000
+
+
+def nearest_entries(
+    store: DiskStore, summary: dict[str, Any], limit: int = 3, exclude: str | None = None
+) -> tuple[list[tuple[str, dict[str, Any], list[tuple[str, Any, Any]]]], int]:
+    """The entries of ``store`` whose key summaries are nearest ``summary``: those of the same graph first,
+    then by the number of differing key parts. Returns ([(key, entry payload, differences)], entries read)."""
+    infos = sorted(store.entries(), key=lambda e: e.last_used, reverse=True)[:EXPLAIN_SCAN_LIMIT]
+    ranked = []
+    for info in infos:
+        if info.key == exclude:
+            continue
+        try:
+            payload = store.meta(info.key)
+        except (OSError, E.CorruptEntry):
+            continue
+        found = payload.get("key_summary") or {}
+        diffs = key_differences(summary, found)
+        same_graph = summary.get("graph") is not None and found.get("graph") == summary.get("graph")
+        ranked.append((not same_graph, len({part_name(p) for p, _, _ in diffs}), len(diffs), info.key, payload, diffs))
+    ranked.sort(key=lambda r: r[:4])
+    return [(k, payload, diffs) for *_, k, payload, diffs in ranked[:limit]], len(infos)
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def describe_differences(diffs: list[tuple[str, Any, Any]], max_shown: int = 4) -> str:
+    """``versions: versions.neuronx-cc 'X' here, 'Y' there; options: options.opt_level 3 here, 2 there``."""
+    parts: dict[str, list[str]] = {}
+    for path, here, there in diffs:
+        parts.setdefault(part_name(path), []).append(f"{path} {_short(here)} here, {_short(there)} there")
+    shown = []
+    for name, items in parts.items():
+        more = f" (+{len(items) - max_shown} more)" if len(items) > max_shown else ""
+        shown.append(f"{name}: " + ", ".join(items[:max_shown]) + more)
+    return "; ".join(shown)
+
+
+def explain_miss(store: DiskStore, summary: dict[str, Any], limit: int = 3, exclude: str | None = None) -> list[str]:
+    """Why a key with this summary is not in ``store``: one line per nearest entry naming the key parts
+    that differ (graph, input shapes/dtypes, target, generation, flags, versions, options)."""
+    nearest, seen = nearest_entries(store, summary, limit, exclude)
+    if not nearest:
+        return [f"the cache {store.root} holds no other entry"]
+    lines = []
+    if summary.get("graph") is not None and nearest[0][1].get("key_summary", {}).get("graph") != summary["graph"]:
+        lines.append(f"no entry of the {seen} in {store.root} holds this graph; nearest")
+    for key, payload, diffs in nearest:
+        what = describe_differences(diffs) or "nothing (same key parts: a key of another format)"
+        lines.append(f"entry {key[:12]} {payload.get('name', '?')} differs in {what}")
+    return lines
+
+
 #: THE cache of this process.
 CACHE = CompileCache()
+# PyTorch's mega-cache loads our artifacts into the store the default options resolve to.
+megacache.store_for_loading = lambda: CACHE.store_for(Options.from_user(None))

@@ -11,6 +11,10 @@ What enters the key, and why:
   jax/jaxlib, and neuronx-cc and the real nki when the neuron target is used (``XLA_FLAGS`` for the CPU
   target);
 - the user tag ``torch.compiler.config.cache_key_tag``.
+
+The key is the hash of its summary (``key_digest``), which names the graph by its own digest: so a key can
+be recomputed from a summary alone (``neuron-compile precompile`` fills in the compiling host's neuronx-cc
+version) and two summaries compared part by part (``key_differences``: why did this miss).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from ..graph_checks import is_symbolic
 from ..options import Options
 
 #: Bumped when the key or entry format changes incompatibly.
-KEY_FORMAT = 2  # 2: outputs that alias inputs (OutputSpec kind "input")
+KEY_FORMAT = 3  # 2: outputs that alias inputs (OutputSpec kind "input"); 3: the graph's digest in the summary
 
 
 class NotCacheable(Exception):
@@ -246,12 +250,56 @@ def cache_key(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options
     signature = input_signature(example_inputs)
     summary = {
         **environment(opts),
+        "graph": hashlib.sha256(repr(graph).encode()).hexdigest()[:40],
         "inputs": signature,
         # a forward's outputs saved for the backward may be returned channels-last (lowering/layout.py)
         "saved_for_backward_from": getattr(gm, "meta", {}).get(SAVED_FOR_BACKWARD_FROM),
         "num_nodes": len(graph),
     }
-    h = hashlib.sha256()
-    h.update(repr(graph).encode())
-    h.update(json.dumps(summary, sort_keys=True).encode())
-    return CacheKey(h.hexdigest()[:40], summary)
+    return CacheKey(key_digest(summary), summary)
+
+
+def key_digest(summary: dict[str, Any]) -> str:
+    """The key of a summary (``cache_key``'s): everything in it, the graph by its digest."""
+    return hashlib.sha256(json.dumps(summary, sort_keys=True).encode()).hexdigest()[:40]
+
+
+#: What a key part is called in a "why did this miss" line: (prefix of its path in the summary, name).
+_PART_NAMES = (
+    ("graph", "graph"), ("num_nodes", "graph"), ("saved_for_backward_from", "graph"),
+    ("inputs", "input shapes/dtypes"), ("target", "target"), ("options.target", "target"),
+    ("options.generation", "generation"), ("options.neuron_cc_flags", "flags"), ("versions", "versions"),
+    ("options", "options"), ("tag", "cache_key_tag"), ("format", "key format"),
+)  # fmt: skip
+
+
+def _flatten(value: Any, path: str, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(v, f"{path}.{k}" if path else str(k), out)
+    elif isinstance(value, list) and path == "inputs":
+        out[f"{path}.count"] = len(value)
+        for i, v in enumerate(value):
+            out[f"{path}[{i}]"] = v
+    else:
+        out[path] = value
+
+
+def part_name(path: str) -> str:
+    """The key part a summary path belongs to: "graph", "input shapes/dtypes", "flags", "versions"..."""
+    for prefix, name in _PART_NAMES:
+        if path == prefix or path.startswith((prefix + ".", prefix + "[")):
+            return name
+    return "other"
+
+
+def key_differences(wanted: dict[str, Any], found: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(summary path, wanted value, found value) of every leaf where two key summaries differ, e.g.
+    ``("options.opt_level", 3, 2)``, ``("inputs[0]", "float32[8, 4] ...", "float32[4, 4] ...")``; a value
+    absent on one side is None. Empty: the same key."""
+    a: dict[str, Any] = {}
+    b: dict[str, Any] = {}
+    _flatten(wanted, "", a)
+    _flatten(found, "", b)
+    # options.target repeats the target: named once
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and k != "options.target"]

@@ -12,6 +12,7 @@ with one warning; loading never fails because of it.
 from __future__ import annotations
 
 import logging
+from typing import Any, Callable
 
 from torch.compiler._cache import CacheArtifact, CacheArtifactFactory, CacheArtifactManager
 
@@ -23,14 +24,15 @@ log = logging.getLogger("neuron_compile.cache")
 
 ARTIFACT_TYPE = "neuron_compile"
 
+#: Returns the local store loaded artifacts are written to (None: the cache is off). Set by compile_cache,
+#: which owns the stores, so that this module does not import it back.
+store_for_loading: Callable[[], Any] = lambda: None  # noqa: E731
+
 
 class NeuronCacheArtifact(CacheArtifact):
     """key = our cache key; content = one packed entry (meta.json + module.mlir + executable.bin)."""
 
     def populate_cache(self) -> None:
-        from ..options import Options
-        from .compile_cache import CACHE
-
         try:
             key = check_key(self.key)
         except InvalidKey as e:
@@ -43,7 +45,7 @@ class NeuronCacheArtifact(CacheArtifact):
         except E.CorruptEntry as e:
             warn(f"neuron cache: skipped a damaged mega-cache artifact {key[:12]}: {e}", stacklevel=3)
             return
-        store = CACHE.store_for(Options.from_user(None))
+        store = store_for_loading()
         if store is None:
             return
         try:

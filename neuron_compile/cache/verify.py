@@ -54,7 +54,7 @@ def executable_signature(loaded: Any) -> tuple[list[Shape], list[Shape]] | None:
 
 def _fits(spec: TensorSpec, shape: Shape) -> bool:
     dtype, dims = shape
-    if spec.dtype.is_complex:  # carried as (real, imag) float32 pairs (lowering/complex.py)
+    if spec.dtype.is_complex:  # carried as (real, imag) float32 pairs (lowering/complex_pairs.py)
         return dtype == "f32" and dims == tuple(spec.shape) + (2,)
     want = _HLO_DTYPE.get(spec.dtype)
     dtype_ok = want is None or dtype in (want, _NARROWED.get(want))

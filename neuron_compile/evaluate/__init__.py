@@ -1,7 +1,9 @@
 """Evaluate one model for Trainium: what compiles, where it fails, its numerics and its costs.
 
 ``evaluate(model, example_inputs)`` returns an ``EvaluationReport``; ``compare_to_reference`` is the
-numerics rule (shared with the model tests); ``neuron-compile evaluate FILE.py:FACTORY`` is the CLI.
+numerics rule (shared with the model tests); ``bisect(model, example_inputs)`` judges every aten op alone,
+compiled vs eager against a float64 reference (docs/bisect.md); ``neuron-compile evaluate FILE.py:FACTORY
+[--bisect]`` is the CLI.
 """
 
 from __future__ import annotations
@@ -10,15 +12,19 @@ import sys
 import types
 from typing import Any
 
+from .bisect import BisectReport, OpFinding, bisect
 from .numerics import NumericsVerdict, TensorVerdict, compare_to_reference
 from .report import EvaluationReport, UnsupportedEntry
 from .runner import default_loss, evaluate
 
 __all__ = [
+    "BisectReport",
     "EvaluationReport",
     "NumericsVerdict",
+    "OpFinding",
     "TensorVerdict",
     "UnsupportedEntry",
+    "bisect",
     "compare_to_reference",
     "default_loss",
     "evaluate",

@@ -1,4 +1,7 @@
-"""``neuron-compile evaluate FILE.py:FACTORY [--json] [--steps N] [--timeout SECONDS]``.
+"""``neuron-compile evaluate FILE.py:FACTORY [--json] [--steps N] [--timeout SECONDS] [--bisect [--bisect-multiple X]]``.
+
+``--bisect`` runs ``bisect.bisect`` instead of ``evaluate``: every aten op judged alone (docs/bisect.md);
+exit status 0 when no op is flagged, 1 otherwise.
 
 FACTORY() returns ``(model, example_inputs)`` or ``(model, example_inputs, loss_fn)``. Exit status 0 when
 every graph compiles for Trainium and the numerics pass, 1 otherwise (a report says why), 2 for a usage or
@@ -114,6 +117,9 @@ def _check_usage(args: argparse.Namespace) -> None:
     timeout = getattr(args, "timeout", None)
     if timeout is not None and not 0 < timeout < float("inf"):
         raise UsageError(f"--timeout {timeout}: need a finite number of seconds > 0")
+    multiple = getattr(args, "bisect_multiple", None)
+    if multiple is not None and not 1 <= multiple < float("inf"):
+        raise UsageError(f"--bisect-multiple {multiple}: need a finite number >= 1")
 
 
 def _fail(args: argparse.Namespace, message: str) -> int:
@@ -138,9 +144,14 @@ def run(args: argparse.Namespace) -> int:
             failed: str | None = str(e)
         else:
             failed = None
-            from . import evaluate
+            if getattr(args, "bisect", False):
+                from .bisect import bisect
 
-            report = evaluate(model, inputs, loss_fn=loss_fn, steps=args.steps, phase_timeout=getattr(args, "timeout", None))
+                report: Any = bisect(model, inputs, loss_fn=loss_fn, multiple=args.bisect_multiple)
+            else:
+                from . import evaluate
+
+                report = evaluate(model, inputs, loss_fn=loss_fn, steps=args.steps, phase_timeout=getattr(args, "timeout", None))
     if failed is not None:
         return _fail(args, failed)
     if args.json:

@@ -24,7 +24,7 @@ import torch.utils._pytree as pytree
 
 from ..errors import NeuronCompileError, NeuronFloat64Warning, NeuronUnsupportedOpError, UnsupportedNode
 from ..options import Options
-from ..provenance import _describe
+from ..provenance import describe_value
 from ..stats import STATS
 from .numerics import DEFAULT_TOL, NumericsVerdict, TensorVerdict, compare_to_reference, merge
 from .randomness import random_draws
@@ -242,7 +242,7 @@ def _find_unsupported(error: BaseException) -> NeuronUnsupportedOpError | None:
 
 def _input_shapes(args: tuple, kwargs: dict) -> list[str]:
     leaves = pytree.tree_leaves((args, kwargs))
-    return [_describe(x) for x in leaves if isinstance(x, torch.Tensor)]
+    return [describe_value(x) for x in leaves if isinstance(x, torch.Tensor)]
 
 
 def evaluate(

@@ -28,128 +28,171 @@ from ._common import P, dtype_of, psum, sbuf, tiles
 F32 = "float32"
 KV_BLOCK = 2048
 CHUNK = 512
-NEG = float("-inf")
+# Masked scores and the initial running max: a large finite value, never -inf (the hardware treats -inf as
+# invalid input, and AWS's attention kernels and tests avoid it). Scaled by any sane softmax scale it is still
+# thousands below a real score, so exp() of it is exactly 0 in fp32, as exp(-inf) would be.
+NEG = -30000.0
 MAX_SEQ = 16384
+ROW_GROUP = 16  # 128-row tiles per bulk DMA (16 x 128 bf16 = 4 KiB per partition)
+LNC = 2  # launch degree: the two physical cores of one trn2/trn3 logical NeuronCore (LNC=2)
+
+
+def _load_rows(dst: Any, src_hbm: Any, s: int) -> None:
+    """dst[p, t, :] = src_hbm[t*128 + p, :] for the ``s`` rows of ``src_hbm``: the whole 128-row tiles in one
+    DMA per ``ROW_GROUP`` tiles (a [P, tiles, D] access pattern, several KiB per partition, where the published
+    DMA efficiency is high; a 128 x D tile alone moves only 2*D bytes per partition), the ragged tile apart."""
+    full = s // P
+    for t0 in range(0, full, ROW_GROUP):
+        g = min(ROW_GROUP, full - t0)
+        src = src_hbm[t0 * P:(t0 + g) * P, :].reshape_dim(0, (g, P)).permute((1, 0, 2))
+        nisa.dma_copy(dst=dst[:, t0:t0 + g, :], src=src)
+    if s % P:
+        nisa.dma_copy(dst=dst[:s % P, full, :], src=src_hbm[full * P:s, :])
 
 
 def _load_transposed(dst_t: Any, src_hbm: Any, s: int, d: int, dt: str, natural: Any = None) -> None:
-    """dst_t[D, S] = src_hbm[S, D].T, 128 rows at a time through the PE; optionally keep natural tiles."""
-    tp = psum((P, P), dt, "ld_transpose")
+    """dst_t[D, S] = src_hbm[S, D].T: rows loaded in bulk (:func:`_load_rows`), then 128 at a time through
+    the PE; ``natural`` ([P, tiles, D]) keeps the rows, else a temporary holds them."""
+    if natural is None:
+        natural = sbuf((P, -(-s // P), d), dt, "ld_rows")
+    _load_rows(natural, src_hbm, s)
     for t, (s0, ss) in enumerate(tiles(s)):
-        if natural is not None:
-            tile = natural[:, t, :]
-        else:
-            tile = sbuf((P, d), dt, "ld_rows")
-        nisa.dma_copy(tile[:ss], src_hbm[s0:s0 + ss, :])
-        nisa.nc_transpose(tp[:d, :ss], tile[:ss, :d])
-        nisa.tensor_copy(dst_t[:d, s0:s0 + ss], tp[:d, :ss], engine=nisa.scalar_engine)
+        tp = psum((P, P), dt, "ld_transpose")
+        nisa.nc_transpose(dst=tp[:d, :ss], data=natural[:ss, t, :d])
+        nisa.tensor_copy(dst=dst_t[:d, s0:s0 + ss], src=tp[:d, :ss], engine=nisa.engine.scalar)
 
 
 def _causal_mask(dst: Any, src: Any, rows: int, cols: int, q0: int, k0: int) -> None:
-    """dst = src where key index <= query index (query on partitions, key on the free dim), else -inf."""
-    nisa.affine_select(dst[:rows, :cols], pattern=[[-1, cols]], channel_multiplier=1,
+    """dst = src where key index <= query index (query on partitions, key on the free dim), else NEG."""
+    nisa.affine_select(dst=dst[:rows, :cols], pattern=[[-1, cols]], channel_multiplier=1,
                        on_true_tile=src[:rows, :cols], on_false_value=NEG, cmp_op=nl.greater_equal,
                        offset=q0 - k0)
 
 
+def _my_work(items: list[Any]) -> list[Any]:
+    """This program's share of ``items`` under the launch grid: every n-th item, n = nl.num_programs()
+    (interleaved, so causal tiles of growing cost are dealt evenly to the cores)."""
+    return items[nl.program_id(axis=0)::nl.num_programs(axes=0)]
+
+
+def _attend_block(q_t: Any, k_block: Any, k0_block: int, v_sb: Any, qs: int, q0: int, d: int, dt: str,
+                  causal: bool, scale: float, state: tuple[Any, Any, Any]) -> None:
+    """Online-softmax update of one 128-query tile with one key block (up to KV_BLOCK keys in CHUNK-wide
+    tiles of the K^T block grid): S = Q K^T on TensorE into one PSUM bank per chunk, the block's row max on
+    Vector, m_new/alpha on GpSimd, P = exp(scale*S - m_new) with its row sum fused on Scalar, P^T on the PE,
+    O_blk = P V accumulated in PSUM over the block, then ``l = l*alpha + rowsum``, ``o = o*alpha + O_blk``."""
+    m, l_sum, o_acc = state
+    chunks = nl.tiles(k_block)
+    n_chunks = chunks.shape[1]
+    cmax = sbuf((P, n_chunks), F32, "chunk_max")
+    srcs = []
+    for c in range(n_chunks):
+        cs = chunks[0, c].element_shape[1]
+        k0 = k0_block + c * CHUNK
+        s_ps = psum((P, CHUNK), F32, f"s{c}")  # one PSUM bank per chunk, fresh for each block
+        nisa.nc_matmul(dst=s_ps[:qs, :cs], stationary=q_t[:d, :qs], moving=chunks[0, c].data[:d], accumulate=False)
+        src = s_ps
+        if causal and k0 + cs - 1 > q0:
+            src = sbuf((P, CHUNK), F32, "s_masked")
+            nisa.tensor_copy(dst=src[:qs, :cs], src=s_ps[:qs, :cs], engine=nisa.engine.scalar)
+            _causal_mask(src, src, qs, cs, q0, k0)
+        srcs.append((src, cs))
+        nisa.tensor_reduce(dst=cmax[:qs, c:c + 1], op=nl.maximum, data=src[:qs, :cs], axis=1, keepdims=True)
+    # running max in scaled units; alpha rescales what was accumulated so far
+    m_new = sbuf((P, 1), F32, "m_new")
+    nisa.tensor_reduce(dst=m_new[:qs], op=nl.maximum, data=cmax[:qs], axis=1, keepdims=True)
+    nisa.tensor_scalar(dst=m_new[:qs], data=m_new[:qs], op0=nl.multiply, operand0=scale, op1=nl.maximum,
+                       operand1=m[:qs], engine=nisa.engine.gpsimd)
+    neg_m = sbuf((P, 1), F32, "neg_m")
+    nisa.tensor_scalar(dst=neg_m[:qs], data=m_new[:qs], op0=nl.multiply, operand0=-1.0, engine=nisa.engine.gpsimd)
+    alpha = sbuf((P, 1), F32, "alpha")
+    nisa.activation(dst=alpha[:qs], op=nl.exp, data=m[:qs], bias=neg_m[:qs])
+    nisa.tensor_copy(dst=m[:qs], src=m_new[:qs], engine=nisa.engine.gpsimd)
+    sums = sbuf((P, n_chunks), F32, "row_sums")
+    pv = psum((P, d), F32, "pv")
+    j = 0
+    for c, (src, cs) in enumerate(srcs):
+        p_sb = sbuf((P, CHUNK), dt, "p")
+        nisa.activation(dst=p_sb[:qs, :cs], op=nl.exp, data=src[:qs, :cs], bias=neg_m[:qs], scale=scale,
+                        reduce_op=nl.add, reduce_res=sums[:qs, c:c + 1])
+        p_tp = psum((P, CHUNK // P, P), dt, "pT_psum")
+        p_t = sbuf((P, CHUNK // P, P), dt, "pT")
+        sub = list(tiles(cs))
+        for i, (j0, js) in enumerate(sub):
+            nisa.nc_transpose(dst=p_tp[:js, i, :qs], data=p_sb[:qs, j0:j0 + js])
+        if cs % P == 0:
+            nisa.tensor_copy(dst=p_t[:, :len(sub), :qs], src=p_tp[:, :len(sub), :qs])
+        else:
+            for i, (j0, js) in enumerate(sub):
+                nisa.tensor_copy(dst=p_t[:js, i, :qs], src=p_tp[:js, i, :qs])
+        for i, (j0, js) in enumerate(sub):
+            kt = (k0_block + c * CHUNK + j0) // P
+            nisa.nc_matmul(dst=pv[:qs, :d], stationary=p_t[:js, i, :qs], moving=v_sb[:js, kt, :], accumulate=j > 0)
+            j += 1
+    blk_sum = sbuf((P, 1), F32, "blk_sum")
+    nisa.tensor_reduce(dst=blk_sum[:qs], op=nl.add, data=sums[:qs], axis=1, keepdims=True)
+    nisa.scalar_tensor_tensor(dst=l_sum[:qs], data=l_sum[:qs], op0=nl.multiply, operand0=alpha[:qs], op1=nl.add,
+                              operand1=blk_sum[:qs], engine=nisa.engine.gpsimd)
+    nisa.scalar_tensor_tensor(dst=o_acc[:qs], data=o_acc[:qs], op0=nl.multiply, operand0=alpha[:qs], op1=nl.add,
+                              operand1=pv[:qs, :d])
+
+
 @jit
-def flash_attention_fwd_kernel(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None) -> Any:
-    """NKI kernel: ``(o, lse)`` of softmax(scale * q k^T [+ causal mask]) v."""
+def _flash_attention_fwd(q: Any, k: Any, v: Any, causal: bool = False, scale: float | None = None) -> Any:
+    """NKI kernel: ``(o, lse)`` of softmax(scale * q k^T [+ causal mask]) v. Launched as ``[LNC]``: the
+    (batch, head, 128-query tile) work items are dealt to the programs of the launch; each program loads
+    K^T and V once per head it has work in."""
     b_n, h_n, sq, d = q.shape
     sk = k.shape[2]
     dt = q.dtype
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     out = nl.ndarray((b_n, h_n, sq, d), dt, buffer=nl.shared_hbm, name="o")
     lse = nl.ndarray((b_n, h_n, sq), F32, buffer=nl.shared_hbm, name="lse")
+    q_grid = nl.tiles(q, tile_shape=(P, d))  # [B, H, query tiles, 1]
+    o_grid = nl.tiles(out, tile_shape=(P, d))
     nkt = -(-sk // P)
-    s_banks = [psum((P, CHUNK), F32, f"s{i}") for i in range(KV_BLOCK // CHUNK)]
-    for b in range(b_n):
-        for h in range(h_n):
-            k_t = sbuf((P, sk), dt, "kT")
-            _load_transposed(k_t, k[b, h], sk, d, dt)
-            v_sb = sbuf((P, nkt, d), dt, "v")
-            for t, (k0, ks) in enumerate(tiles(sk)):
-                nisa.dma_copy(v_sb[:ks, t, :], v[b, h, k0:k0 + ks, :])
-            for q0, qs in tiles(sq):
-                q_t = sbuf((P, P), dt, "qT")
-                _load_transposed(q_t, q[b, h, q0:q0 + qs, :], qs, d, dt)
-                o_acc = sbuf((P, d), F32, "o_acc")
-                m = sbuf((P, 1), F32, "m")
-                l_sum = sbuf((P, 1), F32, "l")
-                nisa.memset(o_acc, 0.0)
-                nisa.memset(m, NEG, engine=nisa.gpsimd_engine)
-                nisa.memset(l_sum, 0.0, engine=nisa.gpsimd_engine)
-                kv_end = min(sk, q0 + qs) if causal else sk
-                for blk0 in range(0, kv_end, KV_BLOCK):
-                    chunks = list(tiles(min(KV_BLOCK, kv_end - blk0), CHUNK))
-                    cmax = sbuf((P, len(chunks)), F32, "chunk_max")
-                    srcs = []
-                    for c, (c0, cs) in enumerate(chunks):
-                        k0 = blk0 + c0
-                        s_ps = s_banks[c]
-                        nisa.nc_matmul(s_ps[:qs, :cs], q_t[:d, :qs], k_t[:d, k0:k0 + cs], accumulate=False)
-                        src = s_ps
-                        if causal and k0 + cs - 1 > q0:
-                            src = sbuf((P, CHUNK), F32, "s_masked")
-                            nisa.tensor_copy(src[:qs, :cs], s_ps[:qs, :cs], engine=nisa.scalar_engine)
-                            _causal_mask(src, src, qs, cs, q0, k0)
-                        srcs.append(src)
-                        nisa.tensor_reduce(cmax[:qs, c:c + 1], nl.maximum, src[:qs, :cs], axis=1, keepdims=True)
-                    # running max in scaled units; alpha rescales what was accumulated so far
-                    m_new = sbuf((P, 1), F32, "m_new")
-                    nisa.tensor_reduce(m_new[:qs], nl.maximum, cmax[:qs], axis=1, keepdims=True)
-                    nisa.tensor_scalar(m_new[:qs], m_new[:qs], nl.multiply, scale, op1=nl.maximum,
-                                       operand1=m[:qs], engine=nisa.gpsimd_engine)
-                    neg_m = sbuf((P, 1), F32, "neg_m")
-                    nisa.tensor_scalar(neg_m[:qs], m_new[:qs], nl.multiply, -1.0, engine=nisa.gpsimd_engine)
-                    alpha = sbuf((P, 1), F32, "alpha")
-                    nisa.activation(alpha[:qs], nl.exp, m[:qs], bias=neg_m[:qs])
-                    nisa.tensor_copy(m[:qs], m_new[:qs], engine=nisa.gpsimd_engine)
-                    sums = sbuf((P, len(chunks)), F32, "row_sums")
-                    pv = psum((P, d), F32, "pv")
-                    n_pv = sum(-(-cs // P) for _, cs in chunks)
-                    j = 0
-                    for c, (c0, cs) in enumerate(chunks):
-                        p_sb = sbuf((P, CHUNK), dt, "p")
-                        nisa.activation(p_sb[:qs, :cs], nl.exp, srcs[c][:qs, :cs], bias=neg_m[:qs], scale=scale,
-                                        reduce_op=nl.add, reduce_res=sums[:qs, c:c + 1])
-                        p_tp = psum((P, CHUNK // P, P), dt, "pT_psum")
-                        p_t = sbuf((P, CHUNK // P, P), dt, "pT")
-                        sub = list(tiles(cs))
-                        for i, (j0, js) in enumerate(sub):
-                            nisa.nc_transpose(p_tp[:js, i, :qs], p_sb[:qs, j0:j0 + js])
-                        if cs % P == 0:
-                            nisa.tensor_copy(p_t[:, :len(sub), :qs], p_tp[:, :len(sub), :qs])
-                        else:
-                            for i, (j0, js) in enumerate(sub):
-                                nisa.tensor_copy(p_t[:js, i, :qs], p_tp[:js, i, :qs])
-                        for i, (j0, js) in enumerate(sub):
-                            kt = (blk0 + c0 + j0) // P
-                            nisa.nc_matmul(pv[:qs, :d], p_t[:js, i, :qs], v_sb[:js, kt, :], accumulate=j > 0)
-                            j += 1
-                    assert j == n_pv
-                    blk_sum = sbuf((P, 1), F32, "blk_sum")
-                    nisa.tensor_reduce(blk_sum[:qs], nl.add, sums[:qs], axis=1, keepdims=True)
-                    nisa.scalar_tensor_tensor(l_sum[:qs], l_sum[:qs], nl.multiply, alpha[:qs], nl.add,
-                                              blk_sum[:qs], engine=nisa.gpsimd_engine)
-                    nisa.scalar_tensor_tensor(o_acc[:qs], o_acc[:qs], nl.multiply, alpha[:qs], nl.add, pv[:qs, :d])
-                inv_l = sbuf((P, 1), F32, "inv_l")
-                nisa.reciprocal(inv_l[:qs], l_sum[:qs])
-                o_sb = sbuf((P, d), dt, "o")
-                nisa.tensor_scalar(o_sb[:qs], o_acc[:qs], nl.multiply, inv_l[:qs])
-                nisa.dma_copy(out[b, h, q0:q0 + qs, :], o_sb[:qs])
-                lse_sb = sbuf((P, 1), F32, "lse")
-                nisa.activation(lse_sb[:qs], nl.log, l_sum[:qs])
-                nisa.tensor_tensor(lse_sb[:qs], lse_sb[:qs], m[:qs], nl.add)
-                nisa.dma_copy(lse[b, h, q0:q0 + qs].reshape((qs, 1)), lse_sb[:qs])
-            del k_t, v_sb  # tiles are scoped to the head: free them before the next head allocates
+    mine = _my_work([(b, h, t) for b in range(b_n) for h in range(h_n) for t in range(q_grid.shape[2])])
+    for b, h in dict.fromkeys((b, h) for b, h, _ in mine):
+        k_t = sbuf((P, sk), dt, "kT")
+        _load_transposed(k_t, k[b, h], sk, d, dt)
+        v_sb = sbuf((P, nkt, d), dt, "v")
+        _load_rows(v_sb, v[b, h], sk)
+        for t in (t for bb, hh, t in mine if (bb, hh) == (b, h)):
+            q0 = t * P
+            qs = q_grid[b, h, t, 0].element_shape[0]
+            q_t = sbuf((P, P), dt, "qT")
+            _load_transposed(q_t, q_grid[b, h, t, 0].data, qs, d, dt)
+            state = (sbuf((P, 1), F32, "m"), sbuf((P, 1), F32, "l"), sbuf((P, d), F32, "o_acc"))
+            nisa.memset(dst=state[0], value=NEG, engine=nisa.engine.gpsimd)
+            nisa.memset(dst=state[1], value=0.0, engine=nisa.engine.gpsimd)
+            nisa.memset(dst=state[2], value=0.0)
+            kv_end = min(sk, q0 + qs) if causal else sk
+            k_blocks = nl.blocks(k_t[:, :kv_end], tile_shape=(P, CHUNK), block_shape=(1, KV_BLOCK // CHUNK))
+            for j in range(k_blocks.shape[1]):
+                _attend_block(q_t, k_blocks[0, j], j * KV_BLOCK, v_sb, qs, q0, d, dt, causal, scale, state)
+            m, l_sum, o_acc = state
+            inv_l = sbuf((P, 1), F32, "inv_l")
+            nisa.reciprocal(dst=inv_l[:qs], data=l_sum[:qs])
+            o_sb = sbuf((P, d), dt, "o")
+            nisa.tensor_scalar(dst=o_sb[:qs], data=o_acc[:qs], op0=nl.multiply, operand0=inv_l[:qs])
+            nisa.dma_copy(dst=o_grid[b, h, t, 0].data, src=o_sb[:qs])
+            lse_sb = sbuf((P, 1), F32, "lse")
+            nisa.activation(dst=lse_sb[:qs], op=nl.log, data=l_sum[:qs])
+            nisa.tensor_tensor(dst=lse_sb[:qs], data1=lse_sb[:qs], data2=m[:qs], op=nl.add)
+            nisa.dma_copy(dst=lse[b, h, q0:q0 + qs].reshape((qs, 1)), src=lse_sb[:qs])
+        del k_t, v_sb  # tiles are scoped to the head: free them before the next head allocates
     return out, lse
 
 
+flash_attention_fwd_kernel = _flash_attention_fwd[LNC]
+
+
 @jit
-def flash_attention_bwd_kernel(q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, causal: bool = False,
-                               scale: float | None = None) -> Any:
-    """NKI kernel: ``(dq, dk, dv)`` of :func:`flash_attention_fwd_kernel` given its ``o`` and ``lse``."""
+def _flash_attention_bwd(q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, causal: bool = False,
+                         scale: float | None = None) -> Any:
+    """NKI kernel: ``(dq, dk, dv)`` of :func:`flash_attention_fwd_kernel` given its ``o`` and ``lse``.
+    Launched as ``[LNC]``: (batch, head) pairs are dealt to the programs (dQ sums over every key tile of a
+    head, so a head is never split between cores)."""
     b_n, h_n, sq, d = q.shape
     sk = k.shape[2]
     dt = q.dtype
@@ -160,69 +203,76 @@ def flash_attention_bwd_kernel(q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any
     nq, nk = -(-sq // P), -(-sk // P)
     s_ps, dp_ps = psum((P, P), F32, "s"), psum((P, P), F32, "dp")
     dq_ps, dk_ps, dv_ps = psum((P, d), F32, "dq"), psum((P, d), F32, "dk"), psum((P, d), F32, "dv")
-    for b in range(b_n):
-        for h in range(h_n):
-            q_sb, do_sb = sbuf((P, nq, d), dt, "q"), sbuf((P, nq, d), dt, "do")
-            k_sb, v_sb = sbuf((P, nk, d), dt, "k"), sbuf((P, nk, d), dt, "v")
-            q_t, do_t = sbuf((P, sq), dt, "qT"), sbuf((P, sq), dt, "doT")
-            k_t, v_t = sbuf((P, sk), dt, "kT"), sbuf((P, sk), dt, "vT")
-            _load_transposed(q_t, q[b, h], sq, d, dt, natural=q_sb)
-            _load_transposed(do_t, do[b, h], sq, d, dt, natural=do_sb)
-            _load_transposed(k_t, k[b, h], sk, d, dt, natural=k_sb)
-            _load_transposed(v_t, v[b, h], sk, d, dt, natural=v_sb)
-            neg_lse, di = sbuf((P, nq), F32, "neg_lse"), sbuf((P, nq), F32, "Di")
-            dq_acc = sbuf((P, nq, d), F32, "dq_acc")
-            nisa.memset(dq_acc, 0.0)
+    for b, h in _my_work([(b, h) for b in range(b_n) for h in range(h_n)]):
+        q_sb, do_sb = sbuf((P, nq, d), dt, "q"), sbuf((P, nq, d), dt, "do")
+        k_sb, v_sb = sbuf((P, nk, d), dt, "k"), sbuf((P, nk, d), dt, "v")
+        q_t, do_t = sbuf((P, sq), dt, "qT"), sbuf((P, sq), dt, "doT")
+        k_t, v_t = sbuf((P, sk), dt, "kT"), sbuf((P, sk), dt, "vT")
+        _load_transposed(q_t, q[b, h], sq, d, dt, natural=q_sb)
+        _load_transposed(do_t, do[b, h], sq, d, dt, natural=do_sb)
+        _load_transposed(k_t, k[b, h], sk, d, dt, natural=k_sb)
+        _load_transposed(v_t, v[b, h], sk, d, dt, natural=v_sb)
+        neg_lse, di = sbuf((P, nq), F32, "neg_lse"), sbuf((P, nq), F32, "Di")
+        dq_acc = sbuf((P, nq, d), F32, "dq_acc")
+        nisa.memset(dst=dq_acc, value=0.0)
+        for i, (q0, qs) in enumerate(tiles(sq)):
+            nisa.dma_copy(dst=neg_lse[:qs, i:i + 1], src=lse[b, h, q0:q0 + qs].reshape((qs, 1)))
+            o_tile = sbuf((P, d), dt, "o")
+            nisa.dma_copy(dst=o_tile[:qs], src=o[b, h, q0:q0 + qs, :])
+            prod = sbuf((P, d), F32, "do_o")
+            nisa.tensor_tensor(dst=prod[:qs], data1=do_sb[:qs, i, :], data2=o_tile[:qs], op=nl.multiply)
+            nisa.tensor_reduce(dst=di[:qs, i:i + 1], op=nl.add, data=prod[:qs], axis=1, keepdims=True)
+        nisa.tensor_scalar(dst=neg_lse, data=neg_lse, op0=nl.multiply, operand0=-1.0)
+        for j, (k0, ks) in enumerate(tiles(sk)):
+            first = True
             for i, (q0, qs) in enumerate(tiles(sq)):
-                nisa.dma_copy(neg_lse[:qs, i:i + 1], lse[b, h, q0:q0 + qs].reshape((qs, 1)))
-                o_tile = sbuf((P, d), dt, "o")
-                nisa.dma_copy(o_tile[:qs], o[b, h, q0:q0 + qs, :])
-                prod = sbuf((P, d), F32, "do_o")
-                nisa.tensor_tensor(prod[:qs], do_sb[:qs, i, :], o_tile[:qs], nl.multiply)
-                nisa.tensor_reduce(di[:qs, i:i + 1], nl.add, prod[:qs], axis=1, keepdims=True)
-            nisa.tensor_scalar(neg_lse, neg_lse, nl.multiply, -1.0)
-            for j, (k0, ks) in enumerate(tiles(sk)):
-                first = True
-                for i, (q0, qs) in enumerate(tiles(sq)):
-                    if causal and k0 > q0 + qs - 1:
-                        continue
-                    nisa.nc_matmul(s_ps[:qs, :ks], q_t[:d, q0:q0 + qs], k_t[:d, k0:k0 + ks], accumulate=False)
-                    src = s_ps
-                    if causal and k0 + ks - 1 > q0:
-                        src = sbuf((P, P), F32, "s_masked")
-                        nisa.tensor_copy(src[:qs, :ks], s_ps[:qs, :ks], engine=nisa.scalar_engine)
-                        _causal_mask(src, src, qs, ks, q0, k0)
-                    p_sb = sbuf((P, P), dt, "p")
-                    nisa.activation(p_sb[:qs, :ks], nl.exp, src[:qs, :ks], bias=neg_lse[:qs, i:i + 1], scale=scale)
-                    nisa.nc_matmul(dv_ps[:ks, :d], p_sb[:qs, :ks], do_sb[:qs, i, :], accumulate=not first)
-                    nisa.nc_matmul(dp_ps[:qs, :ks], do_t[:d, q0:q0 + qs], v_t[:d, k0:k0 + ks], accumulate=False)
-                    ds_f = sbuf((P, P), F32, "dp_minus_di")
-                    nisa.tensor_scalar(ds_f[:qs, :ks], dp_ps[:qs, :ks], nl.subtract, di[:qs, i:i + 1])
-                    ds = sbuf((P, P), dt, "ds")
-                    nisa.tensor_tensor(ds[:qs, :ks], ds_f[:qs, :ks], p_sb[:qs, :ks], nl.multiply)
-                    nisa.nc_matmul(dk_ps[:ks, :d], ds[:qs, :ks], q_sb[:qs, i, :], accumulate=not first)
-                    ds_tp = psum((P, P), dt, "dsT_psum")
-                    nisa.nc_transpose(ds_tp[:ks, :qs], ds[:qs, :ks])
-                    ds_t = sbuf((P, P), dt, "dsT")
-                    nisa.tensor_copy(ds_t[:ks, :qs], ds_tp[:ks, :qs], engine=nisa.scalar_engine)
-                    nisa.nc_matmul(dq_ps[:qs, :d], ds_t[:ks, :qs], k_sb[:ks, j, :], accumulate=False)
-                    nisa.tensor_tensor(dq_acc[:qs, i, :], dq_acc[:qs, i, :], dq_ps[:qs, :d], nl.add)
-                    first = False
-                dk_sb, dv_sb = sbuf((P, d), dt, "dk"), sbuf((P, d), dt, "dv")
-                if first:  # no query attends to this key tile
-                    nisa.memset(dk_sb, 0.0)
-                    nisa.memset(dv_sb, 0.0)
-                else:
-                    nisa.tensor_scalar(dk_sb[:ks], dk_ps[:ks, :d], nl.multiply, scale)
-                    nisa.tensor_copy(dv_sb[:ks], dv_ps[:ks, :d])
-                nisa.dma_copy(dk[b, h, k0:k0 + ks, :], dk_sb[:ks])
-                nisa.dma_copy(dv[b, h, k0:k0 + ks, :], dv_sb[:ks])
-            for i, (q0, qs) in enumerate(tiles(sq)):
-                dq_sb = sbuf((P, d), dt, "dq")
-                nisa.tensor_scalar(dq_sb[:qs], dq_acc[:qs, i, :], nl.multiply, scale)
-                nisa.dma_copy(dq[b, h, q0:q0 + qs, :], dq_sb[:qs])
-            del q_sb, do_sb, k_sb, v_sb, q_t, do_t, k_t, v_t, dq_acc  # scoped to the head
+                if causal and k0 > q0 + qs - 1:
+                    continue
+                nisa.nc_matmul(dst=s_ps[:qs, :ks], stationary=q_t[:d, q0:q0 + qs], moving=k_t[:d, k0:k0 + ks],
+                               accumulate=False)
+                src = s_ps
+                if causal and k0 + ks - 1 > q0:
+                    src = sbuf((P, P), F32, "s_masked")
+                    nisa.tensor_copy(dst=src[:qs, :ks], src=s_ps[:qs, :ks], engine=nisa.engine.scalar)
+                    _causal_mask(src, src, qs, ks, q0, k0)
+                p_sb = sbuf((P, P), dt, "p")
+                nisa.activation(dst=p_sb[:qs, :ks], op=nl.exp, data=src[:qs, :ks], bias=neg_lse[:qs, i:i + 1],
+                                scale=scale)
+                nisa.nc_matmul(dst=dv_ps[:ks, :d], stationary=p_sb[:qs, :ks], moving=do_sb[:qs, i, :],
+                               accumulate=not first)
+                nisa.nc_matmul(dst=dp_ps[:qs, :ks], stationary=do_t[:d, q0:q0 + qs], moving=v_t[:d, k0:k0 + ks],
+                               accumulate=False)
+                ds_f = sbuf((P, P), F32, "dp_minus_di")
+                nisa.tensor_scalar(dst=ds_f[:qs, :ks], data=dp_ps[:qs, :ks], op0=nl.subtract, operand0=di[:qs, i:i + 1])
+                ds = sbuf((P, P), dt, "ds")
+                nisa.tensor_tensor(dst=ds[:qs, :ks], data1=ds_f[:qs, :ks], data2=p_sb[:qs, :ks], op=nl.multiply)
+                nisa.nc_matmul(dst=dk_ps[:ks, :d], stationary=ds[:qs, :ks], moving=q_sb[:qs, i, :],
+                               accumulate=not first)
+                ds_tp = psum((P, P), dt, "dsT_psum")
+                nisa.nc_transpose(dst=ds_tp[:ks, :qs], data=ds[:qs, :ks])
+                ds_t = sbuf((P, P), dt, "dsT")
+                nisa.tensor_copy(dst=ds_t[:ks, :qs], src=ds_tp[:ks, :qs], engine=nisa.engine.scalar)
+                nisa.nc_matmul(dst=dq_ps[:qs, :d], stationary=ds_t[:ks, :qs], moving=k_sb[:ks, j, :], accumulate=False)
+                nisa.tensor_tensor(dst=dq_acc[:qs, i, :], data1=dq_acc[:qs, i, :], data2=dq_ps[:qs, :d], op=nl.add)
+                first = False
+            dk_sb, dv_sb = sbuf((P, d), dt, "dk"), sbuf((P, d), dt, "dv")
+            if first:  # no query attends to this key tile
+                nisa.memset(dst=dk_sb, value=0.0)
+                nisa.memset(dst=dv_sb, value=0.0)
+            else:
+                nisa.tensor_scalar(dst=dk_sb[:ks], data=dk_ps[:ks, :d], op0=nl.multiply, operand0=scale)
+                nisa.tensor_copy(dst=dv_sb[:ks], src=dv_ps[:ks, :d])
+            nisa.dma_copy(dst=dk[b, h, k0:k0 + ks, :], src=dk_sb[:ks])
+            nisa.dma_copy(dst=dv[b, h, k0:k0 + ks, :], src=dv_sb[:ks])
+        for i, (q0, qs) in enumerate(tiles(sq)):
+            dq_sb = sbuf((P, d), dt, "dq")
+            nisa.tensor_scalar(dst=dq_sb[:qs], data=dq_acc[:qs, i, :], op0=nl.multiply, operand0=scale)
+            nisa.dma_copy(dst=dq[b, h, q0:q0 + qs, :], src=dq_sb[:qs])
+        del q_sb, do_sb, k_sb, v_sb, q_t, do_t, k_t, v_t, dq_acc  # scoped to the head
     return dq, dk, dv
+
+
+flash_attention_bwd_kernel = _flash_attention_bwd[LNC]
 
 
 # ------------------------------------------------------------------------------------------- references
@@ -234,12 +284,12 @@ def _scores(q: Any, k: Any, causal: bool, scale: float | None) -> Any:
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     s = lax.dot_general(q, k, (((3,), (3,)), ((0, 1), (0, 1))), preferred_element_type=jnp.float32) * scale
     if causal:
-        # int32 positions and a float32 -inf: the neuron target without nki compiles this body itself,
-        # and under the lowering's x64 mode jnp.arange and a bare Python -inf would be 64-bit
-        # (float64 does not exist on Trainium).
+        # int32 positions and a float32 finite mask: the neuron target without nki compiles this body itself,
+        # and under the lowering's x64 mode jnp.arange and a bare Python float would be 64-bit
+        # (float64 does not exist on Trainium); -inf is invalid input to the hardware, NEG masks as well.
         shape = (q.shape[2], k.shape[2])
         keep = lax.broadcasted_iota(jnp.int32, shape, 1) <= lax.broadcasted_iota(jnp.int32, shape, 0)
-        s = jnp.where(keep, s, jnp.asarray(-jnp.inf, s.dtype))
+        s = jnp.where(keep, s, jnp.asarray(NEG, s.dtype))
     return s, scale
 
 
@@ -292,4 +342,7 @@ def flash_attention_fwd_supports(q: Any, k: Any, v: Any, causal: bool = False, s
 
 def flash_attention_bwd_supports(q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, causal: bool = False,
                                  scale: float | None = None) -> bool:
-    return _qkv_ok(q, k, v, causal) and max(q.shape[2], k.shape[2]) <= 8192
+    # Q, dO, K, V stay resident natural and transposed, plus an fp32 dQ accumulator: 8192 rows fit SBUF in
+    # 2-byte dtypes, 4096 in fp32 (8192 fp32 overflowed it and was routed anyway before)
+    limit = 8192 if dtype_of(q) in ("bfloat16", "float16") else 4096
+    return _qkv_ok(q, k, v, causal) and max(q.shape[2], k.shape[2]) <= limit

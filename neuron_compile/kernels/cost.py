@@ -1,8 +1,9 @@
 """Cost model: estimated time of one NKI kernel run from the emulator's counters.
 
 Nothing here was measured on hardware. Figures are the published ones gathered in
-``shared/NKI_FACTS.md`` section 9 (AWS Neuron architecture guides for Trn1/Trn2/Trn3 and the NKI DMA
-bandwidth guide); where the guides disagree the choice is stated.
+``shared/NKI_API_AND_COSTS.md`` (AWS Neuron architecture guides for Trn1/Trn2/Trn3, the NKI DMA overview and
+bandwidth guides, the perf guide); where the guides disagree the choice is stated. docs/nki.md compares the
+model with every measured figure AWS publishes.
 
 Figures per NeuronCore (one "core" = one NC; LNC=1):
 
@@ -18,35 +19,55 @@ HBM per chip       0.82 TB/s, 2 cores           2.9 TB/s, 8 cores            4.9
 DMA peak per core  272 GB/s                     368 GB/s                     528 GB/s
 =================  ===========================  ===========================  ===========================
 
+Every figure and its source is in ``shared/NKI_API_AND_COSTS.md`` (AWS Neuron SDK architecture guides,
+the NKI DMA overview and bandwidth guides, the perf guide and the profiler's summary-page docs).
+
+The estimate is the **critical path** of the kernel's instruction stream over the engines (a list schedule,
+``emulator/schedule.py``): every instruction starts when its engine is free and its inputs are ready, so
+engines overlap exactly as far as the kernel's dependencies let them (a tile reused across loop iterations
+serializes the next iteration's writer behind this one's readers; a tile allocated inside the loop does not).
 Assumptions (each a simplification; the estimate is a model, not a measurement):
 
 * **TensorE**: ``nc_matmul`` takes ``max(N_moving, 64)`` cycles for 2-byte/1-byte operands and 4x that
-  for fp32/tf32 (LoadStationary is assumed hidden behind the previous matmul). A 128x128x512 bf16 tile is
-  then 512 cycles = 213 ns, i.e. 78.6 TF, which matches the 79 TF peak. A PE transpose (``nc_transpose``
-  on Tensor) costs ``max(P_in, 64)`` cycles (it is a matmul against the identity with N = P_in).
-* **VectorE / ScalarE / GpSimdE**: an instruction over N elements per partition costs
-  ``max(64, N * k / lane_rate)`` cycles, where ``lane_rate`` = elements per cycle / 128 lanes from the table
-  (trn2 VectorE: 2 fp32 or 4 bf16 per lane per cycle; ScalarE 1), ``k`` = 2 for two tensor inputs
-  (``tensor_tensor``), 8 for ``reciprocal`` on Vector, and ``iota``/``affine_select`` add 150 cycles.
-  The ~100-cycle penalty for chains of dependent instructions is NOT modelled.
-* **DMA/HBM**: bytes moved between HBM and SBUF at ``min(HBM per chip / cores, DMA peak per core)``
-  (trn2: min(362.5, 368) = 362.5 GB/s), plus a fixed 1.3 us per ``dma_copy`` spread over the 16 DMA queues
-  (so 81 ns amortised per transfer). SBUF->SBUF DMA counts against the same bandwidth.
-* **Overlap**: engines run concurrently and the kernels are pipelined (double buffering, the Tile
-  framework's dependency tracking), so the estimated time is the busiest engine's time, max over
-  {Tensor, Vector, Scalar, GpSimd, DMA}. No launch overhead, no cross-engine semaphore latency.
-* **Roofline**: ``max(useful_flops / TensorE peak, essential_bytes / HBM bandwidth per core)``, where the
-  caller gives the useful flops (e.g. 2MNK, causal attention counts half) and the essential bytes (inputs
-  read once + outputs written once). ``% of roofline`` = roofline time / estimated time.
+  for fp32/tf32 (LoadStationary hidden behind the previous matmul). A 128x128x512 bf16 tile is 512 cycles =
+  213 ns, i.e. 78.6 TF. A PE transpose costs ``max(P_in, 64)`` cycles. **Warm-up throttle** (trn2/trn3): the
+  PE starts at 50% of peak and ramps linearly to full over 3 us of activity; an idle gap of 3 us or more
+  throttles it again (the profiler docs' rule is "utilization below 50% for about 3 us"; an idle gap is the
+  simple reading).
+* **VectorE / ScalarE / GpSimdE**: ``FIXED_CYCLES`` (100, "about 100 static cycles per instruction") plus
+  ``N * k / lane_rate`` cycles for N elements per partition (k = 2 with two tensor inputs, 8 for Vector
+  ``reciprocal``; ``iota``/``affine_select`` add 150). An instruction that consumes another compute
+  instruction's result starts ``DEP_CYCLES`` (164) after it: with the fixed cost that gives the published
+  264-cycle initiation interval of dependent single-element ScalarE instructions.
+* **DMA**: 16 DMA engines per core, each serving 8 partitions, each at ``min(DMA peak, HBM share) / 16``.
+  A transfer of P partitions uses ``ceil(P/8)`` engines. Its rate is scaled by the published efficiency
+  curve of bytes per partition per transfer (``DMA_EFFICIENCY``: 81% at 2 KiB, 97% at 4 KiB, 21% at 512 B,
+  digitized from the NKI DMA overview's figure), and it starts no earlier than ``DMA_FIXED_LATENCY_S``
+  (1.3 us, the descriptor/semaphore-to-start latency) after its inputs are ready; independent transfers
+  issued ahead pipeline that latency away.
+* **LNC**: each program of a ``kernel[2]`` launch runs on its own physical core with its own engines and
+  DMA share; the estimate is the slower program.
+* Not modelled: DGE descriptor costs, SBUF bank conflicts and the halved bandwidth of strided (>16 B)
+  free-dim access, HBM contention between cores, PSUM-bank read/write ports, instruction fetch.
+* **Roofline**: ``max(useful_flops / TensorE peak, essential_bytes / HBM bandwidth)`` for the cores the
+  kernel runs on; ``% of roofline`` = roofline time / estimated time.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "DEP_CYCLES",
+    "DMA_EFFICIENCY",
+    "DMA_FIXED_LATENCY_S",
+    "FIXED_CYCLES",
     "GENERATIONS",
+    "PE_WARMUP_S",
+    "dma_efficiency",
+    "dma_transfer_seconds",
     "CostEstimate",
     "Generation",
     "estimate",
@@ -114,6 +135,48 @@ def generation(name: str | Generation | None) -> Generation:
     return GENERATIONS[key]
 
 
+FIXED_CYCLES = 100.0  # static cost of a Vector/Scalar/GpSimd instruction (arch guide: "about 100 cycles")
+DEP_CYCLES = 164.0  # start delay after a compute producer: 100 + 164 = the perf guide's 264-cycle II (NC-v2)
+DMA_FIXED_LATENCY_S = 1.3e-6  # descriptor/semaphore-to-start latency per transfer (DMA bandwidth guide)
+PE_WARMUP_S = 3e-6  # TensorE ramps from 50% to 100% of peak over ~3 us (profiler summary-page docs)
+PE_COLD_RATE = 0.5
+DMA_ENGINES = 16
+PARTITIONS_PER_DMA_ENGINE = 8
+# (bytes per partition per transfer, fraction of peak): the NKI DMA overview's throughput figure, digitized
+# as a fraction of its 32 KiB point (shared/NKI_API_AND_COSTS.md section 3)
+DMA_EFFICIENCY: tuple[tuple[int, float], ...] = (
+    (32, 0.018), (64, 0.028), (128, 0.054), (256, 0.10), (512, 0.21), (1024, 0.425), (2048, 0.81),
+    (4096, 0.97), (8192, 0.98), (16384, 0.99), (32768, 1.0))
+
+
+def dma_efficiency(bytes_per_partition: float) -> float:
+    """Fraction of peak DMA throughput at this transfer size per partition (log-linear interpolation of
+    ``DMA_EFFICIENCY``; proportional below 32 B, 1.0 above 32 KiB)."""
+    pts = DMA_EFFICIENCY
+    b = max(float(bytes_per_partition), 1.0)
+    if b <= pts[0][0]:
+        return pts[0][1] * b / pts[0][0]
+    if b >= pts[-1][0]:
+        return 1.0
+    for (b0, e0), (b1, e1) in zip(pts, pts[1:]):
+        if b <= b1:
+            t = math.log2(b / b0) / math.log2(b1 / b0)
+            return e0 + t * (e1 - e0)
+    return 1.0
+
+
+def dma_engines_used(partitions: int) -> int:
+    """DMA engines one transfer spreads over: each serves 8 partitions, 16 per core."""
+    return max(1, min(DMA_ENGINES, -(-int(partitions) // PARTITIONS_PER_DMA_ENGINE)))
+
+
+def dma_transfer_seconds(gen: Generation, nbytes: int, partitions: int) -> float:
+    """Time one transfer occupies its DMA engines (the fixed latency excluded)."""
+    engines = dma_engines_used(partitions)
+    per_engine = gen.hbm_bytes_per_s_per_core / DMA_ENGINES
+    return nbytes / (per_engine * engines * dma_efficiency(nbytes / max(1, partitions)))
+
+
 def instruction_cycles(gen: Generation, engine: str, kind: str, free: int, partitions: int = 128,
                        itemsize: int = 4) -> float:
     """Estimated cycles of one instruction on ``engine`` (in that engine's clock).
@@ -134,7 +197,7 @@ def instruction_cycles(gen: Generation, engine: str, kind: str, free: int, parti
     else:
         rate = gen.gpsimd_elems_per_cycle / 128
     k = {"tensor_tensor": 2.0, "reciprocal": 8.0}.get(kind, 1.0)
-    cyc = max(64.0, free * k / rate)
+    cyc = FIXED_CYCLES + free * k / rate
     if kind in ("iota", "affine_select"):
         cyc += 150.0
     return cyc
@@ -147,11 +210,22 @@ class CostEstimate:
     generation: str
     engine_seconds: dict[str, float] = field(default_factory=dict)
     dma_seconds: float = 0.0
+    #: the critical path of the instruction schedule (None: no schedule, the busiest engine is used)
+    makespan: float | None = None
+    #: programs of the launch (cores the kernel ran on)
+    programs: int = 1
 
     @property
     def seconds(self) -> float:
-        """Estimated kernel time: the busiest engine (engines overlap, see the module docstring)."""
+        """Estimated kernel time: the schedule's critical path (or the busiest engine without one)."""
+        if self.makespan is not None:
+            return self.makespan
         return max([self.dma_seconds, *self.engine_seconds.values()])
+
+    def active(self) -> dict[str, float]:
+        """Fraction of the estimated time each engine is busy (the profiler's "engine active %")."""
+        t = self.seconds or 1.0
+        return {**{k: v / t for k, v in self.engine_seconds.items()}, "dma": self.dma_seconds / t}
 
     @property
     def bottleneck(self) -> str:
@@ -160,8 +234,15 @@ class CostEstimate:
 
 
 def estimate(stats: Any, gen: str | Generation | None = None) -> CostEstimate:
-    """Estimate a run's time from an emulator ``RunStats`` (its per-engine cycles and DMA bytes)."""
+    """Estimate a run's time from an emulator ``RunStats``: the schedule's critical path and per-engine busy
+    time of its slowest program when the run was scheduled (always, in the emulator), else each engine's
+    total cycles with perfect overlap."""
     g = generation(gen if gen is not None else getattr(stats, "generation", None))
+    sched = getattr(stats, "schedule", None)
+    if sched and g.name == stats.generation:
+        crit = max(sched, key=lambda p: p["makespan"])
+        return CostEstimate(g.name, {k: v for k, v in crit["busy"].items() if k != "dma"}, crit["busy"]["dma"],
+                            crit["makespan"], len(sched))
     clocks = {"tensor": g.tensor_ghz, "vector": g.vector_ghz, "scalar": g.scalar_ghz, "gpsimd": g.gpsimd_ghz}
     est = CostEstimate(g.name)
     for name, eng in stats.engines.items():
@@ -174,8 +255,9 @@ def estimate(stats: Any, gen: str | Generation | None = None) -> CostEstimate:
 
 
 def roofline_seconds(flops: float, essential_bytes: float, gen: str | Generation | None = None,
-                     fp32: bool = False) -> float:
-    """Ideal time: TensorE peak for ``flops`` or HBM bandwidth for ``essential_bytes``, whichever is longer."""
+                     fp32: bool = False, cores: int = 1) -> float:
+    """Ideal time on ``cores`` NeuronCores: TensorE peak for ``flops`` or HBM bandwidth for
+    ``essential_bytes``, whichever is longer."""
     g = generation(gen)
-    peak = (g.tensor_tflops_fp32 if fp32 else g.tensor_tflops_bf16) * 1e12
-    return max(flops / peak, essential_bytes / g.hbm_bytes_per_s_per_core)
+    peak = (g.tensor_tflops_fp32 if fp32 else g.tensor_tflops_bf16) * 1e12 * cores
+    return max(flops / peak, essential_bytes / (g.hbm_bytes_per_s_per_core * cores))

@@ -48,6 +48,7 @@ else:
         NkiError,
         NkiOutOfBoundsError,
         NkiTensor,
+        NkiUnsupportedError,
         NkiValidationError,
         RunStats,
         TensorSpec,
@@ -62,6 +63,7 @@ else:
 __all__ = ["EMULATED", "NkiError", "NkiValidationError", "isa", "jit", "language", "simulate"]
 if EMULATED:  # the emulator's extras: shape-only mode, counters, its error and tensor types
     __all__ += [
-        "Kernel", "NkiCapacityError", "NkiOutOfBoundsError", "NkiTensor", "RunStats", "TensorSpec",
+        "Kernel", "NkiCapacityError", "NkiOutOfBoundsError", "NkiTensor", "NkiUnsupportedError", "RunStats",
+        "TensorSpec",
         "infer_shapes", "last_run_stats",
     ]  # fmt: skip

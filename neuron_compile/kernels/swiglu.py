@@ -25,13 +25,13 @@ def swiglu_kernel(gate: Any, up: Any) -> Any:
         for c0, cs in tiles(cols, COLS):
             g = sbuf((P, COLS), gate.dtype, "gate")
             u = sbuf((P, COLS), up.dtype, "up")
-            nisa.dma_copy(g[:rs, :cs], gate[r0:r0 + rs, c0:c0 + cs])
-            nisa.dma_copy(u[:rs, :cs], up[r0:r0 + rs, c0:c0 + cs])
+            nisa.dma_copy(dst=g[:rs, :cs], src=gate[r0:r0 + rs, c0:c0 + cs])
+            nisa.dma_copy(dst=u[:rs, :cs], src=up[r0:r0 + rs, c0:c0 + cs])
             act = sbuf((P, COLS), "float32", "silu")
-            nisa.activation(act[:rs, :cs], nl.silu, g[:rs, :cs])
+            nisa.activation(dst=act[:rs, :cs], op=nl.silu, data=g[:rs, :cs])
             y = sbuf((P, COLS), gate.dtype, "y")
-            nisa.tensor_tensor(y[:rs, :cs], act[:rs, :cs], u[:rs, :cs], nl.multiply)
-            nisa.dma_copy(out[r0:r0 + rs, c0:c0 + cs], y[:rs, :cs])
+            nisa.tensor_tensor(dst=y[:rs, :cs], data1=act[:rs, :cs], data2=u[:rs, :cs], op=nl.multiply)
+            nisa.dma_copy(dst=out[r0:r0 + rs, c0:c0 + cs], src=y[:rs, :cs])
     return out
 
 

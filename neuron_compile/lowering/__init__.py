@@ -13,7 +13,7 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)
     grid_sample,
     histograms,
     indexing,
-    linalg,
+    matmul,
     matrix_functions,
     nn,
     padding,
@@ -31,7 +31,7 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)
     spectral,
     views,
 )
-from . import complex, fft  # noqa: F401,E402  (pair lowerings of complex operands: COMPLEX_LOWERINGS)
+from . import complex_pairs, fft  # noqa: F401,E402  (pair lowerings of complex operands)
 from .interpreter import LoweredGraph, OutputSpec, TensorSpec, lower_graph
 from .registry import LOWERINGS, Unsupported, register_lowering, supported_ops
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .linalg import _add_scaled, dot
+from .matmul import add_scaled, dot
 from .registry import Unsupported, register_lowering
 from .semantics import convert, is_float, opmath_dtype, out_dtype, out_shape
 
@@ -31,7 +31,7 @@ def addbmm(x, batch1, batch2, *, beta=1, alpha=1):
     m = batch2.shape[2]
     a = jnp.reshape(jnp.transpose(batch1, (1, 0, 2)), (n, b * k))
     product = dot(a, jnp.reshape(batch2, (b * k, m)), (1, 0))
-    return convert(_add_scaled(product, x, beta, alpha), out_dtype())
+    return convert(add_scaled(product, x, beta, alpha), out_dtype())
 
 
 def _bitset(dims: Sequence[int], total: int) -> list[bool]:

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .registry import _CURRENT
+from .registry import current_or_none
 
 ShapeDtype = jax.ShapeDtypeStruct
 
@@ -35,7 +35,7 @@ REFERENCE_SUFFIX = "__cpu_reference"
 
 def current_target() -> str:
     """The target of the node being lowered ("cpu" outside the graph interpreter)."""
-    ctx = _CURRENT.get()
+    ctx = current_or_none()
     return ctx.target if ctx is not None else "cpu"
 
 

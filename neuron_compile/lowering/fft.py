@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from .complex import PAIR_ELEMENT, Pair, as_pair, cmul, conj, register_complex_lowering
+from .complex_pairs import PAIR_ELEMENT, Pair, as_pair, cmul, conj, register_complex_lowering
 from .registry import register_lowering
 from .semantics import canonical_dim
 

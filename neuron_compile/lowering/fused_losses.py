@@ -20,7 +20,7 @@ from typing import Any
 import jax.numpy as jnp
 from jax import lax
 
-from .linalg import dot
+from .matmul import dot
 from .registry import LIBRARY_LOWERINGS, Unsupported
 from .semantics import convert, out_dtype, out_shape
 

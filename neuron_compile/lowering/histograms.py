@@ -20,7 +20,7 @@ from .semantics import convert, is_float, out_dtype, out_shape
 aten = torch.ops.aten
 
 
-def _count(bin_ids: Any, valid: Any, bins: int, weights: Any, dtype: Any) -> Any:
+def bin_counts(bin_ids: Any, valid: Any, bins: int, weights: Any, dtype: Any) -> Any:
     """Per-bin count (or sum of ``weights``) of the flat int ``bin_ids`` where ``valid``, in ``dtype``."""
     hit = lax.eq(bin_ids[:, None], lax.broadcasted_iota(bin_ids.dtype, (1, bins), 1))
     hit = lax.bitwise_and(hit, valid[:, None])
@@ -65,7 +65,7 @@ def histc(x: Any, bins: int = 100, min: float = 0, max: float = 0) -> Any:  # no
     # Clamp before the integer conversion: an out-of-range float converted to int is implementation-defined.
     ids = convert(jnp.clip(jnp.where(valid, pos, jnp.zeros_like(pos)), 0, bins), jnp.int32)
     ids = lax.min(ids, jnp.asarray(bins - 1, jnp.int32))  # x == max: the last bin
-    return _count(ids, valid, bins, None, out_dtype())
+    return bin_counts(ids, valid, bins, None, out_dtype())
 
 
 @register_lowering(aten.bincount.default)
@@ -82,4 +82,4 @@ def bincount(x: Any, weights: Any = None, minlength: int = 0) -> Any:
         )
     ids = convert(jnp.ravel(x), jnp.int32)
     valid = lax.ge(ids, jnp.asarray(0, jnp.int32))
-    return _count(ids, valid, length, None if weights is None else jnp.ravel(weights), out_dtype())
+    return bin_counts(ids, valid, length, None if weights is None else jnp.ravel(weights), out_dtype())

@@ -135,7 +135,7 @@ def scatter_add(x, dim, index, src):
     return _scatter(x, dim, index, src, "add")
 
 
-def _identity(dtype: Any, reduce: str) -> Any:
+def reduce_identity(dtype: Any, reduce: str) -> Any:
     if reduce in ("sum", "mean"):
         return 0
     if reduce == "prod":
@@ -160,7 +160,7 @@ def scatter_reduce(x, dim, index, src, reduce, *, include_self=True):
         if not include_self:
             # Positions that receive an update start from the reduction's identity instead of self.
             hit = jnp.zeros(base.shape, jnp.bool_).at[coords].set(True, mode="drop")
-            base = jnp.where(hit, jnp.asarray(_identity(base.dtype, reduce), base.dtype), base)
+            base = jnp.where(hit, jnp.asarray(reduce_identity(base.dtype, reduce), base.dtype), base)
         if reduce == "mean":
             total = base.at[coords].add(values, mode="drop")
             count = jnp.zeros(base.shape, base.dtype).at[coords].add(jnp.ones_like(values), mode="drop")

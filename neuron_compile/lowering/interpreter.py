@@ -11,7 +11,6 @@ data-dependent ops and the refused ones together.
 
 from __future__ import annotations
 
-import functools
 import operator
 import warnings
 from dataclasses import dataclass, field
@@ -22,26 +21,23 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 from torch._ops import OpOverload
-from torch._prims_common import make_contiguous_strides_for
 
 from .. import provenance
-from ..artifact import SAVED_FOR_BACKWARD_FROM, OutputSpec, TensorSpec, channels_last_strides
+from ..artifact import SAVED_FOR_BACKWARD_FROM, OutputSpec, TensorSpec
 from ..errors import NeuronUnsupportedOpError, UnsupportedNode
-from ..runtime.jax_adapter import host_callbacks_of
 from ..graph_checks import (
     data_dependent_reason,
     data_dependent_roots,
     is_symbolic,
-    non_aten_reason,
     unsupported_inputs,
     unsupported_tensor_kind,
 )
-from .complex import complex_lowering, device_struct, is_complex_node
-from .complex import REFUSAL as COMPLEX_REFUSAL
-from . import layout
-from .kernel_routing import lower_auto_functionalized, neuron_sites_are_references, route_for, user_kernel_lowering
-from .registry import _CURRENT, NodeContext, Unsupported, lowering_for, refusal_for
-from .semantics import jax_dtype, torch_dtype
+from . import layout, output_plan
+from .complex_pairs import device_struct
+from .dispatch import resolve
+from .kernel_routing import neuron_sites_are_references
+from .registry import NodeContext, Unsupported, lowering_context
+from .semantics import jax_dtype
 
 @dataclass
 class LoweredGraph:
@@ -64,9 +60,6 @@ class LoweredGraph:
     #: The neuron target lowered the kernel sites as their reference StableHLO: the real nki, which would
     #: compile the kernels, is not in use (``kernel_routing.kernel_site``).
     kernel_sites_as_reference: bool = False
-    #: Host callbacks the executable calls (kernels="emulate", user kernels on the CPU target): live
-    #: Python objects, so such a graph is compiled with them and never served from the disk cache.
-    host_callbacks: list[Any] = field(default_factory=list)
 
     def stablehlo(self, debug_info: bool = False) -> str:
         return self.lowered.as_text(debug_info=debug_info)
@@ -79,7 +72,7 @@ def _spec_of(value: Any) -> TensorSpec | Any:
         shape = tuple(int(s) for s in value.shape)
         # A non-contiguous dense layout is never the identity order; gaps or overlaps give None (copied).
         permuted = value.layout == torch.strided and not value.is_contiguous()
-        perm = _physical_order(shape, tuple(int(s) for s in value.stride())) if permuted else None
+        perm = output_plan.physical_order(shape, tuple(int(s) for s in value.stride())) if permuted else None
         return TensorSpec(shape, value.dtype, perm)
     return value
 
@@ -137,19 +130,14 @@ def _constant(value: Any) -> Any:
         )
     with torch._subclasses.fake_tensor.unset_fake_temporarily():
         t = value.detach().cpu()
-        if t.is_complex():  # carried as a (real, imag) pair (lowering/complex.py)
+        if t.is_complex():  # carried as a (real, imag) pair (lowering/complex_pairs.py)
             t = torch.view_as_real(t.resolve_conj().to(torch.complex64))
         dtype = jax_dtype(t.dtype)
         array = t.float().numpy() if t.dtype in (torch.bfloat16, torch.float64) else t.numpy()
     return jnp.asarray(array, dtype=dtype)
 
 
-_AUTO_FUNCTIONALIZED = (torch.ops.higher_order.auto_functionalized, torch.ops.higher_order.auto_functionalized_v2)
 _LOOPS = (torch.ops.higher_order.scan, torch.ops.higher_order.map_impl)
-
-
-def _lower_auto_functionalized(target: Any, op: Any, **kwargs: Any) -> Any:
-    return lower_auto_functionalized(target, op, dict(kwargs))
 
 
 class _GraphTracer:
@@ -249,42 +237,26 @@ class _GraphTracer:
         if bad_kind:
             self.fail(node, f"unsupported tensor kind: {bad_kind}")
             return _meta_structs(node.meta.get("val"))
-        lowering = lowering_for(node.target)
-        routed = route_for(node.target, self.kernels)
-        complex_operands = is_complex_node(node)
-        if complex_operands:  # complex operands: lowered on (real, imag) pairs, or refused
-            lowering, routed = complex_lowering(node), None
-            if lowering is None:
-                self.fail(node, COMPLEX_REFUSAL)
-                return _meta_structs(node.meta.get("val"))
-        if lowering is None and isinstance(node.target, OpOverload):
-            lowering = user_kernel_lowering(node.target)
-        if node.target in _AUTO_FUNCTIONALIZED:  # an nki_op kernel that writes an argument in place
-            lowering = functools.partial(_lower_auto_functionalized, node.target)
-        if lowering is None:
-            is_aten = isinstance(node.target, OpOverload)
-            reason = (refusal_for(node.target) or "no lowering for this op") if is_aten else non_aten_reason(node.target)
-            self.fail(node, reason)
+        dispatch = resolve(node, kernels=self.kernels)
+        if dispatch.lowering is None:
+            self.fail(node, dispatch.refusal or "no lowering for this op")
             return _meta_structs(node.meta.get("val"))
         if follows is not None:
             return self._follow_up(node, follows)
-        handler = None
-        if self.target == "cpu" and not complex_operands:
-            handler = layout.handler_for(node.target, lowering, args, kwargs)
+        lowering, routed = dispatch.lowering, dispatch.route
+        handler = dispatch.layout_handler(self.target, args, kwargs)
         if handler is None or routed is not None:
             args, kwargs, handler = layout.materialize(args), layout.materialize(kwargs), None
-        token = _CURRENT.set(
-            NodeContext(node, self.target, self.seed_for, self.kernels, self._count_kernel_site, self.generation)
-        )
+        context = NodeContext(node, self.target, self.seed_for, self.kernels, self._count_kernel_site, self.generation)
+        scope = provenance.scope_name(node)
+        self.node_table[scope] = {
+            "op": name,
+            "node": node.name,
+            "inputs": provenance.describe_inputs(node),
+            "source": provenance.user_source(node),
+        }
         try:
-            scope = provenance.scope_name(node)
-            self.node_table[scope] = {
-                "op": name,
-                "node": node.name,
-                "inputs": provenance.describe_inputs(node),
-                "source": provenance.user_source(node),
-            }
-            with jax.named_scope(scope):
+            with lowering_context(context), jax.named_scope(scope):
                 result = routed(*args, **kwargs) if routed is not None else None
                 if handler is not None:  # channels-last arguments or result (layout.py)
                     result = handler(lowering, args, kwargs)
@@ -295,8 +267,6 @@ class _GraphTracer:
         except Unsupported as e:
             self.fail(node, str(e))
             return _meta_structs(node.meta.get("val"))
-        finally:
-            _CURRENT.reset(token)
         mismatch = _check_against_meta(node, result)
         if mismatch:
             self.fail(node, mismatch)
@@ -358,157 +328,6 @@ def _returns_tensors(target: Any) -> bool:
     )
 
 
-# -- output plan: which buffer each output lives in, with the strides torch computed -------------------
-def _physical_order(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...] | None:
-    """The dim order that lays a non-overlapping, dense tensor out in memory order (outermost first),
-    or None when the strides have gaps or overlaps (no buffer of numel elements holds it)."""
-    perm = tuple(sorted(range(len(shape)), key=lambda d: (-stride[d], d)))
-    expected = 1
-    for d in reversed(perm):
-        if shape[d] != 1 and stride[d] != expected:
-            return None
-        expected *= shape[d]
-    return perm
-
-
-def _view_root(node: torch.fx.Node) -> torch.fx.Node:
-    """The node whose result ``node`` is a view of (through view ops and getitem of split-like views)."""
-    while node.op == "call_function":
-        src = node
-        if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
-            src = node.args[0]
-        if not (isinstance(src.target, OpOverload) and src.target.is_view and isinstance(src.args[0], torch.fx.Node)):
-            break
-        node = src.args[0]
-    return node
-
-
-@dataclass
-class _Buffer:
-    """One executable output: the value of ``node`` laid out in memory order (``perm``)."""
-
-    node: torch.fx.Node
-    perm: tuple[int, ...]
-    users: list[int] = field(default_factory=list)  # graph outputs that live in it
-
-
-#: Per graph output: (buffer, size, stride, storage_offset), its finished plan when it aliases an input, or None.
-_Placement = tuple[int, tuple[int, ...], tuple[int, ...] | None, int] | OutputSpec | None
-
-
-def _output_buffers(gm: torch.fx.GraphModule, out_args: list[Any]) -> tuple[list[_Buffer], list[_Placement]]:
-    """Buffers of the executable, and for each graph output (buffer, size, stride, storage_offset), or
-    the input it aliases.
-
-    Eager returns outputs with the strides torch computed (channels_last, a transposed view) and outputs
-    that view one intermediate share its storage (``y, y.view(-1)``). AOTAutograd regenerates views of
-    inputs, and of intermediates only when they require grad; everything else is ours. So each output
-    whose storage is owned by a graph intermediate is an ``as_strided`` view of that intermediate's
-    buffer, and the buffer holds the intermediate in its own memory order. The fake tensors of
-    ``meta["val"]`` tell the strides; the owner is found through the chain of view ops, and must agree
-    with the fake storages (which alone are not enough: fake outputs of a higher-order op such as
-    invoke_subgraph are shared between its calls).
-
-    An output that is an input, or a view of one, is that input (or the same view of it) at run time,
-    as in eager: an executable result would be a copy, and AOTAutograd's forward returns every input
-    it saves for backward (a weight, an activation), so the copies were a large part of a training step.
-    """
-    from torch.multiprocessing.reductions import StorageWeakRef
-
-    def storage(t: torch.Tensor) -> int:
-        return StorageWeakRef(t.untyped_storage()).cdata
-
-    position = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
-    buffers: dict[torch.fx.Node, _Buffer] = {}
-    placed: list[tuple[torch.fx.Node, torch.Tensor, int] | OutputSpec | None] = []
-    for i, arg in enumerate(out_args):
-        val = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
-        if not isinstance(val, torch.Tensor):
-            placed.append(None)
-            continue
-        root = _view_root(arg)
-        rval = root.meta.get("val")
-        if not isinstance(rval, torch.Tensor) or storage(rval) != storage(val):
-            root, rval = arg, val
-        if (
-            root.op == "placeholder"
-            and rval.dtype == val.dtype
-            and (val.is_conj(), val.is_neg()) == (rval.is_conj(), rval.is_neg())
-            and not rval.is_sparse
-        ):
-            view = root is not arg
-            placed.append(
-                OutputSpec(
-                    "input", position[root], spec=TensorSpec(tuple(int(s) for s in val.shape), val.dtype),
-                    stride=tuple(int(s) for s in val.stride()) if view else None,
-                    storage_offset=int(val.storage_offset() - rval.storage_offset()) if view else 0,
-                    input_stride=tuple(int(s) for s in rval.stride()),
-                )
-            )  # fmt: skip
-            continue
-        perm = _physical_order(tuple(rval.shape), rval.stride())
-        extent = val.storage_offset() + sum((n - 1) * s for n, s in zip(val.shape, val.stride()))
-        shares = (
-            root.op != "placeholder"  # views of inputs: AOTAutograd's runtime wrapper rebuilds them
-            and root is not arg
-            and perm is not None
-            and rval.dtype == val.dtype  # a dtype-reinterpreting view cannot be an as_strided
-            and (val.is_conj(), val.is_neg()) == (rval.is_conj(), rval.is_neg())  # nor a lazy conj/neg view
-            and rval.storage_offset() == 0
-            and (val.numel() == 0 or extent < rval.numel())
-        )
-        if not shares:
-            root, rval = arg, val
-            perm = _physical_order(tuple(val.shape), val.stride())
-        if perm is None:  # a strided view of an input with gaps: returned contiguous
-            perm = tuple(range(val.dim()))
-        buf = buffers.setdefault(root, _Buffer(root, perm))
-        buf.users.append(i)
-        placed.append((root, val, val.storage_offset() if shares else 0))
-    order = list(buffers.values())
-    number = {b.node: k for k, b in enumerate(order)}
-    plan: list[_Placement] = []
-    for p in placed:
-        if p is None or isinstance(p, OutputSpec):
-            plan.append(p)
-            continue
-        root, val, offset = p
-        buf = order[number[root]]
-        shape = tuple(int(s) for s in val.shape)
-        stride = tuple(int(s) for s in val.stride())
-        plain = len(buf.users) == 1 and buf.node is out_args[buf.users[0]] and buf.perm == tuple(range(len(shape)))
-        # None: the buffer itself (a contiguous output alone in its buffer stays a plain tensor).
-        plan.append((number[root], shape, None if plain else stride, offset))
-    return order, plan
-
-
-def _channels_last_buffers(
-    buffers: list[_Buffer], roots: list[Any], placement: list[_Placement], saved_from: int | None
-) -> set[int]:
-    """Buffers returned channels-last: a channels-last value that only the backward reads (outputs from
-    ``saved_from`` on), each output the whole buffer. The tensor handed over is torch's shape with
-    channels-last strides, and the backward, compiled for those strides, takes it as it is; user-visible
-    outputs keep eager's strides."""
-    if saved_from is None:
-        return set()
-    kept = set()
-    for k, (buf, value) in enumerate(zip(buffers, roots)):
-        if not isinstance(value, layout.ChannelsLast) or buf.perm != tuple(range(len(buf.perm))):
-            continue
-        whole = [
-            place is not None
-            and not isinstance(place, OutputSpec)
-            and place[0] == k
-            and place[1] == value.logical_shape
-            and place[3] == 0
-            and (place[2] is None or place[2] == make_contiguous_strides_for(place[1]))
-            for place in (placement[i] for i in buf.users)
-        ]
-        if buf.users and all(i >= saved_from for i in buf.users) and all(whole):
-            kept.add(k)
-    return kept
-
-
 def lower_graph(
     gm: torch.fx.GraphModule,
     example_inputs: list[Any],
@@ -529,12 +348,12 @@ def lower_graph(
     if bad_inputs:
         raise NeuronUnsupportedOpError(name, bad_inputs)
 
-    output_plan: list[OutputSpec] = []
+    output_specs: list[OutputSpec] = []
     out_args = list(next(n for n in gm.graph.nodes if n.op == "output").args[0])
     saved_from = gm.meta.get(SAVED_FOR_BACKWARD_FROM)
     # A data-dependent node is refused (its output has no static shape to plan): the walk only collects.
     refused_anyway = bool(data_dependent_roots(gm))
-    buffers, placement = ([], []) if refused_anyway else _output_buffers(gm, out_args)
+    buffers, placement = ([], []) if refused_anyway else output_plan.output_buffers(gm, out_args)
 
     def traced(*arrays: Any) -> tuple[Any, ...]:
         *arrays, tracer.seed = arrays
@@ -550,45 +369,8 @@ def lower_graph(
         if tracer.failures:  # refused after the walk (lower_graph): no output plan is needed
             return ()
         results, roots = values[: len(out_args)], values[len(out_args) :]
-        output_plan.clear()
-        tensors: list[Any] = []
-        index: list[tuple[int, int | None]] = []  # per buffer: executable output, and its copy number
-        seen: dict[int, int] = {}
-        kept_channels_last = _channels_last_buffers(buffers, roots, placement, saved_from)
-        for k, (buf, value) in enumerate(zip(buffers, roots)):
-            if k in kept_channels_last:
-                value = value.array  # already in the memory order of its channels-last strides
-            else:
-                value = layout.materialize(value)
-                if buf.perm != tuple(range(len(buf.perm))):
-                    # memory order of torch's strides (a complex value's trailing pair dim stays last)
-                    value = jnp.transpose(value, buf.perm + tuple(range(len(buf.perm), value.ndim)))
-            if id(value) in seen:  # one jax value for two storages (e.g. a clone lowered to itself)
-                index.append((seen[id(value)], k))
-                continue
-            seen[id(value)] = len(tensors)
-            index.append((len(tensors), None))
-            tensors.append(value)
-        for r, place in zip(results, placement):
-            if place is None:
-                if r is None or isinstance(r, (int, float, bool)):
-                    output_plan.append(OutputSpec("const", value=r))
-                else:  # a tensor output without fake-tensor metadata: returned as computed
-                    spec = TensorSpec(tuple(int(d) for d in r.shape), torch_dtype(r.dtype))
-                    output_plan.append(OutputSpec("tensor", len(tensors), spec=spec))
-                    tensors.append(r)
-                continue
-            if isinstance(place, OutputSpec):  # an input, or a view of one
-                output_plan.append(place)
-                continue
-            k, shape, stride, offset = place
-            if k in kept_channels_last:
-                stride = channels_last_strides(shape)
-            spec = TensorSpec(shape, torch_dtype(r.dtype))
-            i, copy = index[k]
-            output_plan.append(
-                OutputSpec("tensor", i, spec=spec, duplicate_of=copy, stride=stride, storage_offset=offset)
-            )
+        tensors, plan = output_plan.assemble(buffers, placement, results, roots, saved_from)
+        output_specs[:] = plan  # the module's outputs are arrays only: the plan leaves the trace through here
         return tuple(tensors)
 
     structs = [jax.ShapeDtypeStruct(*device_struct(input_specs[i].device_shape, input_specs[i].dtype)) for i in tensor_positions]
@@ -603,7 +385,7 @@ def lower_graph(
     # Output dtypes as torch declares them (float64 stays float64 for the user).
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     metas = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in out_node.args[0]]
-    for spec, meta in zip(output_plan, metas):
+    for spec, meta in zip(output_specs, metas):
         if spec.kind == "tensor" and isinstance(meta, torch.Tensor):
             spec.spec = TensorSpec(spec.spec.shape, meta.dtype)
     wide = (torch.float64, torch.complex128)  # computed as float32 / complex64 pairs
@@ -623,7 +405,7 @@ def lower_graph(
         name=name,
         lowered=lowered,
         inputs=input_specs,
-        outputs=output_plan,
+        outputs=output_specs,
         downcast_float64=downcast,
         needs_rng_seed=tracer.used_rng,
         num_ops=sum(tracer.op_counts.values()),
@@ -631,6 +413,5 @@ def lower_graph(
         node_table=tracer.node_table,
         kernel_sites=tracer.kernel_sites,
         kernel_sites_as_reference=target == "neuron" and bool(tracer.kernel_sites) and neuron_sites_are_references(),
-        host_callbacks=host_callbacks_of(lowered),
     )
 

@@ -38,13 +38,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
-from torch._ops import OpOverload
 
 from ..errors import NeuronCompileError
 from ..kernels import KERNELS, nki_compiled
 from ..kernels import torch_ops  # noqa: F401  (defines torch.ops.neuron.*)
 from . import device_calls
-from .registry import Unsupported, current, register_lowering
+from .registry import Unsupported, current, register_kernel_route, register_lowering
 from .semantics import canonical_dim, convert, is_array, jax_dtype, out_dtype
 
 aten = torch.ops.aten
@@ -52,26 +51,9 @@ KERNEL_CALL_TARGET = "AwsNeuronCustomNativeKernel"
 #: Name prefix of the private function holding a kernel site's reference on the neuron target without nki.
 REFERENCE_ON_NEURON_PREFIX = "nki_reference_"
 
-#: aten overload -> route. A route takes the node's (jax) arguments and returns its result, or None
-#: when the kernel does not fit this node.
-ROUTES: dict[OpOverload, Callable[..., Any]] = {}
-#: aten overload -> the kernel(s) its route may call (for docs/ops.md's "NKI kernel" column).
-ROUTED_KERNELS: dict[OpOverload, tuple[str, ...]] = {}
-
-
-def route(op: OpOverload, *kernels: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        if op in ROUTES:
-            raise RuntimeError(f"{op} is routed twice ({ROUTES[op].__qualname__}, {fn.__qualname__})")
-        ROUTES[op] = fn
-        ROUTED_KERNELS[op] = kernels
-        return fn
-
-    return decorate
-
-
-def route_for(op: Any, mode: str) -> Callable[..., Any] | None:
-    return ROUTES.get(op) if mode != "off" and isinstance(op, OpOverload) else None
+#: Registers an aten overload's NKI kernel site in its dispatch record: it takes the node's (jax) arguments
+#: and returns its result, or None when the kernel does not fit this node (then the lowering runs).
+route = register_kernel_route
 
 
 # ---- kernel sites -----------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from .registry import DispatchRecord, LayoutHandler, register_layout_handler
 from .semantics import canonical_dim, is_array
 
 aten = torch.ops.aten
@@ -91,31 +92,19 @@ def _physical_dim(dim: int, ndim: int) -> int:
 
 
 # ---- the ops that take channels-last values -----------------------------------------------------------
-#: op -> handler(lowering, args, kwargs): the result (channels-last where it can be), or None to decline
-#: (the op then gets every argument in torch's layout).
-Handler = Callable[[Callable[..., Any], tuple, dict], Any]
-_HANDLERS: dict[Any, Handler] = {}
-#: Ops that produce a channels-last value from plain arguments (the others only keep one).
-_SOURCES: set[Any] = set()
+#: handler(lowering, args, kwargs): the result (channels-last where it can be), or None to decline (the op
+#: then gets every argument in torch's layout).
+Handler = LayoutHandler
+#: Registers a channels-last handler in the op's dispatch record; ``source=True``: the op makes a
+#: channels-last value from plain arguments (the others only keep one).
+_handles = register_layout_handler
 
 
-def _handles(*ops: Any, source: bool = False) -> Callable[[Handler], Handler]:
-    def decorate(fn: Handler) -> Handler:
-        for op in ops:
-            _HANDLERS[op] = fn
-            if source:
-                _SOURCES.add(op)
-        return fn
-
-    return decorate
-
-
-def handler_for(target: Any, lowering: Callable[..., Any] | None, args: tuple, kwargs: dict) -> Handler | None:
-    """The channels-last handler of this node, when it has one and it applies."""
-    if lowering is None:
-        return None
-    if target in _HANDLERS and (target in _SOURCES or has_channels_last(args)):
-        return _HANDLERS[target]
+def handler_for(record: DispatchRecord | None, lowering: Callable[..., Any], args: tuple, kwargs: dict) -> Handler | None:
+    """The channels-last handler of a node with these arguments, when it has one and it applies: the op's
+    own (``record``), or the generic one of an elementwise lowering."""
+    if record is not None and record.layout_handler is not None and (record.layout_source or has_channels_last(args)):
+        return record.layout_handler
     if getattr(lowering, "elementwise", False) and has_channels_last(args) and not has_channels_last(kwargs):
         return _elementwise
     return None

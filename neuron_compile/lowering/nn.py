@@ -9,14 +9,17 @@ Outputs that torch returns as None (a False in ``output_mask``) are None.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 import torch
 from jax import lax
 
 from . import device_calls
+from .pooling import _scatter_at_indices
 from .registry import Unsupported, current, register_lowering
 from .semantics import canonical_dim, convert, opmath_dtype, out_dtype, out_shape
 
@@ -333,3 +336,75 @@ def nll_loss_backward(grad_out, x, target, weight, reduction, ignore_index, tota
     hot = lax.eq(lax.broadcasted_iota(safe.dtype, (safe.shape[0], num_classes), 1), safe[:, None])
     grad = jnp.where(hot, per_sample[:, None], jnp.zeros((), dtype))
     return convert(jnp.reshape(grad, shape), out_dtype())
+
+
+# ---- fractional max pooling --------------------------------------------------------------------------
+# The random samples are an input of the aten op (F.fractional_max_pool*d draws them, or takes
+# ``_random_samples``), so the windows are data but their count and size are static: each window's start is
+# computed in the graph, then its pool-size cells are gathered and folded as eager's kernel scans them.
+def _fractional_starts(samples: Any, in_size: int, out_size: int, pool: int) -> Any:
+    """Eager's ``generate_intervals`` for each plane's sample (planes,) -> window starts (planes, out_size)
+    int32: ``int((i + s) * alpha) - int(s * alpha)`` with ``alpha = (in - pool) / (out - 1)``, every step in
+    the samples' dtype as eager's ``scalar_t`` arithmetic rounds it (bfloat16 included); the last window
+    ends at the input's end."""
+    dtype = np.dtype(samples.dtype)  # ml_dtypes' bfloat16 rounds each host operation as c10::BFloat16 does
+    last = jnp.full((samples.shape[0], 1), in_size - pool, jnp.int32)
+    if out_size == 1:
+        return last
+    alpha = jnp.asarray(np.asarray(in_size - pool, dtype) / np.asarray(out_size - 1, dtype), dtype)
+    i = jnp.asarray(np.arange(out_size - 1).astype(dtype))  # eager converts i to scalar_t before adding
+    s = samples[:, None]
+    scaled = (i[None, :] + s) * alpha
+    offset = s * alpha
+    starts = scaled.astype(jnp.int32) - offset.astype(jnp.int32)  # float -> int truncates, as static_cast<int>
+    return jnp.concatenate([starts, last], axis=1)
+
+
+def _fractional_max_pool(x: Any, nd: int, kernel_size: Any, samples: Any) -> tuple[Any, Any]:
+    pool = tuple(kernel_size) * nd if len(kernel_size) == 1 else tuple(kernel_size)
+    out_spatial = out_shape(0)[-nd:]
+    in_spatial = x.shape[-nd:]
+    lead = x.shape[:-nd]
+    planes = math.prod(lead)
+    flat = jnp.reshape(x, (planes, math.prod(in_spatial)))
+    # Eager reads the samples' first planes * nd values (a module's samples may hold more batches).
+    s = jnp.reshape(jnp.reshape(samples, (-1,))[: planes * nd], (planes, nd))
+    # Sample j of a plane drives the j-th spatial dim counted from the last (2-d: W then H; 3-d: T, H, W).
+    order = list(reversed(range(nd))) if nd == 2 else list(range(nd))
+    starts = [_fractional_starts(s[:, order[d]], in_spatial[d], out_spatial[d], pool[d]) for d in range(nd)]
+    place = [math.prod(in_spatial[d + 1:]) for d in range(nd)]
+    # Flat index of each window's first cell, over (planes, *out_spatial).
+    base = sum(
+        jnp.reshape(starts[d] * place[d], (planes,) + tuple(out_spatial[d] if e == d else 1 for e in range(nd)))
+        for d in range(nd)
+    )
+    base = jnp.broadcast_to(base, (planes,) + tuple(out_spatial)).reshape(planes, -1)
+    best = jnp.full(base.shape, -jnp.inf, x.dtype)
+    where = base
+    for offs in itertools.product(*[range(p) for p in pool]):
+        position = base + sum(o * p for o, p in zip(offs, place))
+        v = jnp.take_along_axis(flat, position, axis=1, mode="clip")
+        take = (v > best) | jnp.isnan(v)  # eager's scan: the first maximum, or the first NaN onwards
+        best, where = lax.select(take, v, best), lax.select(take, position, where)
+    shape = tuple(lead) + tuple(out_spatial)
+    return jnp.reshape(best, shape), convert(jnp.reshape(where, shape), jnp.int64)
+
+
+@register_lowering(aten.fractional_max_pool2d)
+def fractional_max_pool2d(x: Any, kernel_size: Any, output_size: Any, random_samples: Any) -> tuple[Any, Any]:
+    return _fractional_max_pool(x, 2, kernel_size, random_samples)
+
+
+@register_lowering(aten.fractional_max_pool3d)
+def fractional_max_pool3d(x: Any, kernel_size: Any, output_size: Any, random_samples: Any) -> tuple[Any, Any]:
+    return _fractional_max_pool(x, 3, kernel_size, random_samples)
+
+
+@register_lowering(aten.fractional_max_pool2d_backward)
+def fractional_max_pool2d_backward(grad: Any, x: Any, kernel_size: Any, output_size: Any, indices: Any) -> Any:
+    return _scatter_at_indices(grad, indices, x.shape, 2)
+
+
+@register_lowering(aten.fractional_max_pool3d_backward)
+def fractional_max_pool3d_backward(grad: Any, x: Any, kernel_size: Any, output_size: Any, indices: Any) -> Any:
+    return _scatter_at_indices(grad, indices, x.shape, 3)

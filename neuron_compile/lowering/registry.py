@@ -1,20 +1,25 @@
-"""The op registry: which aten overload is lowered by which function.
+"""The op registry: one dispatch record per aten overload, holding everything the backend has for it.
 
-A lowering is a plain function from jax values (for tensor arguments) and Python values (for the rest)
-to jax values, registered for one or more aten overloads by decorator. Torch semantics shared by many
-ops (type promotion, broadcasting, the float64 policy) live in ``semantics.py``, not in the lowerings.
+A record holds the overload's lowering (a plain function from jax values, for tensor arguments, and Python
+values, for the rest, to jax values) or the reason it is always refused; its lowering on (real, imag) pairs
+for complex operands (``complex_pairs.py``); the NKI kernel it may be routed to (``kernel_routing.py``); and
+its channels-last handler (``layout.py``). Each part is registered by decorator next to its code, and a part
+registered twice for one overload is an error at import. ``dispatch.resolve(node)`` picks from the record
+with one fixed precedence; the interpreter makes that one call per node.
 
-Every entry is what it says: a lowering is registered under its own name in its family file (so
-``LOWERINGS[op].__qualname__`` and ``lowered_in(op)`` say where it is), ``out=`` and in-place variants are
-filtered by their schema, ops that are always refused live in ``REFUSALS`` with the reason, and an
-overload registered twice is an error at import.
+Torch semantics shared by many ops (type promotion, broadcasting, the float64 policy) live in
+``semantics.py``, not in the lowerings. A lowering is registered under its own name in its family file (so
+``LOWERINGS[op].__qualname__`` and ``lowered_in(op)`` say where it is); ``out=`` and in-place variants are
+filtered by their schema.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import inspect
-from dataclasses import dataclass
+from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,12 +28,80 @@ from torch._ops import OpOverload, OpOverloadPacket
 
 LoweringFn = Callable[..., Any]
 
-#: aten overload -> lowering function. Read it through ``supported_ops()``.
-LOWERINGS: dict[OpOverload, LoweringFn] = {}
+#: A channels-last handler (``layout.py``): called with the node's lowering, its args and kwargs.
+LayoutHandler = Callable[[LoweringFn, tuple, dict], Any]
 
-#: aten overload -> why it is always refused (e.g. a data-dependent output shape). Not lowered, not in
-#: ``supported_ops()``; the interpreter's unsupported-op error gives the reason.
-REFUSALS: dict[OpOverload, str] = {}
+
+@dataclass
+class DispatchRecord:
+    """Everything registered for one aten overload. ``lowering`` and ``refusal`` exclude each other."""
+
+    op: OpOverload
+    #: The StableHLO lowering (real dtypes).
+    lowering: LoweringFn | None = None
+    #: Why the overload is always refused (a data-dependent output shape...): the user's error.
+    refusal: str | None = None
+    #: The lowering on (real, imag) pairs, used when an operand or the result is complex.
+    complex_pair: LoweringFn | None = None
+    #: The NKI kernel site tried before the lowering (``kernels`` != "off"); it returns None when the kernel
+    #: does not fit the node, and the lowering runs.
+    kernel_route: LoweringFn | None = None
+    #: The kernels ``kernel_route`` may call (docs/ops.md's column).
+    kernels: tuple[str, ...] = ()
+    #: The channels-last handler (CPU target).
+    layout_handler: LayoutHandler | None = None
+    #: The op makes a channels-last value from plain arguments (convolution); others only keep one.
+    layout_source: bool = False
+
+    def paths(self) -> dict[str, str]:
+        """Each registered part -> where it is defined (``lowering/<file>.py:<line>``), in dispatch order."""
+        parts = {"complex pair": self.complex_pair, "NKI route": self.kernel_route, "lowering": self.lowering,
+                 "channels-last": self.layout_handler}  # fmt: skip
+        return {what: defined_at(fn) for what, fn in parts.items() if fn is not None}
+
+
+#: aten overload -> its record. Register through the decorators below; read through ``record_of``.
+RECORDS: dict[OpOverload, DispatchRecord] = {}
+
+_PARTS = {f.name for f in fields(DispatchRecord)} - {"op", "kernels", "layout_source"}
+
+
+def record_of(op: Any) -> DispatchRecord | None:
+    return RECORDS.get(op) if isinstance(op, OpOverload) else None
+
+
+class _PartView(MutableMapping):
+    """One part of every record as a dict (overload -> part), for code that reads a single table: iteration
+    lists the overloads that have the part. Writing sets the part without the duplicate check (tests)."""
+
+    def __init__(self, part: str) -> None:
+        self.part = part
+
+    def __getitem__(self, op: Any) -> Any:
+        value = getattr(RECORDS[op], self.part) if op in RECORDS else None
+        if value is None:
+            raise KeyError(op)
+        return value
+
+    def __setitem__(self, op: OpOverload, value: Any) -> None:
+        setattr(RECORDS.setdefault(op, DispatchRecord(op)), self.part, value)
+
+    def __delitem__(self, op: Any) -> None:
+        self[op]  # KeyError when absent, as a dict
+        setattr(RECORDS[op], self.part, None)
+
+    def __iter__(self) -> Iterator[OpOverload]:
+        return iter([op for op, record in RECORDS.items() if getattr(record, self.part) is not None])
+
+    def __len__(self) -> int:
+        return sum(getattr(record, self.part) is not None for record in RECORDS.values())
+
+
+#: aten overload -> lowering function (a view of the records). Read it through ``supported_ops()``.
+LOWERINGS: MutableMapping[OpOverload, LoweringFn] = _PartView("lowering")
+
+#: aten overload -> why it is always refused (a view of the records). Not lowered, not in ``supported_ops()``.
+REFUSALS: MutableMapping[OpOverload, str] = _PartView("refusal")
 
 
 class Unsupported(Exception):
@@ -72,14 +145,30 @@ class NodeContext:
         return self.node.meta.get("val")
 
 
-_CURRENT: contextvars.ContextVar[NodeContext | None] = contextvars.ContextVar("neuron_node", default=None)
+_CURRENT: contextvars.ContextVar[Any] = contextvars.ContextVar("neuron_node", default=None)
 
 
 def current() -> NodeContext:
+    """The context of the node being lowered (raises outside the graph interpreter)."""
     ctx = _CURRENT.get()
     if ctx is None:
         raise RuntimeError("lowering called outside the graph interpreter")
     return ctx
+
+
+def current_or_none() -> NodeContext | None:
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def lowering_context(ctx: Any) -> Iterator[Any]:
+    """Lowerings called inside see ``ctx`` as ``current()`` (the interpreter, per node; complex_pairs.py,
+    for a real lowering run on one part of a pair)."""
+    token = _CURRENT.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _CURRENT.reset(token)
 
 
 def _is_out(overload: OpOverload) -> bool:
@@ -94,7 +183,7 @@ def _is_inplace(overload: OpOverload) -> bool:
     return (name.endswith("_") and not name.endswith("__")) or (name.startswith("__i") and name.endswith("__"))
 
 
-def _overloads(op: OpOverload | OpOverloadPacket) -> list[OpOverload]:
+def overloads_of(op: OpOverload | OpOverloadPacket) -> list[OpOverload]:
     """The overloads ``op`` stands for: itself, or every functional overload of a packet."""
     if isinstance(op, OpOverload):
         if _is_out(op) or _is_inplace(op):
@@ -113,19 +202,25 @@ def _touches_tensors(op: OpOverload) -> bool:
                for a in list(schema.arguments) + list(schema.returns))  # fmt: skip
 
 
-def _claim(overload: OpOverload, what: str) -> None:
-    """Refuse a second registration of ``overload``: the later one would silently replace the first."""
-    if overload in LOWERINGS:
-        first = f"lowering {_describe(LOWERINGS[overload])}"
-    elif overload in REFUSALS:
-        first = f"refusal {REFUSALS[overload]!r}"
-    else:
-        return
-    raise ValueError(f"{overload} is registered twice: as {first} and as {what}")
+def _describe(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', repr(value))}"
 
 
-def _describe(fn: LoweringFn) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+def _register(overload: OpOverload, part: str, value: Any) -> DispatchRecord:
+    """Set one part of ``overload``'s record; a part set twice is an error (the later one would silently
+    replace the first), and so is a lowering next to a refusal."""
+    record = RECORDS.setdefault(overload, DispatchRecord(overload))
+    clashes = ("lowering", "refusal") if part in ("lowering", "refusal") else (part,)
+    for other in clashes:
+        first = getattr(record, other)
+        if first is not None:
+            raise ValueError(
+                f"{overload} is registered twice: as {other} {_describe(first)} and as {part} {_describe(value)}"
+            )
+    setattr(record, part, value)
+    return record
 
 
 def register_lowering(*ops: OpOverload | OpOverloadPacket) -> Callable[[LoweringFn], LoweringFn]:
@@ -134,9 +229,8 @@ def register_lowering(*ops: OpOverload | OpOverloadPacket) -> Callable[[Lowering
 
     def decorate(fn: LoweringFn) -> LoweringFn:
         for op in ops:
-            for overload in _overloads(op):
-                _claim(overload, f"lowering {_describe(fn)}")
-                LOWERINGS[overload] = fn
+            for overload in overloads_of(op):
+                _register(overload, "lowering", fn)
         return fn
 
     return decorate
@@ -148,13 +242,46 @@ def register_refusal(*ops: OpOverload | OpOverloadPacket, reason: str) -> None:
     A refused op is not lowered: ``supported_ops()`` and docs/ops.md list it as unsupported with ``reason``.
     """
     for op in ops:
-        for overload in _overloads(op):
-            _claim(overload, f"refusal {reason!r}")
-            REFUSALS[overload] = reason
+        for overload in overloads_of(op):
+            _register(overload, "refusal", reason)
+
+
+def register_complex_pair(*ops: OpOverload | OpOverloadPacket) -> Callable[[LoweringFn], LoweringFn]:
+    """Register ``fn`` as the lowering of ``ops`` on (real, imag) pairs (``complex_pairs.py``)."""
+
+    def decorate(fn: LoweringFn) -> LoweringFn:
+        for op in ops:
+            for overload in overloads_of(op):
+                _register(overload, "complex_pair", fn)
+        return fn
+
+    return decorate
+
+
+def register_kernel_route(op: OpOverload, *kernels: str) -> Callable[[LoweringFn], LoweringFn]:
+    """Register ``fn`` as the NKI kernel site of ``op`` (``kernel_routing.py``), calling ``kernels``."""
+
+    def decorate(fn: LoweringFn) -> LoweringFn:
+        _register(op, "kernel_route", fn).kernels = kernels
+        return fn
+
+    return decorate
+
+
+def register_layout_handler(*ops: OpOverload, source: bool = False) -> Callable[[LayoutHandler], LayoutHandler]:
+    """Register ``fn`` as the channels-last handler of ``ops`` (``layout.py``); ``source``: the op makes a
+    channels-last value from plain arguments."""
+
+    def decorate(fn: LayoutHandler) -> LayoutHandler:
+        for op in ops:
+            _register(op, "layout_handler", fn).layout_source = source
+        return fn
+
+    return decorate
 
 
 #: ``_c10d_functional`` collective -> its lowering (neuron target; lowering/collectives.py). Not aten ops: kept
-#: out of LOWERINGS, ``supported_ops()`` and docs/ops.md, which list the aten op set.
+#: out of the records, ``supported_ops()`` and docs/ops.md, which list the aten op set.
 COLLECTIVE_LOWERINGS: dict[OpOverload, LoweringFn] = {}
 
 
@@ -165,19 +292,22 @@ LIBRARY_LOWERINGS: dict[str, LoweringFn] = {}
 
 
 def lowering_for(op: Any) -> LoweringFn | None:
+    """The real-dtype lowering of ``op``: its record's, a collective's or a library op's."""
     if not isinstance(op, OpOverload):
         return None
-    return LOWERINGS.get(op) or COLLECTIVE_LOWERINGS.get(op) or LIBRARY_LOWERINGS.get(str(op))
+    record = RECORDS.get(op)
+    return (record.lowering if record else None) or COLLECTIVE_LOWERINGS.get(op) or LIBRARY_LOWERINGS.get(str(op))
 
 
 def refusal_for(op: Any) -> str | None:
     """Why ``op`` is always refused, or None if it is not in the table of refusals."""
-    return REFUSALS.get(op) if isinstance(op, OpOverload) else None
+    record = record_of(op)
+    return record.refusal if record else None
 
 
-def lowered_in(op: OpOverload) -> str:
-    """Where ``op``'s lowering is defined, as ``lowering/<family>.py:<line>`` (relative to the package)."""
-    fn = inspect.unwrap(LOWERINGS[op])
+def defined_at(fn: Any) -> str:
+    """Where ``fn`` is defined, as ``lowering/<family>.py:<line>`` (relative to the package)."""
+    fn = inspect.unwrap(fn)
     path = Path(inspect.getsourcefile(fn) or "?")
     line = inspect.getsourcelines(fn)[1]
     package = Path(__file__).resolve().parent.parent
@@ -186,6 +316,11 @@ def lowered_in(op: OpOverload) -> str:
     except ValueError:
         pass
     return f"{path.as_posix()}:{line}"
+
+
+def lowered_in(op: OpOverload) -> str:
+    """Where ``op``'s lowering is defined, as ``lowering/<family>.py:<line>`` (relative to the package)."""
+    return defined_at(LOWERINGS[op])
 
 
 def supported_ops() -> list[str]:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from .indexing import _identity, scatter_reduce
+from .indexing import reduce_identity, scatter_reduce
 from .registry import Unsupported, current, register_lowering
 from .semantics import canonical_dim, convert, is_float, opmath_dtype, out_shape
 
@@ -99,7 +99,7 @@ def _index_reduce_one_hot(x, axis, index, src, reduce, include_self):
         out = out if include_self else jnp.where(count > 0, out, x0)
     elif reduce in _REDUCERS:
         reduce_all, combine = _REDUCERS[reduce]
-        identity = jnp.asarray(_identity(x.dtype, reduce), x.dtype)
+        identity = jnp.asarray(reduce_identity(x.dtype, reduce), x.dtype)
         reduced = reduce_all(jnp.where(hit, s0[None], identity), axis=1).astype(x.dtype)
         out = combine(reduced, x0) if include_self else jnp.where(count > 0, reduced, x0)
     else:

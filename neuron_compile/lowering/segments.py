@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .histograms import _count
+from .histograms import bin_counts
 from .nn import embedding_dense_backward
 from .reductions import norm_of_magnitudes
 from .registry import Unsupported, register_lowering
@@ -163,7 +163,7 @@ def _histogram(x: Any, edges: Any, weight: Any, density: bool) -> Any:
     ids = jnp.sum(edges[None, :] <= flat[:, None], axis=1, dtype=jnp.int32) - 1
     ids = jnp.minimum(ids, bins - 1)
     dtype = out_dtype(0)
-    hist = _count(ids, valid, bins, None if weight is None else jnp.ravel(weight), dtype)
+    hist = bin_counts(ids, valid, bins, None if weight is None else jnp.ravel(weight), dtype)
     if density:
         hist = hist / jnp.sum(hist)
         hist = hist / (lax.slice_in_dim(edges, 1, bins + 1) - lax.slice_in_dim(edges, 0, bins))

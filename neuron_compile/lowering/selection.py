@@ -18,7 +18,7 @@ from jax import lax
 from .registry import Unsupported, register_lowering
 from .scan import associative_scan
 from .semantics import canonical_dim, convert, is_float, out_shape
-from .sorting import _take, order_statistic, sort_along
+from .sorting import take_at, order_statistic, sort_along
 
 aten = torch.ops.aten
 
@@ -47,7 +47,7 @@ def mode(x, dim=-1, keepdim=False):
     count = jnp.where(ends, iota - first + 1, 0)
     best = jnp.max(count, axis=axis, keepdims=True)
     winner = jnp.min(jnp.where(count == best, iota, n), axis=axis, keepdims=True)
-    return _take(values, positions, axis, winner, keepdim, out_shape(0))
+    return take_at(values, positions, axis, winner, keepdim, out_shape(0))
 
 
 def _nanmedian_position(x: Any, axis: int) -> Any:

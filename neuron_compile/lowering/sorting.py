@@ -104,7 +104,7 @@ def topk(x, k, dim=-1, largest=True, sorted=True):
     return jnp.reshape(values, shape), jnp.reshape(convert(indices, jnp.int64), shape)
 
 
-def _take(values: Any, indices: Any, axis: int, position: Any, keepdim: bool, shape: Any) -> tuple[Any, Any]:
+def take_at(values: Any, indices: Any, axis: int, position: Any, keepdim: bool, shape: Any) -> tuple[Any, Any]:
     if isinstance(position, int):
         v = lax.index_in_dim(values, position, axis, keepdims=True)
         i = lax.index_in_dim(indices, position, axis, keepdims=True)
@@ -117,7 +117,7 @@ def _take(values: Any, indices: Any, axis: int, position: Any, keepdim: bool, sh
 @register_lowering(aten.kthvalue)
 def kthvalue(x, k, dim=-1, keepdim=False):
     values, indices, axis = _sorted(x, dim, False)
-    return _take(values, indices, axis, k - 1, keepdim, out_shape(0))
+    return take_at(values, indices, axis, k - 1, keepdim, out_shape(0))
 
 
 def _median_position(x: Any, axis: int) -> Any:
@@ -137,10 +137,10 @@ def order_statistic(x: Any, position_of: Any, dim: int | None = None, keepdim: b
     if dim is None:
         flat = jnp.reshape(x, (-1,))
         values, indices = sort_along(flat, 0)
-        return _take(values, indices, 0, position_of(flat, 0), False, ())[0]
+        return take_at(values, indices, 0, position_of(flat, 0), False, ())[0]
     values, indices, axis = _sorted(x, dim, False)
     xs = jnp.reshape(x, (1,)) if x.ndim == 0 else x
-    return _take(values, indices, axis, position_of(xs, axis), keepdim, out_shape(0))
+    return take_at(values, indices, axis, position_of(xs, axis), keepdim, out_shape(0))
 
 
 @register_lowering(aten.median.dim)

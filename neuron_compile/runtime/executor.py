@@ -150,7 +150,7 @@ class CompiledGraph:
                 return out
             if f64:
                 t = t.to(torch.float32)
-            elif t.is_complex():  # carried as (real, imag) float32 pairs (lowering/complex.py)
+            elif t.is_complex():  # carried as (real, imag) float32 pairs (lowering/complex_pairs.py)
                 t = torch.view_as_real(t.resolve_conj().to(torch.complex64))
             if perm is not None:  # compiled in the input's memory order: this view of it is row-major
                 t = t.permute(*perm, *range(len(perm), t.dim()))

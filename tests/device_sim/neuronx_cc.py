@@ -19,6 +19,10 @@ in the NEFF's ``neff.json`` (refusing, NCC_SIM005, one the simulator could not r
 ``collectives.py``), and writes the simulator's NEFF (layout in ``libnrt_sim.c``'s header comment;
 :func:`make_neff`). One line per successful compile goes to
 ``$NRTSIM_STATE_DIR/compiles.log``.
+
+For tests of what drives the compiler: ``NRTSIM_COMPILE_DELAY=SECONDS`` makes every compile take that long
+(the real one takes minutes), and ``NRTSIM_COMPILE_FAIL=PREFIX[,PREFIX...]`` refuses (NCC_SIM006) every
+module whose sha256 starts with one of the prefixes.
 """
 
 from __future__ import annotations
@@ -372,6 +376,13 @@ def compile_file(args: argparse.Namespace, log: list[str]) -> dict[str, Any]:
         source = source_path.read_bytes()
     except OSError as e:
         raise CompileError("", f"cannot read the input {args.model_files}: {e.strerror}") from None
+    delay = float(os.environ.get("NRTSIM_COMPILE_DELAY") or 0)
+    if delay > 0:
+        time.sleep(delay)
+    module_sha = hashlib.sha256(source).hexdigest()
+    refused = [p for p in (os.environ.get("NRTSIM_COMPILE_FAIL") or "").split(",") if p.strip()]
+    if any(module_sha.startswith(p.strip().lower()) for p in refused):
+        raise CompileError("NCC_SIM006", f"module {module_sha[:16]} is refused as NRTSIM_COMPILE_FAIL asks")
     if args.target not in SIMULATED_TARGETS:
         raise CompileError("NCC_SIM003", f"--target {args.target}: the device simulator models trn2 and trn3 only")
     lnc = args.lnc if args.lnc is not None else 2  # "On Trn2, the default is 2."

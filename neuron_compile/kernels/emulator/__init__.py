@@ -30,6 +30,7 @@ from .core import (
     NkiError,
     NkiOutOfBoundsError,
     NkiTensor,
+    NkiUnsupportedError,
     NkiValidationError,
     Run,
     RunStats,
@@ -43,7 +44,8 @@ from .core import (
 )
 
 __all__ = [
-    "Kernel", "NkiCapacityError", "NkiError", "NkiOutOfBoundsError", "NkiTensor", "NkiValidationError",
+    "Kernel", "NkiCapacityError", "NkiError", "NkiOutOfBoundsError", "NkiTensor", "NkiUnsupportedError",
+    "NkiValidationError",
     "RunStats", "TensorSpec", "infer_shapes", "isa", "jit", "language", "last_run_stats", "simulate",
 ]
 
@@ -73,8 +75,18 @@ class Kernel:
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, grid: Any) -> Kernel:
+        """``kernel[lnc]`` launches on a logical NeuronCore of ``lnc`` physical cores (1 or 2; NKI 0.6+):
+        ``nl.num_programs()`` is ``lnc`` and ``nl.program_id()`` tells the cores apart. Any other grid
+        (``kernel[4]``, ``kernel[2, 3]``) is the legacy SPMD launch, still accepted. Programs run here one
+        after another, sharing ``shared_hbm`` tensors; counters are kept per program for the cost model."""
         grid = grid if isinstance(grid, tuple) else (grid,)
         return Kernel(self.fn, tuple(int(g) for g in grid), **self.options)
+
+    @property
+    def lnc(self) -> int:
+        """The logical-core degree of the launch (what the real nki's compile reads): ``n`` for ``kernel[n]``
+        with n in (1, 2), else 1."""
+        return self.grid[0] if len(self.grid) == 1 and self.grid[0] in (1, 2) else 1
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if in_kernel():  # a sub-kernel called from a kernel is inlined, as NKI does
@@ -206,11 +218,14 @@ def _run(kernel: Any, args: tuple, kwargs: dict, *, shape_only: bool, target: st
         grid = kern.grid or ()
         ids = list(np.ndindex(*grid)) if grid else [()]
         run.grid = grid
+        run.grid_ids = ids
         out = None
         for pid in ids:
             run.program_id = tuple(int(i) for i in pid)
+            run.shared_next = 0
             out = kern.fn(*nargs, **nkw)
         result = _from_out(out, as_torch, shape_only, inputs)
+        run.finish()
     finally:
         pop_run()
     return result, run.stats

@@ -42,6 +42,25 @@ class NkiOutOfBoundsError(NkiValidationError):
     """An index or slice reaches outside the tensor (the hardware would access other memory)."""
 
 
+class NkiUnsupportedError(NkiError):
+    """A documented NKI function or argument the emulator does not implement (the message names it)."""
+
+
+def unsupported(qualname: str, why: str = "") -> Any:
+    """A stand-in for a documented NKI API the emulator refuses: calling it raises NkiUnsupportedError."""
+
+    def refused(*_: Any, **__: Any) -> Any:
+        raise NkiUnsupportedError(
+            f"{qualname} is documented NKI but not implemented by the neuron_compile emulator"
+            + (f" ({why})" if why else "") + "; see docs/nki.md, 'API coverage'")
+
+    refused.__name__ = qualname.rsplit(".", 1)[-1]
+    refused.__qualname__ = qualname
+    refused.__nki_unsupported__ = why or "not implemented"  # type: ignore[attr-defined]
+    refused.__doc__ = f"Refused: {qualname} raises NkiUnsupportedError here ({why or 'not implemented'})."
+    return refused
+
+
 # ----------------------------------------------------------------------------------------------- dtypes
 def _tf32_round(x: np.ndarray) -> np.ndarray:
     b = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
@@ -65,6 +84,9 @@ def dtype_name(dtype: Any) -> str:
     """Canonical NKI dtype string for a string, NumPy/ml_dtypes dtype or torch dtype."""
     if isinstance(dtype, str):
         name = {"bool": "bool_", "float": "float32"}.get(dtype, dtype)
+        if name in ("int64", "float8_e5m2_x4", "float8_e4m3fn_x4", "float4_e2m1fn_x4"):
+            raise NkiUnsupportedError(f"NKI dtype {name} is not emulated for tensors (int64 exists only as an "
+                                      "NkiScalar; the x4-packed MX types belong to nc_matmul_mx)")
         if name in _NP_DTYPES:
             return name
         raise NkiError(f"unknown NKI dtype {dtype!r}; use one of {sorted(_NP_DTYPES)}")
@@ -158,6 +180,8 @@ class RunStats:
     sbuf_peak_bytes_per_partition: int = 0
     psum_peak_bytes_per_partition: int = 0
     shape_only: bool = False
+    #: per program of the launch: the schedule's critical path ("makespan", s) and busy seconds per engine
+    schedule: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def dma_bytes(self) -> int:
@@ -190,6 +214,22 @@ class Run:
         self.psum_banks = [0] * self.gen.psum_banks
         self.program_id: tuple[int, ...] = ()
         self.grid: tuple[int, ...] = ()
+        self.grid_ids: list[tuple[int, ...]] = [()]
+        self.shared_allocs: list[NkiTensor] = []
+        self.shared_next = 0
+        self.timelines: dict[tuple[int, ...], Any] = {}
+
+    def timeline(self) -> Any:
+        """The schedule of the program running now (each program of a launch is its own core)."""
+        tl = self.timelines.get(self.program_id)
+        if tl is None:
+            from .schedule import Timeline
+
+            tl = self.timelines[self.program_id] = Timeline(self.gen)
+        return tl
+
+    def finish(self) -> None:
+        self.stats.schedule = [tl.summary() for tl in self.timelines.values()]
 
     # ---- capacity
     def allocate(self, buffer: Buffer, per_partition: int, what: str) -> tuple[str, int] | None:
@@ -232,11 +272,21 @@ class Run:
             self.psum_banks[val // 1_000_000] -= val % 1_000_000
 
     # ---- counters
-    def count(self, engine: str, kind: str, partitions: int, free: int, itemsize_: int = 4) -> None:
+    def count(self, engine: str, kind: str, partitions: int, free: int, itemsize_: int = 4,
+              reads: tuple = (), writes: tuple = ()) -> None:
+        """Count one compute instruction and schedule it (``reads``/``writes``: its operand tensors)."""
         e = self.stats.engines[engine]
         e.instructions += 1
         e.elements += partitions * free
-        e.cycles += _cost.instruction_cycles(self.gen, engine, kind, free, partitions, itemsize_)
+        cyc = _cost.instruction_cycles(self.gen, engine, kind, free, partitions, itemsize_)
+        e.cycles += cyc
+        self.timeline().compute(engine, cyc, reads, writes)
+
+    def count_dma(self, src: NkiTensor, dst: NkiTensor, nbytes: int) -> None:
+        """Schedule one DMA transfer of ``nbytes`` (counted by the caller)."""
+        on_chip = dst if dst.buffer.on_chip else src
+        parts = on_chip.partitions if on_chip.buffer.on_chip else min(PMAX, max(1, dst.shape[0] if dst.ndim else 1))
+        self.timeline().dma(nbytes, parts, (src,), (dst,))
 
 
 _local = threading.local()
@@ -250,6 +300,14 @@ def current_run() -> Run:
             _local.default = Run()
         return _local.default
     return stack[-1]
+
+
+def run_rng() -> np.random.Generator:
+    """The current run's generator for nl.rand / dropout (seeded by nl.random_seed; not the device's stream)."""
+    run = current_run()
+    if not hasattr(run, "rng"):
+        run.rng = np.random.default_rng(0)  # type: ignore[attr-defined]
+    return run.rng  # type: ignore[attr-defined]
 
 
 def in_kernel() -> bool:
@@ -278,11 +336,13 @@ def last_run_stats() -> RunStats | None:
 class _Alloc:
     """Owner of one allocation's capacity; freed when the last view of it goes away."""
 
-    __slots__ = ("__weakref__", "name")
+    __slots__ = ("__weakref__", "bank", "name")
 
     def __init__(self, run: Run, buffer: Buffer, per_partition: int, name: str):
         self.name = name
         token = run.allocate(buffer, per_partition, name)
+        # the PSUM bank: the cost model orders instructions on the physical bank, which tiles reuse
+        self.bank = token[1] // 1_000_000 if token is not None and token[0] == "psum" else None
         if token is not None:
             weakref.finalize(self, run.release, token)
 
@@ -306,14 +366,17 @@ def _fmt_shape(t: NkiTensor) -> str:
 class NkiTensor:
     """An NKI tensor or a view of one: a NumPy view plus dtype and buffer; views share storage."""
 
-    __slots__ = ("_alloc", "_arr", "_written", "buffer", "dtype", "name", "p0", "pstep")
+    __slots__ = ("_alloc", "_arr", "_root", "_written", "buffer", "dtype", "name", "p0", "pstep")
 
     def __init__(self, arr: np.ndarray, dtype: str, buffer: Buffer, alloc: Any = None, name: str = "",
-                 written: np.ndarray | None = None, p0: int = 0, pstep: int = 1):
+                 written: np.ndarray | None = None, p0: int = 0, pstep: int = 1,
+                 root: tuple[np.ndarray, np.ndarray | None] | None = None):
         self.p0 = p0  # first partition of this view in its allocation (on chip)
         self.pstep = pstep  # partition stride of this view (compute engines need 1)
         self._arr = arr
         self._written = written
+        # the whole allocation (storage and PSUM written-mask): what ``.ap`` patterns index, flattened
+        self._root = (arr, written) if root is None else root
         self._alloc = alloc
         self.dtype = dtype
         self.buffer = buffer
@@ -352,7 +415,7 @@ class NkiTensor:
     def _view(self, arr: np.ndarray, written: np.ndarray | None = None, p0: int | None = None,
               pstep: int | None = None) -> NkiTensor:
         return NkiTensor(arr, self.dtype, self.buffer, self._alloc, self.name, written,
-                         self.p0 if p0 is None else p0, self.pstep if pstep is None else pstep)
+                         self.p0 if p0 is None else p0, self.pstep if pstep is None else pstep, self._root)
 
     def _normalize_key(self, key: Any) -> tuple:
         key = key if isinstance(key, tuple) else (key,)
@@ -423,8 +486,9 @@ class NkiTensor:
             raise NkiError(f"reshape of non-contiguous view {_fmt_shape(self)} would copy; reshape the base tensor")
         return self._view(arr, None if self._written is None else self._written.reshape(shape))
 
-    def broadcast(self, dim: int, n: int) -> NkiTensor:
-        """A read-only view repeating size-1 dim ``dim`` ``n`` times (not dim 0 on chip)."""
+    def broadcast(self, dim: int, size: int) -> NkiTensor:
+        """A read-only view repeating size-1 dim ``dim`` ``size`` times (not dim 0 on chip)."""
+        n = size
         if self.buffer.on_chip and dim == 0:
             raise NkiValidationError(f"broadcast along the partition dim of on-chip {_fmt_shape(self)} "
                                      "is not a view; copy per partition instead")
@@ -443,12 +507,254 @@ class NkiTensor:
         name = dtype_name(dtype)
         if itemsize(name) != self.itemsize:
             raise NkiError(f"view of {_fmt_shape(self)} as {name} changes the element size")
+        try:
+            root = (self._root[0].view(np_dtype(name)), self._root[1])
+        except ValueError:
+            root = None
         return NkiTensor(self._arr.view(np_dtype(name)), name, self.buffer, self._alloc, self.name,
-                         p0=self.p0, pstep=self.pstep)
+                         p0=self.p0, pstep=self.pstep, root=root)
+
+    reinterpret_cast = view
+
+    # ---- the documented view primitives of NkiTensor (NKI 0.6): metadata only, storage shared
+    def _no_partition_dim(self, dim: int, what: str) -> None:
+        if self.buffer.on_chip and dim == 0:
+            raise NkiValidationError(f"NkiTensor.{what}: dim 0 of on-chip {_fmt_shape(self)} is the partition "
+                                     "dim, which this view cannot change")
+
+    def _dim(self, dim: int, what: str, extra: int = 0) -> int:
+        n = self.ndim + extra
+        if not -n <= int(dim) < n:
+            raise NkiError(f"NkiTensor.{what}: dim {dim} out of range for {_fmt_shape(self)}")
+        return int(dim) % n
+
+    def _mapped(self, fn: Any) -> NkiTensor:
+        return self._view(fn(self._arr), None if self._written is None else fn(self._written))
+
+    def permute(self, dims: tuple[int, ...]) -> NkiTensor:
+        """Reorder the dims (a view); on chip ``dims[0]`` must be 0."""
+        dims = tuple(self._dim(d, "permute") for d in dims)
+        if sorted(dims) != list(range(self.ndim)):
+            raise NkiValidationError(f"NkiTensor.permute: {tuple(dims)} is not a permutation of range({self.ndim}) "
+                                     f"for {_fmt_shape(self)}")
+        if self.buffer.on_chip and dims[0] != 0:
+            raise NkiValidationError(f"NkiTensor.permute: on-chip {_fmt_shape(self)} keeps the partition dim "
+                                     f"first; dims[0] must be 0, got {tuple(dims)}")
+        return self._mapped(lambda a: a.transpose(dims))
+
+    def expand_dim(self, dim: int) -> NkiTensor:
+        """Insert a size-1 dim at ``dim`` (not 0 on chip)."""
+        d = self._dim(dim, "expand_dim", extra=1)
+        self._no_partition_dim(d, "expand_dim")
+        return self._mapped(lambda a: np.expand_dims(a, d))
+
+    def squeeze_dim(self, dim: int) -> NkiTensor:
+        """Remove size-1 dim ``dim`` (not 0 on chip)."""
+        d = self._dim(dim, "squeeze_dim")
+        self._no_partition_dim(d, "squeeze_dim")
+        if self.shape[d] != 1:
+            raise NkiValidationError(f"NkiTensor.squeeze_dim: dim {d} of {_fmt_shape(self)} is not 1")
+        return self._mapped(lambda a: a.squeeze(d))
+
+    def reshape_dim(self, dim: int, shape: tuple[int, ...]) -> NkiTensor:
+        """Split dim ``dim`` into ``shape`` (one entry may be -1)."""
+        d = self._dim(dim, "reshape_dim")
+        shape = [int(s) for s in shape]
+        if shape.count(-1) == 1:
+            known = math.prod(s for s in shape if s != -1)
+            shape[shape.index(-1)] = self.shape[d] // known if known else 0
+        if math.prod(shape) != self.shape[d]:
+            raise NkiValidationError(f"NkiTensor.reshape_dim: {shape} does not multiply to dim {d} "
+                                     f"({self.shape[d]}) of {_fmt_shape(self)}")
+        if len(shape) > 1:
+            self._no_partition_dim(d, "reshape_dim")
+        new = (*self.shape[:d], *shape, *self.shape[d + 1:])
+        return self._mapped(lambda a: a.reshape(new) if current_run().shape_only
+                            else _reshape_view(a, new, self, "reshape_dim"))
+
+    def flatten_dims(self, start_dim: int, end_dim: int) -> NkiTensor:
+        """Merge dims ``start_dim..end_dim`` (inclusive; contiguous in storage; start > 0 on chip)."""
+        a, b = self._dim(start_dim, "flatten_dims"), self._dim(end_dim, "flatten_dims")
+        if self.buffer.on_chip and a == 0:
+            raise NkiValidationError(f"NkiTensor.flatten_dims: start_dim must be > 0 for on-chip {_fmt_shape(self)}")
+        new = (*self.shape[:a], math.prod(self.shape[a:b + 1]), *self.shape[b + 1:])
+        return self._mapped(lambda x: x.reshape(new) if current_run().shape_only
+                            else _reshape_view(x, new, self, "flatten_dims"))
+
+    def slice(self, dim: int, start: int, end: int, step: int = 1) -> NkiTensor:
+        """``t[..., start:end:step, ...]`` on dim ``dim``."""
+        d = self._dim(dim, "slice")
+        return self[(slice(None),) * d + (slice(int(start), int(end), int(step)),)]
+
+    def select(self, dim: int, index: Any) -> NkiTensor:
+        """Drop dim ``dim`` at ``index`` (an int, or a 1x1 SBUF tensor / NkiScalar read at run time)."""
+        d = self._dim(dim, "select")
+        self._no_partition_dim(d, "select")
+        i = _runtime_int(index, "NkiTensor.select")
+        if not 0 <= i < self.shape[d]:
+            raise NkiOutOfBoundsError(f"NkiTensor.select: index {i} on dim {d} (size {self.shape[d]}) of "
+                                      f"{_fmt_shape(self)}")
+        key = (slice(None),) * d + (i,)
+        return self._view(self._arr[key], None if self._written is None else self._written[key])
+
+    def is_indirect(self) -> bool:
+        return False
+
+    @property
+    def data(self) -> NkiTensor:
+        """The tensor itself (grids and tensors both expose their operand as ``.data`` in NKI 0.7)."""
+        return self
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Element strides of this view in its allocation."""
+        return tuple(int(s) // self._arr.itemsize for s in self._arr.strides)
+
+    @property
+    def offset(self) -> int:
+        """Element offset of this view's first element in its allocation."""
+        base = self._root[0]
+        if base.size == 0 or self._arr.size == 0:
+            return 0
+        return (self._arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // self._arr.itemsize
+
+    def get_pattern(self) -> list[list[int]]:
+        """This view as ``[[stride, count], ...]`` over its allocation (the input of :meth:`ap`)."""
+        return [[st, n] for st, n in zip(self.strides, self.shape)]
+
+    def is_contiguous(self) -> bool:
+        dims = list(zip(self.shape, self.strides))[1 if self.buffer.on_chip else 0:]
+        expect = 1
+        for n, st in reversed(dims):
+            if n != 1 and st != expect:
+                return False
+            expect *= n
+        return True
+
+    def ap(self, pattern: Any, offset: int = 0, scalar_offset: Any = None, vector_offset: Any = None,
+           indirect_dim: int = 0, dtype: Any = None) -> NkiTensor:
+        """A hardware access pattern: element ``[i0, i1, ...]`` of the result is element
+        ``offset + sum(step_k * i_k)`` of this tensor's allocation flattened, counted from this view's first
+        element, with ``pattern = [[step_0, count_0], ...]``. On chip the first pair is the partition access
+        and its step must be the allocation's free size. ``scalar_offset`` (an int, a 1x1 SBUF tensor or an
+        NkiScalar) moves the start by that many steps of dim ``indirect_dim``; ``dtype`` reinterprets the
+        storage (pattern and offset then count elements of that dtype)."""
+        if vector_offset is not None:
+            raise NkiUnsupportedError("NkiTensor.ap(vector_offset=...) (per-partition indirect addressing) is "
+                                      "not implemented by the emulator; use nl.load per index or a static pattern")
+        pat = [(int(st), int(n)) for st, n in pattern]
+        if not pat or any(n <= 0 for _, n in pat):
+            raise NkiValidationError(f"NkiTensor.ap: pattern {pattern} needs [step, count] pairs with count > 0")
+        root, root_w = self._root
+        name = self.dtype if dtype is None else dtype_name(dtype)
+        ratio_num, ratio_den = self.itemsize, itemsize(name)
+        start = (self.offset * ratio_num) // ratio_den + int(offset)
+        if scalar_offset is not None:
+            if not 0 <= int(indirect_dim) < len(pat):
+                raise NkiValidationError(f"NkiTensor.ap: indirect_dim {indirect_dim} outside pattern {pattern}")
+            start += _runtime_int(scalar_offset, "NkiTensor.ap(scalar_offset=...)") * pat[int(indirect_dim)][0]
+        total = root.size * ratio_num // ratio_den
+        p0 = 0
+        if self.buffer.on_chip:
+            free = total // root.shape[0]
+            if pat[0][1] > 1 and pat[0][0] != free:
+                raise NkiValidationError(
+                    f"NkiTensor.ap: on-chip pattern {pattern} must start with the partition access [{free}, P] "
+                    f"(step = the allocation's {free} elements per partition; partitions are contiguous)")
+            if pat[0][1] > PMAX:
+                raise NkiValidationError(f"NkiTensor.ap: Size of partition dimension {pat[0][1]} exceeds "
+                                         f"maximum {PMAX}")
+            p0 = start // free
+        lo = start + sum(min(0, (n - 1) * st) for st, n in pat)
+        hi = start + sum(max(0, (n - 1) * st) for st, n in pat)
+        if lo < 0 or hi >= total:
+            raise NkiOutOfBoundsError(f"NkiTensor.ap: pattern {pattern} at offset {start} reaches elements "
+                                      f"[{lo}, {hi}] of {_fmt_shape(self)}'s allocation of {total} elements")
+        shape = tuple(n for _, n in pat)
+        if current_run().shape_only or root.strides == (0,) * root.ndim:
+            arr = np.broadcast_to(np.zeros((), np_dtype(name)), shape)
+            w = None if root_w is None else np.broadcast_to(np.zeros((), bool), shape)
+            return NkiTensor(arr, name, self.buffer, self._alloc, self.name, w, p0, 1, self._root)
+        if not root.flags.c_contiguous:
+            raise NkiUnsupportedError(f"NkiTensor.ap on {_fmt_shape(self)}: its storage is a non-contiguous "
+                                      "array (pass a contiguous tensor to the kernel)")
+        flat = root.reshape(-1).view(np_dtype(name)) if name != self.dtype else root.reshape(-1)
+        isz = flat.itemsize
+        arr = np.lib.stride_tricks.as_strided(flat[start:], shape, tuple(st * isz for st, _ in pat))
+        w = None
+        if root_w is not None:
+            if name != self.dtype:
+                raise NkiUnsupportedError("NkiTensor.ap(dtype=...) on a PSUM tensor")
+            w = np.lib.stride_tricks.as_strided(root_w.reshape(-1)[start:], shape, tuple(st for st, _ in pat))
+        new_root = (root.view(np_dtype(name)) if name != self.dtype else root, root_w)
+        return NkiTensor(arr, name, self.buffer, self._alloc, self.name, w, p0, 1, new_root)
+
+    def indirect(self, index: Any, num_elem: Any = None) -> NkiTensor:
+        raise NkiUnsupportedError("NkiTensor.indirect (tensor indirection, NC-v4) is not implemented by the emulator")
+
+    indirect.__nki_unsupported__ = "tensor indirection (NC-v4) is not emulated"  # type: ignore[attr-defined]
+
+    def vector_select(self, dim: int, vector_offset: Any) -> NkiTensor:
+        raise NkiUnsupportedError("NkiTensor.vector_select (per-partition indirect addressing) is not implemented "
+                                  "by the emulator")
+
+    vector_select.__nki_unsupported__ = "per-partition indirect addressing is not emulated"  # type: ignore[attr-defined]
+
+    def rearrange(self, src_pattern: tuple, dst_pattern: tuple, fixed_sizes: dict[str, int] | None = None) -> NkiTensor:
+        """einops-style split / reorder / merge of dims, as a view (built from reshape_dim/permute/flatten)."""
+        fixed = dict(fixed_sizes or {})
+        names: list[str] = []
+        t = self
+        d = 0
+        for item in src_pattern:  # split grouped source dims
+            group = (item,) if isinstance(item, str) else tuple(item)
+            if len(group) > 1:
+                unknown = [g for g in group if g not in fixed]
+                sizes = tuple(fixed.get(g, -1) for g in group)
+                if len(unknown) > 1:
+                    raise NkiValidationError(f"NkiTensor.rearrange: sizes of {unknown} are ambiguous; pass fixed_sizes")
+                t = t.reshape_dim(d, sizes)
+            for j, g in enumerate(group):
+                fixed.setdefault(g, t.shape[d + j])
+            names += group
+            d += len(group)
+        flat_dst = [g for item in dst_pattern for g in ((item,) if isinstance(item, str) else tuple(item))]
+        if sorted(flat_dst) != sorted(names):
+            raise NkiValidationError(f"NkiTensor.rearrange: {dst_pattern} does not name the dims of {src_pattern}")
+        t = t.permute(tuple(names.index(g) for g in flat_dst))
+        d = 0
+        for item in dst_pattern:  # merge grouped destination dims
+            n = 1 if isinstance(item, str) else len(item)
+            if n > 1:
+                t = t.flatten_dims(d, d + n - 1)
+            d += 1
+        return t
 
     # ---- host access (only outside kernels / in tests)
     def numpy(self) -> np.ndarray:
         return np.array(self._arr)
+
+
+def _reshape_view(a: np.ndarray, shape: tuple[int, ...], t: NkiTensor, what: str) -> np.ndarray:
+    out = a.reshape(shape)
+    if a.size and not np.shares_memory(out, a):
+        raise NkiValidationError(f"NkiTensor.{what} of {_fmt_shape(t)}: its layout is not contiguous across the "
+                                 "merged/split dims (after a permute or a strided slice), so no view exists")
+    return out
+
+
+def _runtime_int(x: Any, what: str) -> int:
+    """The value of an index known only at run time: an int, an NkiScalar, or a 1x1 SBUF/HBM tensor."""
+    if isinstance(x, (int, np.integer)):
+        return int(x)
+    v = getattr(x, "nki_scalar_value", None)
+    if v is not None:
+        return int(v())
+    if isinstance(x, NkiTensor):
+        if x.size != 1:
+            raise NkiValidationError(f"{what}: a run-time index must be a 1x1 tensor, got {_fmt_shape(x)}")
+        return 0 if current_run().shape_only else int(np.asarray(x._arr, np.float64).reshape(-1)[0])
+    raise NkiError(f"{what}: index {x!r} must be an int, an NkiScalar or a 1x1 tensor")
 
 
 def _check_partitions(shape: tuple[int, ...], buffer: Buffer, what: str) -> None:
@@ -478,6 +784,18 @@ def new_tensor(shape: Any, dtype: Any, buffer: Buffer | str = sbuf, name: str = 
     per_part = int(math.prod(shape[1:])) * itemsize(name_) if buffer.on_chip else 0
     alloc = _Alloc(run, buffer, per_part, f"{name or 'tensor'}{list(shape)}:{name_}") \
         if buffer.on_chip else None
+    if buffer == "shared_hbm" and len(run.grid_ids) > 1:
+        # SPMD/LNC programs share shared_hbm: the k-th such allocation of every program is the same tensor
+        k = run.shared_next
+        run.shared_next += 1
+        if k < len(run.shared_allocs):
+            prev = run.shared_allocs[k]
+            if prev.shape != shape or prev.dtype != name_:
+                raise NkiValidationError(
+                    f"nl.ndarray {name!r}: shared_hbm allocation #{k} is {list(prev.shape)}:{prev.dtype} in program 0 "
+                    f"but {list(shape)}:{name_} in program {run.program_id}; every program must allocate the same "
+                    "shared tensors (control flow must be the same on every core)")
+            return prev
     value = fill_value(name_) if fill is None else fill
     if run.shape_only:
         arr = np.broadcast_to(np.zeros((), np_dtype(name_)), shape)
@@ -486,7 +804,10 @@ def new_tensor(shape: Any, dtype: Any, buffer: Buffer | str = sbuf, name: str = 
         arr = np.full(shape, value, dtype=np_dtype(name_)) if name_ != "tfloat32" else \
             np.full(shape, value, np.float32)
         written = np.zeros(shape, bool) if buffer == "psum" else None
-    return NkiTensor(arr, name_, buffer, alloc, name, written)
+    t = NkiTensor(arr, name_, buffer, alloc, name, written)
+    if buffer == "shared_hbm" and len(run.grid_ids) > 1:
+        run.shared_allocs.append(t)
+    return t
 
 
 def wrap_hbm(arr: np.ndarray, name: str = "", shape_only: bool = False) -> NkiTensor:
@@ -495,3 +816,70 @@ def wrap_hbm(arr: np.ndarray, name: str = "", shape_only: bool = False) -> NkiTe
     if np.dtype(arr.dtype) != np_dtype(dt):
         arr = arr.astype(np_dtype(dt))
     return NkiTensor(arr, dt, hbm, None, name)
+
+
+# ------------------------------------------------------------------------------------- run-time scalars
+_I32 = 1 << 32
+
+
+def _wrap32(v: int) -> int:
+    return (v + (1 << 31)) % _I32 - (1 << 31)
+
+
+class NkiScalar:
+    """A run-time integer (NKI 0.7 ``NkiScalar``; also stands in for 0.6's ``VirtualRegister``).
+
+    Arithmetic on it is traced in NKI; here it is evaluated (32-bit values wrap, as documented). It cannot
+    steer Python control flow or index with ``[...]``: use ``nl.if_else``/``nl.while_loop`` and
+    ``.ap(scalar_offset=...)``/``.select(dim, scalar)``, as on the device.
+    """
+
+    __slots__ = ("_v", "dtype")
+
+    def __init__(self, value: int = 0, dtype: str = "int32"):
+        self.dtype = dtype
+        self._v = _wrap32(int(value)) if dtype != "int64" else int(value)
+
+    def nki_scalar_value(self) -> int:
+        return self._v
+
+    def _bin(self, other: Any, fn: Any, reverse: bool = False, allowed64: bool = True) -> NkiScalar:
+        o = other._v if isinstance(other, NkiScalar) else int(other)
+        if self.dtype == "int64" and not allowed64:
+            raise NkiValidationError("int64 NkiScalar supports only +, - and * (NKI 0.7 docs)")
+        a, b = (o, self._v) if reverse else (self._v, o)
+        dt = "int64" if "int64" in (self.dtype, getattr(other, "dtype", "")) else self.dtype
+        return NkiScalar(fn(a, b), dt)
+
+    def __add__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a + b)
+    def __radd__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a + b, True)
+    def __sub__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a - b)
+    def __rsub__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a - b, True)
+    def __mul__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a * b)
+    def __rmul__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a * b, True)
+    def __floordiv__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a // b, allowed64=False)
+    def __mod__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a % b, allowed64=False)
+    def __and__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a & b, allowed64=False)
+    def __or__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a | b, allowed64=False)
+    def __xor__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a ^ b, allowed64=False)
+    def __lshift__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a << b, allowed64=False)
+    def __rshift__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a >> b, allowed64=False)
+    def __lt__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: int(a < b))  # type: ignore[override]
+    def __le__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: int(a <= b))  # type: ignore[override]
+    def __gt__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: int(a > b))  # type: ignore[override]
+    def __ge__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: int(a >= b))  # type: ignore[override]
+    def __eq__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: int(a == b))  # type: ignore[override]
+    def __ne__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: int(a != b))  # type: ignore[override]
+    def __neg__(self) -> NkiScalar: return NkiScalar(-self._v, self.dtype)
+    __hash__ = object.__hash__
+
+    def __bool__(self) -> bool:
+        raise NkiError("an NkiScalar is a run-time value: it cannot decide a Python `if`/`while` at trace time; "
+                       "use nl.if_else / nl.while_loop")
+
+    def __index__(self) -> int:
+        raise NkiError("an NkiScalar is a run-time value: it cannot index with [...]; use "
+                       "tensor.ap(..., scalar_offset=s) or tensor.select(dim, s)")
+
+    def __repr__(self) -> str:
+        return f"NkiScalar({self._v}, {self.dtype})"

@@ -17,6 +17,11 @@ from . import ops as _ops
 from .core import (
     PMAX,
     NkiError,
+    NkiScalar,
+    NkiUnsupportedError,
+    _runtime_int,
+    run_rng,
+    unsupported,
     NkiTensor,
     NkiValidationError,
     _fmt_shape,
@@ -55,18 +60,58 @@ __all__ = [
     "vector_engine",
 ]
 
-tensor_engine = "tensor"
-vector_engine = "vector"
-scalar_engine = "scalar"
-gpsimd_engine = "gpsimd"
-unknown_engine = None
+class engine:  # noqa: N801 - the NKI enum's name
+    """``nisa.engine``: which engine runs an instruction (``unknown`` lets the instruction pick its default)."""
+
+    unknown = None
+    tensor = "tensor"
+    scalar = "scalar"
+    gpsimd = "gpsimd"
+    dma = "dma"
+    vector = "vector"
+    sync = "sync"
 
 
-class reduce_cmd:
+# deprecated aliases of the engine enum (still in the 0.6 reference)
+tensor_engine, vector_engine, scalar_engine, gpsimd_engine = engine.tensor, engine.vector, engine.scalar, engine.gpsimd
+unknown_engine = engine.unknown
+
+
+class reduce_cmd:  # noqa: N801
     idle = "idle"
     reset = "reset"
     reduce = "reduce"
     reset_reduce = "reset_reduce"
+    load_reduce = "load_reduce"
+
+
+class matmul_perf_mode:  # noqa: N801
+    none = None
+    double_row = "double_row"
+
+
+class dma_engine:  # noqa: N801
+    dma = "dma"
+    gpsimd_dma = "gpsimd_dma"
+
+
+class nc_version:  # noqa: N801
+    gen2 = "gen2"
+    gen3 = "gen3"
+    gen4 = "gen4"
+
+
+def get_nc_version() -> str:
+    """The NeuronCore version of the run's generation: gen2 (trn1), gen3 (trn2), gen4 (trn3)."""
+    return {"trn1": nc_version.gen2, "trn2": nc_version.gen3, "trn3": nc_version.gen4}[current_run().gen.name]
+
+
+def _need_gen(op: str, minimum: str, what: str = "") -> None:
+    order = ("trn1", "trn2", "trn3")
+    gen = current_run().gen.name
+    if order.index(gen) < order.index(minimum):
+        raise NkiValidationError(f"nisa.{op}{(' ' + what) if what else ''} needs {minimum} or later "
+                                 f"(NeuronCore-v{order.index(minimum) + 2}); this run targets {gen}")
 
 
 class dge_mode:
@@ -159,18 +204,31 @@ def _write(dst: NkiTensor, values: np.ndarray, op: str) -> None:
         dst._written[...] = True
 
 
-def _engine(engine: Any, default: str, op: str, *ts: NkiTensor) -> str:
+_ENGINES = {"tensor", "vector", "scalar", "gpsimd"}
+
+
+def _engine(engine: Any, default: str, op: str, *ts: NkiTensor, allowed: tuple[str, ...] | None = None) -> str:
     eng = engine or default
+    if eng not in _ENGINES:
+        raise NkiValidationError(f"nisa.{op}: engine {engine!r} is not a compute engine; use nisa.engine.vector, "
+                                 ".scalar, .gpsimd or .tensor")
+    if allowed is not None and eng not in allowed:
+        raise NkiValidationError(f"nisa.{op} runs on {' or '.join(allowed)}, not on the {eng} engine")
     if eng == "gpsimd" and any(t.buffer == "psum" for t in ts):
         raise NkiValidationError(f"nisa.{op}: the GpSimd engine cannot access PSUM ({', '.join(map(_fmt_shape, ts))})")
     return eng
 
 
-def _count(engine: str, kind: str, dst: NkiTensor, *srcs: NkiTensor) -> None:
+def _tensors(*xs: Any) -> tuple[NkiTensor, ...]:
+    return tuple(x for x in xs if isinstance(x, NkiTensor))
+
+
+def _count(engine: str, kind: str, dst: NkiTensor, *srcs: NkiTensor, also_reads: tuple = (),
+           also_writes: tuple = ()) -> None:
     small = min([t.itemsize for t in (dst, *srcs)])
     big = max([t.itemsize for t in (dst, *srcs)])
     current_run().count(engine, kind, dst.partitions, max([dst.free_size, *(s.free_size for s in srcs)]),
-                        small if big <= 2 else 4)
+                        small if big <= 2 else 4, reads=srcs + also_reads, writes=(dst, *also_writes))
 
 
 def _operand(x: Any, dst: NkiTensor, op: str, role: str) -> np.ndarray | float:
@@ -215,11 +273,15 @@ def dma_copy(dst: NkiTensor, src: NkiTensor, priority: Any = None, oob_mode: Any
     e.instructions += 1
     e.elements += src.size
     if src.buffer.is_hbm and dst.buffer == "sbuf":
-        st.dma_bytes_hbm_to_sbuf += src.size * src.itemsize
+        nbytes = src.size * src.itemsize
+        st.dma_bytes_hbm_to_sbuf += nbytes
     elif src.buffer == "sbuf" and dst.buffer.is_hbm:
-        st.dma_bytes_sbuf_to_hbm += dst.size * dst.itemsize
+        nbytes = dst.size * dst.itemsize
+        st.dma_bytes_sbuf_to_hbm += nbytes
     else:
-        st.dma_bytes_other += src.size * max(src.itemsize, dst.itemsize)
+        nbytes = src.size * max(src.itemsize, dst.itemsize)
+        st.dma_bytes_other += nbytes
+    run.count_dma(src, dst, nbytes)
     if run.shape_only:
         return
     if src.dtype == dst.dtype:
@@ -239,6 +301,9 @@ def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: Any = None, name: str = 
     _same_free("tensor_copy", dst, src)
     _free_limit("tensor_copy", dst, src)
     eng = _engine(engine, "vector", "tensor_copy", dst, src)
+    if eng == "scalar" and current_run().gen.name == "trn1":
+        raise NkiValidationError("nisa.tensor_copy on the Scalar engine needs trn2 or later (NeuronCore-v2 has no "
+                                 "Scalar-engine copy); use engine=nisa.engine.vector or gpsimd on trn1")
     _count(eng, "copy", dst, src)
     if not _shape_only():
         _write(dst, _f32(src) if src.dtype != dst.dtype else np.asarray(src._arr).reshape(dst.shape),
@@ -269,6 +334,13 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
             raise NkiValidationError(f"nisa.{op}: {role} {_fmt_shape(t)} must be 2-D [partition, free]")
     k, m = st.shape
     k2, n = mv.shape
+    if perf_mode == "double_row":
+        _need_gen(op, "trn2", "perf_mode=double_row")
+        if not (st.dtype.startswith("float8") and mv.dtype.startswith("float8")):
+            raise NkiValidationError(f"nisa.{op}: perf_mode=double_row takes fp8 operands, got {st.dtype} and "
+                                     f"{mv.dtype}")
+    if "float8_e4m3fn" in (st.dtype, mv.dtype):
+        _need_gen(op, "trn3", "with float8_e4m3fn operands")
     kmax = 256 if perf_mode == "double_row" else PMAX
     if k != k2:
         raise NkiValidationError(f"nisa.{op}: contraction dims differ: stationary {_fmt_shape(st)} has K={k}, "
@@ -297,7 +369,8 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
     if dst.dtype not in allowed_dst:
         raise NkiValidationError(f"nisa.{op}: dst dtype must be {' or '.join(sorted(allowed_dst))} on "
                                  f"{run.gen.name}, got {dst.dtype}")
-    run.count("tensor", "matmul", m, n, max(st.itemsize, mv.itemsize))
+    run.count("tensor", "matmul", m, n, max(st.itemsize, mv.itemsize),
+              reads=(st, mv) if accumulate is False else (st, mv, dst), writes=(dst,))
     run.stats.matmul_flops += 2 * k * m * n
     if run.shape_only:
         return
@@ -332,7 +405,7 @@ def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: Any = None, name: str 
         _partition_start(op, dst)
     else:
         _on_chip(op, dst, data)
-    current_run().count(eng, "transpose", p, f, data.itemsize)
+    current_run().count(eng, "transpose", p, f, data.itemsize, reads=(data,), writes=(dst,))
     if not _shape_only():
         _write(dst, np.asarray(data._arr).T, op)
 
@@ -340,10 +413,15 @@ def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: Any = None, name: str 
 # --------------------------------------------------------------------------------------------- scalar
 def activation(dst: NkiTensor, op: Any, data: NkiTensor, bias: Any = None, scale: Any = 1.0,
                reduce_op: Any = None, reduce_res: NkiTensor | None = None, reduce_cmd: Any = "idle",
-               name: str = "") -> None:
-    """``dst = op(data * scale + bias)`` on ScalarE; optionally ``reduce_res[P,1] = sum(result, free axes)``."""
+               engine: Any = None, name: str = "") -> None:
+    """``dst = op(data * scale + bias)`` on ScalarE; optionally ``reduce_res[P,1] = sum(result, free axes)``.
+
+    ``engine`` (NKI 0.7): Scalar by default; GpSimd on trn3 (NeuronCore-v4) only."""
     where = "activation"
     dst, data = _t(dst, where, "dst"), _t(data, where, "data")
+    act_engine = _engine(engine, "scalar", where, dst, data, allowed=("scalar", "gpsimd"))
+    if act_engine == "gpsimd":
+        _need_gen(where, "trn3", "on the GpSimd engine")
     fn = _ops.unary(op, f"nisa.{where}")
     _on_chip(where, dst, data)
     _same_partitions(where, dst, data)
@@ -361,7 +439,7 @@ def activation(dst: NkiTensor, op: Any, data: NkiTensor, bias: Any = None, scale
                                      f"({dst.partitions}, 1)")
         if reduce_op is not None and _ops.op_name(reduce_op) != "add":
             raise NkiValidationError(f"nisa.{where}: reduce_op must be nl.add, got {_ops.op_name(reduce_op)}")
-    _count("scalar", "activation", dst, data)
+    _count(act_engine, "activation", dst, data, also_reads=_tensors(bias, scale), also_writes=_tensors(reduce_res))
     if _shape_only():
         return
     x = _f32(data)
@@ -425,7 +503,7 @@ def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: Any, reve
     a0 = _operand(operand0, dst, where, "operand0")
     a1 = None if f1 is None else _operand(operand1, dst, where, "operand1")
     eng = _engine(engine, "vector", where, dst, data)
-    _count(eng, "tensor_scalar", dst, data)
+    _count(eng, "tensor_scalar", dst, data, also_reads=_tensors(operand0, operand1))
     if _shape_only():
         return
     x = _f32(data)
@@ -436,21 +514,32 @@ def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: Any, reve
     _write(dst, x, where)
 
 
-def scalar_tensor_tensor(dst: NkiTensor, data: NkiTensor, op0: Any, scalar: Any, op1: Any, data1: NkiTensor,
-                         reverse0: bool = False, reverse1: bool = False, engine: Any = None,
-                         name: str = "") -> None:
-    """``dst = (data op0 scalar) op1 data1``; ``scalar`` is a number or a (P,1) vector."""
+def scalar_tensor_tensor(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: Any = None, op1: Any = None,
+                         operand1: NkiTensor | None = None, reverse0: bool = False, reverse1: bool = False,
+                         name: str = "", engine: Any = None, **legacy: Any) -> None:
+    """``dst = (data op0 operand0) op1 operand1``: ``operand0`` is a number or a (P,1) vector, ``operand1`` a tile.
+
+    ``scalar=``/``data1=`` (this emulator's earlier names for operand0/operand1) are still accepted.
+    ``engine`` is an emulator extra (Vector by default; GpSimd allowed)."""
     where = "scalar_tensor_tensor"
-    dst, a, b = _t(dst, where, "dst"), _t(data, where, "data"), _t(data1, where, "data1")
+    unknown = set(legacy) - {"scalar", "data1"}
+    if unknown:
+        raise NkiError(f"nisa.{where}: unexpected keyword(s) {sorted(unknown)}; the documented ones are dst, data, "
+                       "op0, operand0, op1, operand1, reverse0, reverse1, name")
+    operand0 = legacy.get("scalar", operand0)
+    operand1 = legacy.get("data1", operand1)
+    if operand0 is None or op1 is None or operand1 is None:
+        raise NkiError(f"nisa.{where}: op0, operand0, op1 and operand1 are all required")
+    dst, a, b = _t(dst, where, "dst"), _t(data, where, "data"), _t(operand1, where, "operand1")
     f0, f1 = _ops.binary(op0, f"nisa.{where}"), _ops.binary(op1, f"nisa.{where}")
     _on_chip(where, dst, a, b)
     _same_partitions(where, dst, a, b)
     _same_free(where, dst, a, b)
     _free_limit(where, dst, a, b)
     _ensure_not_both_psum(where, a, b)
-    s = _operand(scalar, dst, where, "scalar")
-    eng = _engine(engine, "vector", where, dst, a, b)
-    _count(eng, "tensor_tensor", dst, a, b)
+    s = _operand(operand0, dst, where, "operand0")
+    eng = _engine(engine, "vector", where, dst, a, b, allowed=("vector", "gpsimd"))
+    _count(eng, "tensor_tensor", dst, a, b, also_reads=_tensors(operand0))
     if _shape_only():
         return
     with np.errstate(all="ignore"):
@@ -480,7 +569,8 @@ def tensor_reduce(dst: NkiTensor, op: Any, data: NkiTensor, axis: Any, negate: b
         raise NkiValidationError(f"nisa.{where}: dst {_fmt_shape(dst)} must hold the reduced shape "
                                  f"{list(out_shape)} of {_fmt_shape(data)} over axis {axis}")
     kind = "reduce_bf16" if data.itemsize <= 2 else "reduce"
-    current_run().count("vector", kind, data.partitions, data.free_size, data.itemsize)
+    current_run().count("vector", kind, data.partitions, data.free_size, data.itemsize, reads=(data,),
+                        writes=(dst,))
     if _shape_only():
         return
     x = np.asarray(data._arr, np.float32)
@@ -499,7 +589,8 @@ def tensor_partition_reduce(dst: NkiTensor, op: Any, data: NkiTensor, name: str 
     _partition_start(where, dst)
     if dst.partitions != 1 or dst.free_size != data.free_size:
         raise NkiValidationError(f"nisa.{where}: dst {_fmt_shape(dst)} must be [1, {data.free_size}]")
-    current_run().count("gpsimd", "partition_reduce", data.partitions, data.free_size, data.itemsize)
+    current_run().count("gpsimd", "partition_reduce", data.partitions, data.free_size, data.itemsize,
+                        reads=(data,), writes=(dst,))
     if not _shape_only():
         _write(dst, fn(_f32(data), axis=0, keepdims=True), where)
 
@@ -552,7 +643,7 @@ def iota(dst: NkiTensor, pattern: Any, offset: int = 0, channel_multiplier: int 
     dst = _t(dst, "iota", "dst")
     _buf(dst, ("sbuf",), "iota", "dst")
     _partition_start("iota", dst)
-    current_run().count("gpsimd", "iota", dst.partitions, dst.free_size, dst.itemsize)
+    current_run().count("gpsimd", "iota", dst.partitions, dst.free_size, dst.itemsize, writes=(dst,))
     val = _affine(dst, pattern, offset, channel_multiplier, "iota")
     if val is not None:
         _write(dst, val.astype(np.float32), "iota")
@@ -573,7 +664,8 @@ def affine_select(dst: NkiTensor, pattern: Any, channel_multiplier: int, on_true
     _same_partitions(where, dst, src)
     _same_free(where, dst, src)
     cmp = _ops.binary(cmp_op, f"nisa.{where}")
-    current_run().count("gpsimd", "affine_select", dst.partitions, dst.free_size, dst.itemsize)
+    current_run().count("gpsimd", "affine_select", dst.partitions, dst.free_size, dst.itemsize,
+                        reads=(src,), writes=(dst,))
     val = _affine(dst, pattern, offset, channel_multiplier, where)
     if val is not None:
         keep = cmp(val, np.zeros((), np.float64)) != 0
@@ -621,3 +713,304 @@ def bn_aggr(dst: NkiTensor, data: NkiTensor, name: str = "") -> None:
     mean = (n * mu).sum(1, keepdims=True) / tot
     m2 = (n * (var + (mu - mean) ** 2)).sum(1, keepdims=True) / tot
     _write(dst, np.concatenate([mean, m2], axis=1), where)
+
+
+# ------------------------------------------------------------------------ 0.6/0.7 additions (issue 40)
+def tensor_tensor_scan(dst: NkiTensor, data0: NkiTensor, data1: NkiTensor, initial: Any, op0: Any, op1: Any,
+                       reverse0: bool = False, reverse1: bool = False, name: str = "") -> None:
+    """A scan along the free elements of each partition on VectorE:
+    ``r[0] = (data0[0] op0 initial) op1 data1[0]``, ``r[i] = (data0[i] op0 r[i-1]) op1 data1[i]``.
+
+    ``initial`` is an fp32 scalar or a (P,1) tile; ``reverse0``/``reverse1`` swap an op's operands. The
+    running value is fp32; results are rounded to ``dst.dtype`` on the write.
+    """
+    where = "tensor_tensor_scan"
+    dst, a, b = _t(dst, where, "dst"), _t(data0, where, "data0"), _t(data1, where, "data1")
+    f0, f1 = _ops.binary(op0, f"nisa.{where}"), _ops.binary(op1, f"nisa.{where}")
+    _on_chip(where, dst, a, b)
+    _same_partitions(where, dst, a, b)
+    _same_free(where, dst, a, b)
+    _free_limit(where, dst, a, b)
+    _ensure_not_both_psum(where, a, b)
+    init = _operand(initial, dst, where, "initial")
+    _count("vector", "tensor_tensor", dst, a, b, also_reads=_tensors(initial))
+    if _shape_only():
+        return
+    x0, x1 = _f32(a), _f32(b)
+    out = np.empty_like(x0)
+    prev = np.broadcast_to(np.asarray(init, np.float32).reshape(-1, 1), (x0.shape[0], 1))[:, 0]
+    with np.errstate(all="ignore"):
+        for i in range(x0.shape[1]):
+            t = f0(prev, x0[:, i]) if reverse0 else f0(x0[:, i], prev)
+            prev = (f1(x1[:, i], t) if reverse1 else f1(t, x1[:, i])).astype(np.float32)
+            out[:, i] = prev
+    _write(dst, out, where)
+
+
+def tensor_scalar_reduce(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: Any, reduce_op: Any,
+                         reduce_res: NkiTensor, reverse0: bool = False, reduce_cmd: Any = "reset_reduce",
+                         reduce_init: Any = None, reduce_res_negate: bool = False, name: str = "") -> None:
+    """``dst = data op0 operand0`` and ``reduce_res[P,1] = reduce_op`` over its free elements (VectorE)."""
+    where = "tensor_scalar_reduce"
+    tensor_scalar(dst, data, op0, operand0, reverse0=reverse0)
+    reduce_res = _t(reduce_res, where, "reduce_res")
+    _on_chip(where, reduce_res)
+    if reduce_res.partitions != dst.partitions or reduce_res.free_size != 1:
+        raise NkiValidationError(f"nisa.{where}: reduce_res {_fmt_shape(reduce_res)} must be ({dst.partitions}, 1)")
+    fn = _ops.reduce(reduce_op, f"nisa.{where}")
+    if _shape_only():
+        return
+    r = fn(_f32(dst), axis=1, keepdims=True)
+    if reduce_init is not None:
+        r = _ops.binary(reduce_op if _ops.op_name(reduce_op) != "add" else "add", where)(r, np.float32(reduce_init))
+    _write(reduce_res, -r if reduce_res_negate else r, where)
+
+
+def exponential(dst: NkiTensor, src: NkiTensor, max_value: Any = 0.0, reduce_res: NkiTensor | None = None,
+                reduce_cmd: Any = "idle", reduce_init: Any = 0.0, name: str = "") -> None:
+    """``dst = exp(src - max_value)`` with an optional running sum into ``reduce_res`` (VectorE, trn3 only)."""
+    where = "exponential"
+    _need_gen(where, "trn3")
+    dst, src = _t(dst, where, "dst"), _t(src, where, "src")
+    _on_chip(where, dst, src)
+    _same_partitions(where, dst, src)
+    _same_free(where, dst, src)
+    mv = _operand(max_value, dst, where, "max_value")
+    _count("vector", "activation", dst, src, also_reads=_tensors(max_value), also_writes=_tensors(reduce_res))
+    if _shape_only():
+        return
+    with np.errstate(all="ignore"):
+        y = np.exp(_f32(src) - mv)
+    _write(dst, y, where)
+    if reduce_res is not None:
+        init = np.float32(reduce_init) if reduce_cmd != "reduce" else _f32(reduce_res)
+        _write(reduce_res, y.sum(axis=1, keepdims=True) + init, where)
+
+
+def max8(dst: NkiTensor, src: NkiTensor, name: str = "") -> None:
+    """The 8 largest values of each partition's free elements, in descending order (VectorE): dst[P, 8]."""
+    where = "max8"
+    dst, src = _t(dst, where, "dst"), _t(src, where, "src")
+    _on_chip(where, dst, src)
+    _same_partitions(where, dst, src)
+    if dst.free_size != 8 or src.free_size < 8:
+        raise NkiValidationError(f"nisa.{where}: dst {_fmt_shape(dst)} must hold 8 values per partition and src "
+                                 f"{_fmt_shape(src)} at least 8")
+    _count("vector", "reduce", src, src)
+    if not _shape_only():
+        _write(dst, -np.sort(-_f32(src), axis=1)[:, :8], where)
+
+
+def nc_find_index8(dst: NkiTensor, data: NkiTensor, vals: NkiTensor, name: str = "") -> None:
+    """Per partition, the index of the first element of ``data`` equal to each of the 8 ``vals`` (uint32)."""
+    where = "nc_find_index8"
+    dst, data, vals = _t(dst, where, "dst"), _t(data, where, "data"), _t(vals, where, "vals")
+    _on_chip(where, dst, data, vals)
+    _same_partitions(where, dst, data, vals)
+    if dst.free_size != 8 or vals.free_size != 8:
+        raise NkiValidationError(f"nisa.{where}: dst and vals take 8 values per partition")
+    _count("vector", "reduce", data, data)
+    if _shape_only():
+        return
+    x, v = _f32(data), _f32(vals)
+    hit = x[:, None, :] == v[:, :, None]
+    idx = np.where(hit.any(axis=2), hit.argmax(axis=2), 0xFFFFFFFF)
+    _write(dst, idx.astype(np.float64), where)
+
+
+def nc_match_replace8(dst: NkiTensor, data: NkiTensor, vals: NkiTensor, imm: float,
+                      dst_idx: NkiTensor | None = None, name: str = "") -> None:
+    """``dst`` = ``data`` with the first element equal to each of the 8 ``vals`` replaced by ``imm``."""
+    where = "nc_match_replace8"
+    if dst_idx is not None:
+        nc_find_index8(dst_idx, data, vals)
+    dst, data, vals = _t(dst, where, "dst"), _t(data, where, "data"), _t(vals, where, "vals")
+    _on_chip(where, dst, data, vals)
+    _same_free(where, dst, data)
+    _count("vector", "tensor_tensor", dst, data)
+    if _shape_only():
+        return
+    x, v = _f32(data).copy(), _f32(vals)
+    for p in range(x.shape[0]):
+        for val in v[p]:
+            hits = np.flatnonzero(x[p] == val)
+            if hits.size:
+                x[p, hits[0]] = np.float32(imm)
+    _write(dst, x, where)
+
+
+def topk(val_dst: NkiTensor, idx_dst: NkiTensor, src: NkiTensor, n: int, name: str = "") -> None:
+    """The ``n`` largest values of each partition (descending) and their uint32 indices (GpSimd)."""
+    where = "topk"
+    val_dst, idx_dst, src = _t(val_dst, where, "val_dst"), _t(idx_dst, where, "idx_dst"), _t(src, where, "src")
+    for t in (val_dst, idx_dst, src):
+        _buf(t, ("sbuf",), where, "operand")
+    _same_partitions(where, val_dst, idx_dst, src)
+    if val_dst.free_size != n or idx_dst.free_size != n or not 0 < n <= src.free_size:
+        raise NkiValidationError(f"nisa.{where}: val_dst and idx_dst must hold n={n} values per partition and "
+                                 f"src {_fmt_shape(src)} at least n")
+    current_run().count("gpsimd", "topk", src.partitions, 4 * src.free_size + n, src.itemsize, reads=(src,),
+                        writes=(val_dst, idx_dst))
+    if _shape_only():
+        return
+    x = _f32(src)
+    order = np.argsort(-x, axis=1, kind="stable")[:, :n]
+    _write(val_dst, np.take_along_axis(x, order, axis=1), where)
+    _write(idx_dst, order.astype(np.float64), where)
+
+
+_DMA_T_AXES = {2: ((1, 0),), 3: ((2, 1, 0),), 4: ((3, 1, 2, 0),)}
+
+
+def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: Any = None, priority: Any = None, dge_mode: Any = None,
+                  oob_mode: Any = None, name: str = "") -> None:
+    """Transpose ``src`` into SBUF ``dst`` on the DMA engines (2-byte dtypes; ``src.shape[-1] <= 128``)."""
+    where = "dma_transpose"
+    dst, src = _t(dst, where, "dst"), _t(src, where, "src")
+    _need_gen(where, "trn2")
+    _buf(dst, ("sbuf",), where, "dst")
+    if src.buffer == "psum":
+        raise NkiValidationError(f"nisa.{where}: src {_fmt_shape(src)} is in PSUM; DMA cannot read PSUM")
+    axes = tuple(axes) if axes is not None else tuple(reversed(range(src.ndim)))
+    if axes not in _DMA_T_AXES.get(src.ndim, ()):
+        raise NkiValidationError(f"nisa.{where}: axes {axes} for a {src.ndim}-D src must be one of "
+                                 f"{_DMA_T_AXES.get(src.ndim, ())}")
+    if src.itemsize != 2 or dst.dtype != src.dtype:
+        raise NkiValidationError(f"nisa.{where}: needs equal 2-byte dtypes, got {src.dtype} -> {dst.dtype}")
+    if src.shape[-1] > PMAX:
+        raise NkiValidationError(f"nisa.{where}: src {_fmt_shape(src)} last dim exceeds {PMAX}")
+    want = tuple(src.shape[a] for a in axes)
+    if dst.shape != want:
+        raise NkiValidationError(f"nisa.{where}: dst {_fmt_shape(dst)} must have shape {list(want)}")
+    run = current_run()
+    run.stats.dma_transfers += 1
+    run.stats.engines["dma"].instructions += 1
+    run.stats.engines["dma"].elements += src.size
+    if src.buffer.is_hbm:
+        run.stats.dma_bytes_hbm_to_sbuf += src.size * src.itemsize
+    else:
+        run.stats.dma_bytes_other += src.size * src.itemsize
+    # DMA transpose: up to 90% of DMA throughput HBM->SBUF, 50% SBUF->SBUF (trn2 arch guide)
+    run.count_dma(src, dst, int(src.size * src.itemsize / (0.9 if src.buffer.is_hbm else 0.5)))
+    if not run.shape_only:
+        dst._arr[...] = np.transpose(np.asarray(src._arr), axes)
+
+
+def tensor_copy_predicated(dst: NkiTensor, src: NkiTensor, predicate: NkiTensor, reverse_pred: bool = False,
+                           name: str = "") -> None:
+    """``dst = src`` where ``predicate`` is nonzero (zero with ``reverse_pred``); other elements untouched."""
+    where = "tensor_copy_predicated"
+    dst, src, pred = _t(dst, where, "dst"), _t(src, where, "src"), _t(predicate, where, "predicate")
+    _on_chip(where, dst, src, pred)
+    _same_partitions(where, dst, src, pred)
+    _same_free(where, dst, src, pred)
+    _count("vector", "tensor_tensor", dst, src, pred)
+    if _shape_only():
+        return
+    keep = (_f32(pred) != 0) != bool(reverse_pred)
+    _write(dst, np.where(keep, _f32(src), _f32(dst)), where)
+
+
+def dropout(dst: NkiTensor, data: NkiTensor, prob: Any, name: str = "") -> None:
+    """Zero each element with probability ``prob`` (a number or (P,1) tile) on VectorE; no rescaling.
+    The mask comes from the emulator's generator, not the device's random stream."""
+    where = "dropout"
+    dst, data = _t(dst, where, "dst"), _t(data, where, "data")
+    _on_chip(where, dst, data)
+    _same_free(where, dst, data)
+    pr = _operand(prob, dst, where, "prob")
+    _count("vector", "tensor_tensor", dst, data)
+    if not _shape_only():
+        x = _f32(data)
+        _write(dst, np.where(run_rng().random(x.shape) >= pr, x, 0.0), where)
+
+
+# ---- registers (0.6) and scalars (0.7): both are NkiScalar values here
+VirtualRegister = NkiScalar
+
+
+def register_alloc(x: Any = None) -> NkiScalar:
+    """A new run-time register holding ``x`` (0 if omitted)."""
+    return NkiScalar(0 if x is None else _runtime_int(x, "nisa.register_alloc"))
+
+
+def _set(reg: Any, value: int, op: str) -> None:
+    if not isinstance(reg, NkiScalar):
+        raise NkiError(f"nisa.{op}: dst must be a register from nisa.register_alloc, got {type(reg).__name__}")
+    reg._v = NkiScalar(value, reg.dtype)._v
+
+
+def register_load(dst: Any, src: NkiTensor, name: str = "") -> None:
+    """Load a 1x1 SBUF/HBM int tensor into register ``dst``."""
+    _set(dst, _runtime_int(_t(src, "register_load", "src"), "nisa.register_load"), "register_load")
+
+
+def register_move(dst: Any, src: Any, name: str = "") -> None:
+    """``dst = src`` (a register or an int)."""
+    _set(dst, _runtime_int(src, "nisa.register_move"), "register_move")
+
+
+def register_store(dst: NkiTensor, src: Any, name: str = "") -> None:
+    """Store register ``src`` into the 1x1 tensor ``dst``."""
+    scalar_store(dst, src)
+
+
+def scalar_load(src: NkiTensor, name: str = "") -> NkiScalar:
+    """Read a 1x1 int32/int64 tile into an :class:`NkiScalar` (NKI 0.7)."""
+    src = _t(src, "scalar_load", "src")
+    if src.size != 1 or src.dtype not in ("int32", "uint32", "int64"):
+        raise NkiValidationError(f"nisa.scalar_load: src {_fmt_shape(src)} must be a 1x1 int32/int64 tensor")
+    return NkiScalar(_runtime_int(src, "nisa.scalar_load"), "int64" if src.dtype == "int64" else "int32")
+
+
+def scalar_store(dst: NkiTensor, value: Any, name: str = "") -> None:
+    """Write a run-time scalar into the 1x1 tensor ``dst`` (NKI 0.7)."""
+    dst = _t(dst, "scalar_store", "dst")
+    if dst.size != 1:
+        raise NkiValidationError(f"nisa.scalar_store: dst {_fmt_shape(dst)} must be 1x1")
+    v = _runtime_int(value, "nisa.scalar_store")
+    if not _shape_only():
+        _write(dst, np.full(dst.shape, v, np.float64), "scalar_store")
+
+
+# ---- documented, refused (each raises NkiUnsupportedError naming itself)
+_REFUSED = {
+    "nc_matmul_mx": "MX matmul (NC-v4) is not emulated",
+    "quantize_mx": "MX quantization (NC-v4) is not emulated",
+    "activate2": "activate2 (Trn3) is not emulated",
+    "tensor_scalar_cumulative": "not emulated",
+    "range_select": "not emulated",
+    "select_reduce": "not emulated",
+    "sequence_bounds": "not emulated",
+    "local_gather": "not emulated",
+    "nc_n_gather": "not emulated",
+    "dma_compute": "DMA read-modify-write is not emulated",
+    "nc_stream_shuffle": "not emulated",
+    "core_barrier": "cross-core synchronisation is not emulated (LNC programs run one after another)",
+    "sendrecv": "collectives are not emulated",
+    "rng": "the device's random stream is not reproduced",
+    "rand2": "the device's random stream is not reproduced",
+    "rand_set_state": "the device's random stream is not reproduced",
+    "rand_get_state": "the device's random stream is not reproduced",
+    "set_rng_seed": "the device's random stream is not reproduced",
+    "nonzero_with_count": "not emulated",
+    "get_nc_sub_version": "stub-only in the SDK; no documented values",
+}
+for _n, _why in _REFUSED.items():
+    globals()[_n] = unsupported(f"nki.isa.{_n}", _why)
+
+
+class NkiInstruction:
+    """Instruction handles (``.depends_on()``) order instructions on the device; not modelled."""
+
+    def __init__(self, *_: Any, **__: Any):
+        raise NkiUnsupportedError("nki.isa.NkiInstruction (explicit instruction dependencies) is not emulated")
+
+
+__all__ += [
+    "NkiInstruction", "NkiScalar", "VirtualRegister", "dma_engine", "dma_transpose", "dropout", "engine",
+    "exponential", "get_nc_version", "matmul_perf_mode", "max8", "nc_find_index8", "nc_match_replace8",
+    "nc_version", "register_alloc", "register_load", "register_move", "register_store", "scalar_load",
+    "scalar_store", "tensor_copy_predicated", "tensor_scalar_reduce", "tensor_tensor_scan", "topk",
+    *_REFUSED,
+]

@@ -38,7 +38,34 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return special.expit(x).astype(_F)
 
 
+def _gelu_dx(x: np.ndarray) -> np.ndarray:
+    cdf = 0.5 * (1.0 + _erf(x / np.sqrt(2.0)))
+    return (cdf + x * np.exp(-0.5 * x * x) / np.sqrt(2 * np.pi)).astype(_F)
+
+
+def _silu_dx(x: np.ndarray) -> np.ndarray:
+    s = _sigmoid(x)
+    return (s * (1 + x * (1 - s))).astype(_F)
+
+
+def _gelu_sig(x: np.ndarray) -> np.ndarray:
+    return (x * _sigmoid(1.702 * x)).astype(_F)
+
+
+def _gelu_sig_dx(x: np.ndarray) -> np.ndarray:
+    s = _sigmoid(1.702 * x)
+    return (s + 1.702 * x * s * (1 - s)).astype(_F)
+
+
+def _ibits(fn: Callable[..., Any]) -> Callable[..., np.ndarray]:
+    """Bitwise ops act on the integer bits (int32 here), returned as fp32 values like every engine result."""
+    return lambda *a: fn(*(np.asarray(v).astype(np.int64).astype(np.int32) for v in a)).astype(_F)
+
+
 UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "tan": np.tan, "gelu_dx": _gelu_dx, "silu_dx": _silu_dx, "gelu_apprx_sigmoid": _gelu_sig,
+    "gelu_apprx_sigmoid_dx": _gelu_sig_dx, "erf_dx": lambda x: (2 / np.sqrt(np.pi) * np.exp(-x * x)).astype(_F),
+    "invert": _ibits(np.invert), "bypass": lambda x: x,
     "copy": lambda x: x, "identity": lambda x: x, "square": np.square, "sigmoid": _sigmoid,
     "relu": lambda x: np.maximum(x, 0), "gelu": _gelu, "gelu_apprx_tanh": _gelu_tanh,
     "silu": lambda x: x * _sigmoid(x), "tanh": np.tanh, "softplus": lambda x: np.logaddexp(0, x).astype(_F),
@@ -58,11 +85,17 @@ BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "logical_and": lambda a, b: ((a != 0) & (b != 0)).astype(_F),
     "logical_or": lambda a, b: ((a != 0) | (b != 0)).astype(_F),
     "logical_xor": lambda a, b: ((a != 0) ^ (b != 0)).astype(_F),
+    "abs_max": lambda a, b: np.maximum(np.abs(a), np.abs(b)), "abs_min": lambda a, b: np.minimum(np.abs(a), np.abs(b)),
+    "fmod": np.fmod, "bitwise_and": _ibits(np.bitwise_and), "bitwise_or": _ibits(np.bitwise_or),
+    "bitwise_xor": _ibits(np.bitwise_xor), "left_shift": _ibits(np.left_shift),
+    "right_shift": _ibits(np.right_shift), "bypass": lambda a, b: a,
 }
 
 REDUCE: dict[str, Callable[..., np.ndarray]] = {
     "add": np.sum, "sum": np.sum, "maximum": np.max, "max": np.max, "minimum": np.min, "min": np.min,
-    "multiply": np.prod, "prod": np.prod,
+    "multiply": np.prod, "prod": np.prod, "abs_max": lambda x, **k: np.max(np.abs(x), **k),
+    "bitwise_and": lambda x, **k: np.bitwise_and.reduce(x.astype(np.int32), **k).astype(_F),
+    "bitwise_or": lambda x, **k: np.bitwise_or.reduce(x.astype(np.int32), **k).astype(_F),
 }
 
 _NP_NAMES = {"amax": "max", "amin": "min", "true_divide": "divide"}

@@ -6,9 +6,8 @@ is a float32 jax array with one more trailing dim of size 2 holding (real, imag)
 outputs cross the boundary as ``torch.view_as_real`` views (runtime/executor.py), and the StableHLO holds
 only real ops, which is all the legality pass and neuronx-cc see.
 
-The interpreter sends every node with a complex input or output (from its ``meta["val"]``) here instead of
-to the real table: ``complex_lowering(node)`` gives the pair lowering of ``node.target`` or None, and the
-node is refused with the op, its dtypes and the user's line. A pair lowering gets complex operands
+A node with a complex input or output (from its ``meta["val"]``) is lowered by its record's pair lowering
+instead of the real one (``dispatch.resolve``), or refused with the op, its dtypes and the user's line. A pair lowering gets complex operands
 wrapped as ``Pair`` (real operands unwrapped) and returns ``Pair`` values (or real arrays for real
 results such as ``abs``).
 
@@ -28,9 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
-from torch._ops import OpOverload, OpOverloadPacket
 
-from .registry import _CURRENT, LOWERINGS, NodeContext, Unsupported, current, _overloads
+from .registry import LOWERINGS, RECORDS, NodeContext, Unsupported, current, lowering_context, register_complex_pair
 from .reductions import norm_of_magnitudes
 from .semantics import Promotion, is_array, jax_dtype, register_pointwise
 
@@ -41,10 +39,6 @@ PAIR_DTYPES = (torch.complex64, torch.complex128)
 #: The element type of every pair array (complex128 is computed as complex64, as float64 as float32).
 PAIR_ELEMENT = jnp.float32
 
-#: aten overload -> pair lowering. Kept apart from ``LOWERINGS``: the same overload has a real lowering
-#: there (``aten.mul.Tensor``) and a pair lowering here; which runs depends on the node's dtypes.
-COMPLEX_LOWERINGS: dict[OpOverload, Callable[..., Any]] = {}
-
 REFUSAL = (
     "no lowering for complex operands: Trainium has no complex dtype, so complex values are computed as "
     "(real, imag) pairs of real arrays and this op has no pair lowering; compute it on "
@@ -52,23 +46,14 @@ REFUSAL = (
 )
 
 
-def register_complex_lowering(*ops: OpOverload | OpOverloadPacket) -> Callable[[Callable], Callable]:
-    """Register ``fn`` as the pair lowering of ``ops`` (a packet means its functional overloads)."""
-
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        for op in ops:
-            for overload in _overloads(op):
-                if overload in COMPLEX_LOWERINGS:
-                    raise ValueError(f"{overload} has two pair lowerings")
-                COMPLEX_LOWERINGS[overload] = fn
-        return fn
-
-    return decorate
+#: Registers a pair lowering in the overload's dispatch record (next to its real lowering: which one runs
+#: depends on the node's dtypes, ``dispatch.resolve``).
+register_complex_lowering = register_complex_pair
 
 
 def supported_complex_ops() -> list[str]:
     """Names of every aten overload with a pair lowering (complex operands), sorted."""
-    return sorted(str(op) for op in COMPLEX_LOWERINGS)
+    return sorted(str(op) for op, record in RECORDS.items() if record.complex_pair is not None)
 
 
 # -- what the interpreter asks ------------------------------------------------------------------------
@@ -99,10 +84,9 @@ def is_complex_node(node: torch.fx.Node) -> bool:
     return _is_complex_node_value(node) or any(_is_complex_node_value(a) for a in node.all_input_nodes)
 
 
-def complex_lowering(node: torch.fx.Node) -> Callable[..., Any] | None:
-    """The lowering of ``node`` on pairs, taking and returning plain jax arrays, or None."""
-    fn = COMPLEX_LOWERINGS.get(node.target) if isinstance(node.target, OpOverload) else None
-    return None if fn is None else functools.partial(_call_on_pairs, fn)
+def on_plain_arrays(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A pair lowering as the interpreter calls it: taking and returning plain jax arrays."""
+    return functools.partial(_call_on_pairs, fn)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -299,12 +283,9 @@ def by_parts(*args: Any, **kwargs: Any) -> Any:
     if real is None:
         raise Unsupported(REFUSAL)
     fields = {f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx)}
-    token = _CURRENT.set(_RealPartContext(**fields))
-    try:
+    with lowering_context(_RealPartContext(**fields)):
         re = real(*_part(args, 0), **_part(kwargs, 0))
         im = real(*_part(args, 1), **_part(kwargs, 1))
-    finally:
-        _CURRENT.reset(token)
     return _repair(re, im)
 
 
@@ -680,9 +661,6 @@ def var_mean(x: Pair, *args: Any, **kwargs: Any) -> tuple[Any, Pair]:
     real = LOWERINGS[aten.var_mean.correction]
     ctx = current()
     fields = {f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx)}
-    token = _CURRENT.set(_RealPartContext(**fields))
-    try:
+    with lowering_context(_RealPartContext(**fields)):
         (v_re, m_re), (v_im, m_im) = real(x.re, *args, **kwargs), real(x.im, *args, **kwargs)
-    finally:
-        _CURRENT.reset(token)
     return v_re + v_im, pack(m_re, m_im)

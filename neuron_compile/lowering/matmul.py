@@ -64,7 +64,7 @@ def _scaled(x: Any, factor: Any) -> Any:
     return x if factor == 1 else lax.mul(x, jnp.asarray(factor, x.dtype))
 
 
-def _add_scaled(product: Any, bias: Any, beta: Any, alpha: Any) -> Any:
+def add_scaled(product: Any, bias: Any, beta: Any, alpha: Any) -> Any:
     """``beta * bias + alpha * product`` in the accumulation dtype; beta == 0 ignores ``bias``
     (NaN/inf included), as torch documents."""
     out = _scaled(product, alpha)
@@ -88,12 +88,12 @@ def bmm(a, b, out_dtype_arg=None):
 @register_lowering(aten.addmm)
 def addmm(bias, a, b, *args, beta=1, alpha=1):
     # addmm.dtype takes out_dtype positionally before the keyword-only beta/alpha.
-    return convert(_add_scaled(dot(a, b, (1, 0)), bias, beta, alpha), out_dtype())
+    return convert(add_scaled(dot(a, b, (1, 0)), bias, beta, alpha), out_dtype())
 
 
 @register_lowering(aten.addmv)
 def addmv(bias, mat, vec, *, beta=1, alpha=1):
-    return convert(_add_scaled(dot(mat, vec, (1, 0)), bias, beta, alpha), out_dtype())
+    return convert(add_scaled(dot(mat, vec, (1, 0)), bias, beta, alpha), out_dtype())
 
 
 # --- Grouped matrix products (MoE experts) -------------------------------------------------------------

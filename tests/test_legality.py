@@ -380,7 +380,7 @@ def test_debug_dump_of_a_training_step(tmp_path, caplog, monkeypatch):
         for f in ("fx_graph.py", "stablehlo.mlir", "legality.txt", "legality.json", "timings.json", "nodes.json"):
             assert (d / f).is_file(), f"{d.name}/{f} missing"
         hlo = (d / "stablehlo.mlir").read_text()
-        assert "loc(" in hlo and "test_fidelity.py:" in hlo, f"{d.name}: locations do not name the user file"
+        assert "loc(" in hlo and "test_legality.py:" in hlo, f"{d.name}: locations do not name the user file"
         assert "LEGAL" in (d / "legality.txt").read_text()
         assert "lower_s" in json.loads((d / "timings.json").read_text())
     assert "gelu" in (fw[0] / "fx_graph.py").read_text()
