@@ -193,7 +193,9 @@ def main() -> None:
     if not any("error" in r for r in (cold, warm, aot)):
         speedup = cold["compile_phase_s"] / max(warm["compile_phase_s"], 1e-9)
         ratio = warm["first_step_s"] / aot["first_step_s"]
-        print(f"compile phase, hit vs cold: {speedup:.1f}x faster  (target >= 10x: {'met' if speedup >= 10 else 'NOT met'})")
+        print(
+            f"compile phase, hit vs cold: {speedup:.1f}x faster  (target >= 10x: {'met' if speedup >= 10 else 'NOT met'})"
+        )
         print(f"warm first step vs aot_eager: {ratio:.2f}x  (target <= 1.2x: {'met' if ratio <= 1.2 else 'NOT met'})")
     print(f"\n(work dir {work})")
 

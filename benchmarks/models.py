@@ -30,9 +30,9 @@ os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench_models_in
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import torch  # noqa: E402
+import torch
 
-from tests.model_zoo import ZOO, ZooCase, cast_inputs, copy_as  # noqa: E402
+from tests.model_zoo import ZOO, ZooCase, cast_inputs, copy_as
 
 DEFAULT_MODELS = "llama,gpt2,resnet"
 
@@ -51,7 +51,9 @@ def _first_step_s(case: ZooCase, model: torch.nn.Module, inputs: dict[str, Any],
     return time.perf_counter() - t0
 
 
-def _steady_ms(case: ZooCase, fn: Callable[..., Any], model: torch.nn.Module, inputs: dict[str, Any], steps: int) -> float:
+def _steady_ms(
+    case: ZooCase, fn: Callable[..., Any], model: torch.nn.Module, inputs: dict[str, Any], steps: int
+) -> float:
     for _ in range(2):
         _step(case, fn, model, inputs)
     times = []

@@ -42,30 +42,71 @@ def _cases() -> list[tuple[str, str, Callable[[bool], tuple], float, float]]:
     """(kernel, label, args(data) -> args, useful flops, essential HBM bytes)."""
     cases = []
     for n in (512, 1024, 2048, 4096):
-        cases.append(("matmul", f"{n}x{n}x{n} bf16",
-                      lambda d, n=n: (_arr((n, n), BF16, d), _arr((n, n), BF16, d)),
-                      2.0 * n ** 3, 3 * n * n * 2))
+        cases.append(
+            (
+                "matmul",
+                f"{n}x{n}x{n} bf16",
+                lambda d, n=n: (_arr((n, n), BF16, d), _arr((n, n), BF16, d)),
+                2.0 * n**3,
+                3 * n * n * 2,
+            )
+        )
     for s in (512, 1024, 2048, 4096):
         for causal in (False, True):
             frac = 0.5 if causal else 1.0
             tag = "causal" if causal else "full"
-            cases.append(("flash_attention_fwd", f"S={s} d=128 {tag} bf16",
-                          lambda d, s=s, c=causal: (*(_arr((1, 1, s, 128), BF16, d) for _ in range(3)), c),
-                          4.0 * s * s * 128 * frac, 4 * s * 128 * 2 + s * 4))
-        cases.append(("flash_attention_bwd", f"S={s} d=128 causal bf16",
-                      lambda d, s=s: (*(_arr((1, 1, s, 128), BF16, d) for _ in range(5)),
-                                      _arr((1, 1, s), np.float32, d), True),
-                      10.0 * s * s * 128 * 0.5, 8 * s * 128 * 2 + s * 4))
+            cases.append(
+                (
+                    "flash_attention_fwd",
+                    f"S={s} d=128 {tag} bf16",
+                    lambda d, s=s, c=causal: (*(_arr((1, 1, s, 128), BF16, d) for _ in range(3)), c),
+                    4.0 * s * s * 128 * frac,
+                    4 * s * 128 * 2 + s * 4,
+                )
+            )
+        cases.append(
+            (
+                "flash_attention_bwd",
+                f"S={s} d=128 causal bf16",
+                lambda d, s=s: (
+                    *(_arr((1, 1, s, 128), BF16, d) for _ in range(5)),
+                    _arr((1, 1, s), np.float32, d),
+                    True,
+                ),
+                10.0 * s * s * 128 * 0.5,
+                8 * s * 128 * 2 + s * 4,
+            )
+        )
     r = h = 4096
     cases += [
-        ("rms_norm", f"{r}x{h} bf16", lambda d: (_arr((r, h), BF16, d), _arr((h,), BF16, d), 1e-6), 0.0,
-         2 * r * h * 2 + h * 2),
-        ("rms_norm_bwd", f"{r}x{h} bf16", lambda d: (_arr((r, h), BF16, d), _arr((r, h), BF16, d),
-                                                     _arr((h,), BF16, d), 1e-6), 0.0, 3 * r * h * 2 + 2 * h * 2),
-        ("layer_norm", f"{r}x{h} bf16", lambda d: (_arr((r, h), BF16, d), _arr((h,), BF16, d),
-                                                   _arr((h,), BF16, d), 1e-5), 0.0, 2 * r * h * 2 + 2 * h * 2),
-        ("layer_norm_bwd", f"{r}x{h} bf16", lambda d: (_arr((r, h), BF16, d), _arr((r, h), BF16, d),
-                                                       _arr((h,), BF16, d), 1e-5), 0.0, 3 * r * h * 2 + 3 * h * 2),
+        (
+            "rms_norm",
+            f"{r}x{h} bf16",
+            lambda d: (_arr((r, h), BF16, d), _arr((h,), BF16, d), 1e-6),
+            0.0,
+            2 * r * h * 2 + h * 2,
+        ),
+        (
+            "rms_norm_bwd",
+            f"{r}x{h} bf16",
+            lambda d: (_arr((r, h), BF16, d), _arr((r, h), BF16, d), _arr((h,), BF16, d), 1e-6),
+            0.0,
+            3 * r * h * 2 + 2 * h * 2,
+        ),
+        (
+            "layer_norm",
+            f"{r}x{h} bf16",
+            lambda d: (_arr((r, h), BF16, d), _arr((h,), BF16, d), _arr((h,), BF16, d), 1e-5),
+            0.0,
+            2 * r * h * 2 + 2 * h * 2,
+        ),
+        (
+            "layer_norm_bwd",
+            f"{r}x{h} bf16",
+            lambda d: (_arr((r, h), BF16, d), _arr((r, h), BF16, d), _arr((h,), BF16, d), 1e-5),
+            0.0,
+            3 * r * h * 2 + 3 * h * 2,
+        ),
         ("softmax", f"{r}x{h} bf16", lambda d: (_arr((r, h), BF16, d),), 0.0, 2 * r * h * 2),
         ("swiglu", f"{r}x{h} bf16", lambda d: (_arr((r, h), BF16, d), _arr((r, h), BF16, d)), 0.0, 3 * r * h * 2),
     ]
@@ -75,15 +116,21 @@ def _cases() -> list[tuple[str, str, Callable[[bool], tuple], float, float]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="trn2", choices=["trn1", "trn2", "trn3"])
-    ap.add_argument("--emulate-limit", type=int, default=1024 * 1024,
-                    help="fully emulate (with data) when every input has at most this many elements")
+    ap.add_argument(
+        "--emulate-limit",
+        type=int,
+        default=1024 * 1024,
+        help="fully emulate (with data) when every input has at most this many elements",
+    )
     ap.add_argument("--published", action="store_true", help="also compare with AWS's published measurements")
     args = ap.parse_args()
     gen = cost.generation(args.target)
     print(f"NKI kernels on {gen.name} (estimates from neuron_compile/kernels/cost.py, never measured on hardware)")
     print(_assumptions(gen) + "\n")
-    hdr = (f"{'kernel':<20} {'shape':<26} {'mode':<18} {'Tensor':>7} {'Vector':>7} {'Scalar':>7} {'GpSimd':>7} "
-           f"{'DMA':>6} {'HBM MB':>8} {'est us':>9} {'bound':>7} {'cores':>5} {'% roof':>7}")
+    hdr = (
+        f"{'kernel':<20} {'shape':<26} {'mode':<18} {'Tensor':>7} {'Vector':>7} {'Scalar':>7} {'GpSimd':>7} "
+        f"{'DMA':>6} {'HBM MB':>8} {'est us':>9} {'bound':>7} {'cores':>5} {'% roof':>7}"
+    )
     print(hdr)
     print("-" * len(hdr))
     results: dict[tuple[str, str], float] = {}
@@ -103,38 +150,47 @@ def main() -> None:
         pct = roof / est.seconds
         results[(name, label)] = pct
         n = st.instructions()
-        print(f"{name:<20} {label:<26} {mode:<18} {n['tensor']:>7} {n['vector']:>7} {n['scalar']:>7} "
-              f"{n['gpsimd']:>7} {n['dma']:>6} {st.dma_bytes / 1e6:>8.1f} {est.seconds * 1e6:>9.1f} "
-              f"{est.bottleneck:>7} {est.programs:>5} {pct:>6.0%}")
+        print(
+            f"{name:<20} {label:<26} {mode:<18} {n['tensor']:>7} {n['vector']:>7} {n['scalar']:>7} "
+            f"{n['gpsimd']:>7} {n['dma']:>6} {st.dma_bytes / 1e6:>8.1f} {est.seconds * 1e6:>9.1f} "
+            f"{est.bottleneck:>7} {est.programs:>5} {pct:>6.0%}"
+        )
     print("\nGoals (estimated, largest shapes):")
-    for name, label, goal in (("matmul", "4096x4096x4096 bf16", 0.80),
-                              ("flash_attention_fwd", "S=4096 d=128 full bf16", 0.60),
-                              ("flash_attention_fwd", "S=4096 d=128 causal bf16", 0.60)):
+    for name, label, goal in (
+        ("matmul", "4096x4096x4096 bf16", 0.80),
+        ("flash_attention_fwd", "S=4096 d=128 full bf16", 0.60),
+        ("flash_attention_fwd", "S=4096 d=128 causal bf16", 0.60),
+    ):
         pct = results[(name, label)]
         print(f"  {name} {label}: {pct:.0%} of roofline (goal >= {goal:.0%}): {'met' if pct >= goal else 'MISSED'}")
     a = _arr((1024, 1024), BF16, True)
     t0 = time.perf_counter()
     nki.simulate(KERNELS["matmul"].kernel)(a, a)
     wall = time.perf_counter() - t0
-    print(f"  emulator wall time, 1024^3 bf16 matmul with data: {wall:.2f} s (goal < 10 s): "
-          f"{'met' if wall < 10 else 'MISSED'}")
+    print(
+        f"  emulator wall time, 1024^3 bf16 matmul with data: {wall:.2f} s (goal < 10 s): "
+        f"{'met' if wall < 10 else 'MISSED'}"
+    )
     if args.published:
         published()
 
 
 def _assumptions(gen: cost.Generation) -> str:
-    return "\n".join([
-        "Assumptions (cost.py): critical path over Tensor/Vector/Scalar/GpSimd/DMA with RAW/WAR dependencies per "
-        "allocation;",
-        f"  TensorE {gen.tensor_tflops_bf16} TF bf16 @ {gen.tensor_ghz} GHz, matmul max(N,64) cycles (x4 fp32), "
-        f"warm-up 50%->100% over {cost.PE_WARMUP_S * 1e6:.0f} us" + (" (none on trn1)" if gen.name == "trn1" else ""),
-        f"  Vector/Scalar/GpSimd: {cost.FIXED_CYCLES:.0f} fixed cycles + N*k/rate per instruction, "
-        f"+{cost.DEP_CYCLES:.0f} cycles after a dependency",
-        f"  DMA: {gen.hbm_bytes_per_s_per_core / 1e9:.0f} GB/s per core over 16 engines (8 partitions each), "
-        f"efficiency by bytes/partition (2 KiB {cost.dma_efficiency(2048):.0%}, 4 KiB {cost.dma_efficiency(4096):.0%}),"
-        f" {cost.DMA_FIXED_LATENCY_S * 1e6:.1f} us latency per transfer",
-        "  roofline: TensorE peak or HBM bandwidth, x cores of the launch (an LNC-2 attention launch counts 2)",
-    ])
+    return "\n".join(
+        [
+            "Assumptions (cost.py): critical path over Tensor/Vector/Scalar/GpSimd/DMA with RAW/WAR dependencies per "
+            "allocation;",
+            f"  TensorE {gen.tensor_tflops_bf16} TF bf16 @ {gen.tensor_ghz} GHz, matmul max(N,64) cycles (x4 fp32), "
+            f"warm-up 50%->100% over {cost.PE_WARMUP_S * 1e6:.0f} us"
+            + (" (none on trn1)" if gen.name == "trn1" else ""),
+            f"  Vector/Scalar/GpSimd: {cost.FIXED_CYCLES:.0f} fixed cycles + N*k/rate per instruction, "
+            f"+{cost.DEP_CYCLES:.0f} cycles after a dependency",
+            f"  DMA: {gen.hbm_bytes_per_s_per_core / 1e9:.0f} GB/s per core over 16 engines (8 partitions each), "
+            f"efficiency by bytes/partition (2 KiB {cost.dma_efficiency(2048):.0%}, 4 KiB {cost.dma_efficiency(4096):.0%}),"
+            f" {cost.DMA_FIXED_LATENCY_S * 1e6:.1f} us latency per transfer",
+            "  roofline: TensorE peak or HBM bandwidth, x cores of the launch (an LNC-2 attention launch counts 2)",
+        ]
+    )
 
 
 # ------------------------------------------------------------------------- published measurements (docs/nki.md)
@@ -155,31 +211,31 @@ def mamba(delta, u, a, b, c, version, seq_tile=2048):
     tl = length if version < 3 else min(seq_tile, length)
     for bi in range(bn):
         for c0 in range(0, ch, P):
-            a_t = nl.load(a[c0:c0 + P])
+            a_t = nl.load(a[c0 : c0 + P])
             carry = nl.zeros((P, ns), nl.float32, buffer=nl.sbuf) if version == 3 else None
             for l0 in range(0, length, tl):
                 sl = slice(l0, l0 + tl)
                 y = nl.zeros((P, tl), nl.float32, buffer=nl.sbuf)
                 if version >= 2:
-                    dl, ut = nl.load(delta[bi, c0:c0 + P, sl]), nl.load(u[bi, c0:c0 + P, sl])
+                    dl, ut = nl.load(delta[bi, c0 : c0 + P, sl]), nl.load(u[bi, c0 : c0 + P, sl])
                     du = nl.multiply(dl, ut)
                 for s in range(ns):
                     if version == 1:
-                        dl, ut = nl.load(delta[bi, c0:c0 + P, sl]), nl.load(u[bi, c0:c0 + P, sl])
+                        dl, ut = nl.load(delta[bi, c0 : c0 + P, sl]), nl.load(u[bi, c0 : c0 + P, sl])
                         du = nl.multiply(dl, ut)
                     decay = nl.ndarray((P, tl), nl.float32, buffer=nl.sbuf)
-                    nisa.activation(dst=decay, op=nl.exp, data=dl, scale=a_t[:, s:s + 1])
-                    drive = nl.multiply(du, nl.broadcast_to(nl.load(b[bi, s:s + 1, sl]), (P, tl)))
+                    nisa.activation(dst=decay, op=nl.exp, data=dl, scale=a_t[:, s : s + 1])
+                    drive = nl.multiply(du, nl.broadcast_to(nl.load(b[bi, s : s + 1, sl]), (P, tl)))
                     h = nl.ndarray((P, tl), nl.float32, buffer=nl.sbuf)
-                    init = carry[:, s:s + 1] if version == 3 else 0.0
-                    nisa.tensor_tensor_scan(dst=h, data0=decay, data1=drive, initial=init, op0=nl.multiply,
-                                            op1=nl.add)
+                    init = carry[:, s : s + 1] if version == 3 else 0.0
+                    nisa.tensor_tensor_scan(dst=h, data0=decay, data1=drive, initial=init, op0=nl.multiply, op1=nl.add)
                     if version == 3:
-                        nisa.tensor_copy(dst=carry[:, s:s + 1], src=h[:, tl - 1:tl])
-                    nisa.tensor_tensor(dst=h, data1=h, data2=nl.broadcast_to(nl.load(c[bi, s:s + 1, sl]), (P, tl)),
-                                       op=nl.multiply)
+                        nisa.tensor_copy(dst=carry[:, s : s + 1], src=h[:, tl - 1 : tl])
+                    nisa.tensor_tensor(
+                        dst=h, data1=h, data2=nl.broadcast_to(nl.load(c[bi, s : s + 1, sl]), (P, tl)), op=nl.multiply
+                    )
                     nisa.tensor_tensor(dst=y, data1=y, data2=h, op=nl.add)
-                nl.store(out[bi, c0:c0 + P, sl], y)
+                nl.store(out[bi, c0 : c0 + P, sl], y)
     return out
 
 
@@ -194,10 +250,10 @@ def matmul_naive(a_t, b):
         for n0 in range(0, n, 512):
             acc = nl.ndarray((P, 512), nl.float32, buffer=nl.psum)
             for k0 in range(0, k, P):
-                st = nl.load(a_t[k0:k0 + P, m0:m0 + P])
-                mv = nl.load(b[k0:k0 + P, n0:n0 + 512])
+                st = nl.load(a_t[k0 : k0 + P, m0 : m0 + P])
+                mv = nl.load(b[k0 : k0 + P, n0 : n0 + 512])
                 nisa.nc_matmul(dst=acc, stationary=st, moving=mv, accumulate=k0 > 0)
-            nl.store(out[m0:m0 + P, n0:n0 + 512], nl.copy(acc, dtype=a_t.dtype))
+            nl.store(out[m0 : m0 + P, n0 : n0 + 512], nl.copy(acc, dtype=a_t.dtype))
     return out
 
 
@@ -206,8 +262,14 @@ def _spec(shape: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
 
 
 def _mamba_est(version: int, ch: int, length: int, target: str = "trn1") -> tuple[float | None, dict]:
-    args = (_spec((1, ch, length)), _spec((1, ch, length)), _spec((ch, 16)), _spec((1, 16, length)),
-            _spec((1, 16, length)), version)
+    args = (
+        _spec((1, ch, length)),
+        _spec((1, ch, length)),
+        _spec((ch, 16)),
+        _spec((1, 16, length)),
+        _spec((1, 16, length)),
+        version,
+    )
     try:
         _, st = nki.infer_shapes(mamba, stats=True, target=target)(*args)
     except nki.NkiCapacityError:
@@ -221,41 +283,63 @@ def published() -> None:
     print("\nPublished measurements vs the model (published figure | model estimate | where measured)")
     trn2 = cost.generation("trn2")
     t = cost.dma_transfer_seconds(trn2, 4 * 4096 * 2, 4)
-    print(f"  DMA [4,4096] bf16 HBM->SBUF, one engine: 1416 ns | {t * 1e9:.0f} ns transfer "
-          f"(+{cost.DMA_FIXED_LATENCY_S * 1e9:.0f} ns fixed latency) | trn2")
-    rows = [("v1", 1, 256, 512, 172.93e-6, "98.71%"), ("v1", 1, 4096, 512, 2.34e-3, "92.16%"),
-            ("v2", 2, 4096, 512, 1.61e-3, "99.63%"), ("v2", 2, 4096, 8192, 53.33e-3, "58.93% (spills)"),
-            ("v3", 3, 4096, 8192, 27.8e-3, "94.85%")]
+    print(
+        f"  DMA [4,4096] bf16 HBM->SBUF, one engine: 1416 ns | {t * 1e9:.0f} ns transfer "
+        f"(+{cost.DMA_FIXED_LATENCY_S * 1e9:.0f} ns fixed latency) | trn2"
+    )
+    rows = [
+        ("v1", 1, 256, 512, 172.93e-6, "98.71%"),
+        ("v1", 1, 4096, 512, 2.34e-3, "92.16%"),
+        ("v2", 2, 4096, 512, 1.61e-3, "99.63%"),
+        ("v2", 2, 4096, 8192, 53.33e-3, "58.93% (spills)"),
+        ("v3", 3, 4096, 8192, 27.8e-3, "94.85%"),
+    ]
     for name, ver, ch, length, meas, vec in rows:
         est, act = _mamba_est(ver, ch, length)
-        txt = "does not fit SBUF (CapacityError)" if est is None else \
-            f"{est * 1e3:.3f} ms, Vector {act['vector']:.0%} active ({meas / est:.1f}x the estimate measured)"
-        print(f"  fused Mamba {name} b1 seq{length} ch{ch} st16 fp32: {meas * 1e3:.3f} ms, Vector {vec} | {txt} "
-              "| trn1 assumed (published with Neuron 2.20; instance not stated)")
+        txt = (
+            "does not fit SBUF (CapacityError)"
+            if est is None
+            else f"{est * 1e3:.3f} ms, Vector {act['vector']:.0%} active ({meas / est:.1f}x the estimate measured)"
+        )
+        print(
+            f"  fused Mamba {name} b1 seq{length} ch{ch} st16 fp32: {meas * 1e3:.3f} ms, Vector {vec} | {txt} "
+            "| trn1 assumed (published with Neuron 2.20; instance not stated)"
+        )
     for length, meas in ((1024, 3.3e-3), (2048, 6.6e-3), (4096, 13.3e-3)):
         est, _ = _mamba_est(3, 4096, length)
         print(f"  fused Mamba v3 ch4096 seq{length}: {meas * 1e3:.1f} ms | {est * 1e3:.2f} ms | trn1 assumed")
     m, k, n = 4096, 8192, 8192
     for label, kern, args, pub in (
-            ("naive", matmul_naive, (_spec((k, m)), _spec((k, n))), "PE 87.28%, DMA 99.93%"),
-            ("optimized (built-in kernel)", KERNELS["matmul"].kernel, (_spec((m, k)), _spec((k, n))),
-             "final: PE 99.50%, DMA 21.54%, Vector 10.55%")):
+        ("naive", matmul_naive, (_spec((k, m)), _spec((k, n))), "PE 87.28%, DMA 99.93%"),
+        (
+            "optimized (built-in kernel)",
+            KERNELS["matmul"].kernel,
+            (_spec((m, k)), _spec((k, n))),
+            "final: PE 99.50%, DMA 21.54%, Vector 10.55%",
+        ),
+    ):
         t0 = time.perf_counter()
         _, st = nki.infer_shapes(kern, stats=True, target="trn2")(*args)
         est = cost.estimate(st)
         act = est.active()
-        print(f"  matmul tutorial {label} fp32 [{m},{k}]x[{k},{n}]: {pub} | PE {act['tensor']:.1%}, DMA "
-              f"{act['dma']:.1%}, Vector {act['vector']:.1%}, {est.seconds * 1e3:.1f} ms "
-              f"({time.perf_counter() - t0:.0f} s shape-only) | trn2")
+        print(
+            f"  matmul tutorial {label} fp32 [{m},{k}]x[{k},{n}]: {pub} | PE {act['tensor']:.1%}, DMA "
+            f"{act['dma']:.1%}, Vector {act['vector']:.1%}, {est.seconds * 1e3:.1f} ms "
+            f"({time.perf_counter() - t0:.0f} s shape-only) | trn2"
+        )
     x = _spec((300, 1000))
     w = _spec((1000,))
     _, st = nki.infer_shapes(KERNELS["layer_norm"].kernel, stats=True, target="trn1")(x, w, w, 1e-5)
-    print(f"  LayerNorm tutorial (300,1000) fp32: v1 p50 2311 us, v2 1969 us | built-in layer_norm "
-          f"{cost.estimate(st).seconds * 1e6:.1f} us on-device | trn1 (published p50 includes launch overhead)")
+    print(
+        f"  LayerNorm tutorial (300,1000) fp32: v1 p50 2311 us, v2 1969 us | built-in layer_norm "
+        f"{cost.estimate(st).seconds * 1e6:.1f} us on-device | trn1 (published p50 includes launch overhead)"
+    )
     q = _spec((1, 1, 4096, 128), BF16)
     _, st = nki.infer_shapes(KERNELS["flash_attention_fwd"].kernel, stats=True, target="trn2")(q, q, q, False)
-    print(f"  nki-samples CI bound, SD attention b1 seq4096 d128 bf16: <= 536 us (an upper bound) | built-in "
-          f"flash_attention_fwd {cost.estimate(st).seconds * 1e6:.0f} us | device unstated")
+    print(
+        f"  nki-samples CI bound, SD attention b1 seq4096 d128 bf16: <= 536 us (an upper bound) | built-in "
+        f"flash_attention_fwd {cost.estimate(st).seconds * 1e6:.0f} us | device unstated"
+    )
 
 
 if __name__ == "__main__":

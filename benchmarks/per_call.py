@@ -69,11 +69,11 @@ def main() -> int:
         graph = next(o for o in gc.get_objects() if type(o) is CompiledGraph)
         ready = [x + y]
         call = CompiledGraph.__call__
-        CompiledGraph.__call__ = lambda self, boxed: (boxed.clear(), list(ready))[1]  # type: ignore[method-assign]
+        CompiledGraph.__call__ = lambda self, boxed: (boxed.clear(), list(ready))[1]
         try:
             rows["neuron, wrappers only"] = _median_us(lambda: fns["neuron"](x, y), args.calls)
         finally:
-            CompiledGraph.__call__ = call  # type: ignore[method-assign]
+            CompiledGraph.__call__ = call
         rows["executor alone"] = _median_us(lambda: graph([x, y]), args.calls)
         buffers = [jax_adapter.torch_to_device(x), jax_adapter.torch_to_device(y), graph._seed()]
         rows["execute alone"] = _median_us(lambda: graph.target.run(graph.executable, buffers), args.calls)
@@ -86,9 +86,11 @@ def main() -> int:
     for name, us in rows.items():
         print(f"  {name:{width}}  {us:7.1f}")
     floor = rows["neuron, wrappers only"]
-    print(f"neuron/inductor {rows['neuron'] / rows['inductor']:.2f}x; the wrappers alone are "
-          f"{floor / rows['inductor']:.2f}x Inductor's whole call, leaving "
-          f"{max(rows['inductor'] - floor, 0.0):.1f} us for a graph to match it")
+    print(
+        f"neuron/inductor {rows['neuron'] / rows['inductor']:.2f}x; the wrappers alone are "
+        f"{floor / rows['inductor']:.2f}x Inductor's whole call, leaving "
+        f"{max(rows['inductor'] - floor, 0.0):.1f} us for a graph to match it"
+    )
     return 0
 
 

@@ -185,7 +185,7 @@ def run_steady(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     names = [(n, False) for n in args.models] + [(n, True) for n in args.zoo]
     for name, is_zoo in names:
-        for mode in (["train"] if is_zoo else args.modes):
+        for mode in ["train"] if is_zoo else args.modes:
             case = zoo_case(name) if is_zoo else make_case(name)
             inner = args.inner if args.inner else (50 if name == "add" else 3)
             r = steady(case, mode, args.backends, args.reps, inner)
@@ -205,21 +205,28 @@ def steady_table(rows: list[dict[str, Any]], backends: list[str]) -> str:
     ratios = [f"{b}/eager" for b in backends if b != "eager"] + (
         ["neuron/inductor"] if {"neuron", "inductor"} <= set(backends) else []
     )
-    head = f"{'model':10} {'mode':6} " + " ".join(f"{b + ' ms':>16}" for b in backends) + " " + " ".join(
-        f"{r:>16}" for r in ratios
+    head = (
+        f"{'model':10} {'mode':6} "
+        + " ".join(f"{b + ' ms':>16}" for b in backends)
+        + " "
+        + " ".join(f"{r:>16}" for r in ratios)
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         cells = [f"{r[b]:8.3f} ±{r[b + '_iqr'] / 2:6.3f}" for b in backends]
-        lines.append(f"{r['model']:10} {r['mode']:6} " + " ".join(f"{c:>16}" for c in cells) + " " + " ".join(
-            f"{r[k]:16.2f}" for k in ratios
-        ))
+        lines.append(
+            f"{r['model']:10} {r['mode']:6} "
+            + " ".join(f"{c:>16}" for c in cells)
+            + " "
+            + " ".join(f"{r[k]:16.2f}" for k in ratios)
+        )
     lines.append("ms: median per step over the rounds, ± half the interquartile range")
     return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # First step: fresh processes, private caches.
+
 
 def _child_first_step(name: str, backend: str) -> None:
     """Runs in a fresh process: compile + one training step, wall time printed as JSON."""
@@ -253,7 +260,10 @@ def run_first_step(args: argparse.Namespace) -> list[dict[str, Any]]:
                 out = subprocess.run(
                     [sys.executable, __file__, "--child", name, backend]
                     + (["--threads", str(args.threads)] if args.threads else []),
-                    env=env, capture_output=True, text=True, check=False,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    check=False,
                 )
                 if out.returncode != 0:
                     raise RuntimeError(f"{backend} {state} first step of {name} failed:\n{out.stderr[-3000:]}")
@@ -285,9 +295,11 @@ def first_step_table(rows: list[dict[str, Any]], backends: list[str]) -> str:
                 missed = "!" if state == "warm" and r.get(f"{b}_warm_missed") else " "
                 cells.append(f"{v:7.2f}{missed}" + (f"({ratio:.2f}x)" if ratio else " " * 7) if v is not None else "-")
         lines.append(f"{r['model']:12} " + " ".join(f"{c:>16}" for c in cells))
-    lines.append("s: wall time of torch.compile + the first training step in a fresh process; "
-                 "(x): against aot_eager's cold first step, the Dynamo + AOTAutograd tracing floor; "
-                 "!: the warm run missed the neuron cache (the package source changed in between)")
+    lines.append(
+        "s: wall time of torch.compile + the first training step in a fresh process; "
+        "(x): against aot_eager's cold first step, the Dynamo + AOTAutograd tracing floor; "
+        "!: the warm run missed the neuron cache (the package source changed in between)"
+    )
     return "\n".join(lines)
 
 
@@ -299,22 +311,31 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="mlp,decoder,cnn,add")
     parser.add_argument("--modes", default="train,infer")
-    parser.add_argument("--backends", default=None, help="default: eager,inductor,neuron (first step: "
-                        "aot_eager,inductor,neuron)")
+    parser.add_argument(
+        "--backends", default=None, help="default: eager,inductor,neuron (first step: aot_eager,inductor,neuron)"
+    )
     parser.add_argument("--zoo", default="", help="models of tests/model_zoo.py to add (training step)")
     parser.add_argument("--reps", type=int, default=30, help="timed rounds per backend")
     parser.add_argument("--inner", type=int, default=0, help="steps per round (default 3; 50 for add)")
     parser.add_argument("--first-step", action="store_true", help="cold/warm first step in fresh processes")
-    parser.add_argument("--threads", type=int, default=None, help="pin the process to this many cores and "
-                        "torch to as many threads (fair on a loaded machine; default: all, torch's default threads)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="pin the process to this many cores and "
+        "torch to as many threads (fair on a loaded machine; default: all, torch's default threads)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
     args.models, args.modes, args.zoo = split(args.models), split(args.modes), split(args.zoo)
     default = "aot_eager,inductor,neuron" if args.first_step else "eager,inductor,neuron"
     args.backends = split(args.backends or default)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} torch threads on {len(os.sched_getaffinity(0))} "
-          f"cores, load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} torch threads on {len(os.sched_getaffinity(0))} "
+        f"cores, load average {os.getloadavg()[0]:.1f}",
+        file=sys.stderr,
+    )
     if args.first_step:
         rows = run_first_step(args)
         print(json.dumps(rows, indent=2) if args.json else first_step_table(rows, args.backends))

@@ -103,7 +103,7 @@ def describe(hlo: str, thunk: str) -> str:
     text = f"{m.group(1)} {m.group(2)}"
     called = re.search(r"calls=%([\w.\-]+)", m.group(3))
     if called and f"%{called.group(1)} (" in hlo:
-        body = hlo[hlo.index(f"%{called.group(1)} ("):]
+        body = hlo[hlo.index(f"%{called.group(1)} (") :]
         ops = re.findall(r"= \S+ ([a-z\-]+)\(", body[: body.index("\n}")])
         text += " [" + ",".join(o for o in ops if o not in ("parameter", "bitcast", "constant")) + "]"
     return text
@@ -132,8 +132,10 @@ def main() -> int:
         kinds: dict[str, float] = collections.defaultdict(float)
         for thunk, ms in totals.items():
             kinds[re.sub(r"[.\d]+$", "", thunk)] += ms
-        print(f"\n{name}: {wall:.3f} ms per call, thunks {sum(totals.values()):.3f} ms; by kind: "
-              + ", ".join(f"{k} {v:.2f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])[:6]))
+        print(
+            f"\n{name}: {wall:.3f} ms per call, thunks {sum(totals.values()):.3f} ms; by kind: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])[:6])
+        )
         for thunk, ms in sorted(totals.items(), key=lambda kv: -kv[1])[: args.top]:
             print(f"  {ms:8.3f} ms  {thunk:32s} {describe(hlo, thunk)[:110]}")
     return 0

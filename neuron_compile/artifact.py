@@ -8,7 +8,6 @@ from typing import Any
 import torch
 from torch._prims_common import make_contiguous_strides_for
 
-
 #: ``gm.meta`` key the compiler sets on a forward graph: where its outputs saved for the backward start.
 #: The lowering may return those channels-last (lowering/layout.py); it is part of the cache key.
 SAVED_FOR_BACKWARD_FROM = "neuron_saved_for_backward_from"

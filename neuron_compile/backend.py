@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 from torch._dynamo.backends.common import aot_autograd
 
+from . import trace_fixes
 from .graph_checks import (
     DATA_DEPENDENT_ERRORS,
     check_static_shapes,
@@ -25,7 +26,6 @@ from .graph_checks import (
 from .heap import old_objects_frozen
 from .options import Options
 from .recompiles import warn_recompiles
-from . import trace_fixes
 
 _graph_ids = itertools.count()
 
@@ -77,7 +77,6 @@ def neuron_backend(
     from . import aot_cache
     from .compiler import compile_graph
     from .decompositions import decomposition_table
-
     from .kernels.sdpa import calls_attention, rewrite_sdpa
 
     if calls_attention(gm):

@@ -67,7 +67,9 @@ def _remote(args: argparse.Namespace):  # -> RemoteStore, or None without --url 
     if not args.url:
         return None
     if "://" not in args.url:
-        raise SystemExit(f"neuron-compile: --url {args.url!r} is not a URL (e.g. s3://bucket/prefix); --dir takes a directory")
+        raise SystemExit(
+            f"neuron-compile: --url {args.url!r} is not a URL (e.g. s3://bucket/prefix); --dir takes a directory"
+        )
     from .cache.remote import RemoteStore, hmac_key_from_env
 
     return RemoteStore(args.url, hmac_key=hmac_key_from_env())
@@ -191,7 +193,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     print(f"cache dir:     {store.root}")
     print(f"entries:       {len(infos)}, {human_size(sum(e.size for e in infos))}")
     left = store.leftovers()
-    print(f"leftovers:     {len(left)}, {human_size(sum(lo.size for lo in left))}  (tmp/ and trash/ of interrupted processes)")
+    print(
+        f"leftovers:     {len(left)}, {human_size(sum(lo.size for lo in left))}  (tmp/ and trash/ of interrupted processes)"
+    )
     print(f"hits:          {hits:.0f}{rate}  (memory {s.get('memory_hits', 0):.0f}, disk {s.get('disk_hits', 0):.0f})")
     print(f"misses:        {misses:.0f}  (stored {s.get('stores', 0):.0f})")
     print(f"corrupt:       {s.get('corrupt', 0):.0f}   evicted: {s.get('evictions', 0):.0f}")

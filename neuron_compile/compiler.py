@@ -27,13 +27,13 @@ from .errors import (
     NeuronWarning,
 )
 from .heap import old_objects_frozen
+from .kernels.user_ops import has_user_kernels
 from .options import Options
 from .runtime import jax_adapter, map_budget
 from .runtime.executor import CompiledGraph
-from .kernels.user_ops import has_user_kernels
-from .value_checks import CheckedGraph, split_value_checks
 from .runtime.targets import target_for
 from .stats import STATS, GraphRecord
+from .value_checks import CheckedGraph, split_value_checks
 
 if TYPE_CHECKING:
     from .lowering import LoweredGraph
@@ -223,20 +223,29 @@ def compiled_graph(
     elapsed = time.perf_counter() - t0
     STATS.record(
         GraphRecord(
-            name, kind, artifact.num_ops, artifact.lower_seconds, artifact.compile_seconds, cache_state,
+            name,
+            kind,
+            artifact.num_ops,
+            artifact.lower_seconds,
+            artifact.compile_seconds,
+            cache_state,
             artifact.nki_kernels,
         )
     )
     if cache_state == "hit":  # a miss was summarized by build_artifact, with its legality verdict
-        debug.log_summary(
-            f"neuron_compile: {name}: {artifact.num_ops} aten nodes, cache hit, loaded in {elapsed:.3f}s"
-        )
+        debug.log_summary(f"neuron_compile: {name}: {artifact.num_ops} aten nodes, cache hit, loaded in {elapsed:.3f}s")
     # A cached graph may unload its executable near the memory-map limit and load it again from the cache.
     serialized = None
     if cache_digest is not None:
         serialized = functools.partial(cache_for(opts).executable_blob, cache_digest, opts)
     return CompiledGraph(
-        name, target, executable, artifact.inputs, artifact.outputs, artifact.needs_rng_seed, cache_digest,
+        name,
+        target,
+        executable,
+        artifact.inputs,
+        artifact.outputs,
+        artifact.needs_rng_seed,
+        cache_digest,
         serialized,
     )
 

@@ -82,10 +82,15 @@ def main(argv: list[str] | None = None) -> int:
 
     target = Options.from_user(None).target  # what backend="neuron" resolves "auto" to here
     found = neuron_toolchain()[1]
-    where = (f"neuron (neuronx-cc compiles NEFFs, libnrt runs them: {found})" if target == "neuron"
-             else f"cpu (XLA CPU runs the StableHLO; {found} for the neuron target)")
-    print(f"neuron_compile demo: TinyLM ({args.layers} blocks, {sum(p.numel() for p in model.parameters())} "
-          f"params, {args.dtype}), AdamW, {args.steps} steps, target {where}")
+    where = (
+        f"neuron (neuronx-cc compiles NEFFs, libnrt runs them: {found})"
+        if target == "neuron"
+        else f"cpu (XLA CPU runs the StableHLO; {found} for the neuron target)"
+    )
+    print(
+        f"neuron_compile demo: TinyLM ({args.layers} blocks, {sum(p.numel() for p in model.parameters())} "
+        f"params, {args.dtype}), AdamW, {args.steps} steps, target {where}"
+    )
     print(f"{'step':>4} {'loss (neuron)':>14} {'loss (eager)':>13} {'|diff|':>9} {'step s':>8}")
     worst = 0.0
     for step in range(args.steps):
@@ -115,8 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     hits = sum(1 for g in STATS.graphs if g.cache == "hit")
     print(
         f"  {len(STATS.graphs)} graphs, {total_ops} aten ops lowered to StableHLO, {sites} of them NKI kernel sites "
-        + ("(NKI kernels compiled by nki, or their reference StableHLO where nki is not installed), " if target == "neuron"
-           else "(their StableHLO reference on the CPU target; options={'kernels': 'emulate'} runs the kernels), ")
+        + (
+            "(NKI kernels compiled by nki, or their reference StableHLO where nki is not installed), "
+            if target == "neuron"
+            else "(their StableHLO reference on the CPU target; options={'kernels': 'emulate'} runs the kernels), "
+        )
         + f"cache hits {hits}/{len(STATS.graphs)}"
     )
     from .cache import cache_stats

@@ -245,12 +245,15 @@ def check_target(report: Report, findings: Findings) -> Options | None:
     if _library() is None:
         findings.missing.append("libnrt.so.1")
     chosen = os.environ.get("NEURON_COMPILE_TARGET", "").strip()
-    report.row("NEURON_COMPILE_TARGET", chosen or "(unset: the default target is \"auto\")")
+    report.row("NEURON_COMPILE_TARGET", chosen or '(unset: the default target is "auto")')
     opts = _user_options(report, findings)
     if opts is not None:
         report.row("default target here", opts.target)
-        report.row("generation / opt level", f"{opts.generation} / -O{opts.opt_level}"
-                   + (f", extra flags {shlex.join(opts.neuron_cc_flags)}" if opts.neuron_cc_flags else ""))
+        report.row(
+            "generation / opt level",
+            f"{opts.generation} / -O{opts.opt_level}"
+            + (f", extra flags {shlex.join(opts.neuron_cc_flags)}" if opts.neuron_cc_flags else ""),
+        )
         report.row("NKI kernels", f"{opts.kernels} (option kernels / NEURON_COMPILE_KERNELS)")
     if available:
         from .kernels import nki_api
@@ -346,7 +349,9 @@ def check_cache(report: Report, findings: Findings, opts: Options | None) -> Non
         ok = os.access(parent, os.W_OK | os.X_OK)
         report.row("exists", "no: created at the first compile" + ("" if ok else f", but {parent} is NOT writable"))
         if not ok:
-            findings.notes.append(f"the cache directory {root} cannot be created: set {ENV_DIR} to a directory of yours")
+            findings.notes.append(
+                f"the cache directory {root} cannot be created: set {ENV_DIR} to a directory of yours"
+            )
     check_remote(report, opts)
 
 
@@ -489,8 +494,9 @@ def _compare(case: SmokeCase, got: dict[str, torch.Tensor], want: dict[str, torc
     return worst, "\n".join(problems)
 
 
-def run_case(case: SmokeCase, target: str = "neuron", reference: str = "cpu",
-             debug_dir: str | None = None) -> SmokeResult:
+def run_case(
+    case: SmokeCase, target: str = "neuron", reference: str = "cpu", debug_dir: str | None = None
+) -> SmokeResult:
     """Run ``case`` on ``target`` and on ``reference`` (Dynamo reset before each) and compare the results.
 
     With ``debug_dir``, each target's graphs are dumped under ``debug_dir/<target>`` (FX graph, StableHLO).
@@ -515,21 +521,34 @@ def run_case(case: SmokeCase, target: str = "neuron", reference: str = "cpu",
                 )
             if which == "neuron" and STATS.device_executions == executions:
                 raise AssertionError("target neuron: nothing ran on a NeuronCore (no libnrt execution)")
-    except Exception as e:  # noqa: BLE001 - every failure is a row of the table
-        return SmokeResult(case.name, False, None, time.perf_counter() - t0, _describe(e), traceback.format_exc(),
-                           runs())
+    except Exception as e:
+        return SmokeResult(
+            case.name, False, None, time.perf_counter() - t0, _describe(e), traceback.format_exc(), runs()
+        )
     finally:
         torch._dynamo.reset()
     worst, mismatch = _compare(case, results[0], results[1])
     seconds = time.perf_counter() - t0
     if mismatch:
-        return SmokeResult(case.name, False, worst, seconds, _first_line(mismatch),
-                           f"{target} vs {reference}, rtol={case.rtol} atol={case.atol}:\n{mismatch}", runs())
+        return SmokeResult(
+            case.name,
+            False,
+            worst,
+            seconds,
+            _first_line(mismatch),
+            f"{target} vs {reference}, rtol={case.rtol} atol={case.atol}:\n{mismatch}",
+            runs(),
+        )
     return SmokeResult(case.name, True, worst, seconds, compiler_runs=runs())
 
 
-def run_smoke(report: Report, cases: tuple[SmokeCase, ...] = SMOKE_CASES, target: str = "neuron",
-              reference: str = "cpu", debug_dir: str | None = None) -> list[SmokeResult]:
+def run_smoke(
+    report: Report,
+    cases: tuple[SmokeCase, ...] = SMOKE_CASES,
+    target: str = "neuron",
+    reference: str = "cpu",
+    debug_dir: str | None = None,
+) -> list[SmokeResult]:
     """The "Smoke test" section: every case run and printed as a row of a pass/fail table."""
     report.section(f"Smoke test ({target} target vs {reference} target, cache off)")
     header = f"  {'graph':<34} {'result':<6} {'max abs error':>13} {'seconds':>8}"
@@ -570,8 +589,9 @@ def _compiler_log(run: CompilerRun, graph: str | None) -> str:
             f"smoke graph: {graph or '-'}\n\n--- stdout ---\n{run.stdout}\n--- stderr ---\n{run.stderr}")  # fmt: skip
 
 
-def write_bundle(path: str, staging: str, report: Report, versions: dict[str, str],
-                 smoke: list[SmokeResult]) -> list[str]:
+def write_bundle(
+    path: str, staging: str, report: Report, versions: dict[str, str], smoke: list[SmokeResult]
+) -> list[str]:
     """Write the tarball ``path``: ``doctor.txt`` (the report), ``versions.json``, ``environment.txt``,
     ``graphs/`` (the smoke test's FX graphs and StableHLO, from ``staging``/graphs), ``smoke/NAME.txt`` (each
     failure in full) and ``compiler/NN.txt`` (each neuronx-cc run of this process: command, exit code,
@@ -659,8 +679,11 @@ def _verdict(report: Report, findings: Findings, smoke: list[SmokeResult]) -> in
     for note in findings.notes:
         _bullet(report, note, "  note: ")
     if findings.missing:
-        runs = ("runs with target 'cpu' here" if findings.auto_target == "cpu" else
-                "fails here with the default target (\"auto\" picks neuron); options={'target': 'cpu'} works")
+        runs = (
+            "runs with target 'cpu' here"
+            if findings.auto_target == "cpu"
+            else "fails here with the default target (\"auto\" picks neuron); options={'target': 'cpu'} works"
+        )
         _bullet(report, "NOT READY (exit 2): the Neuron stack is not complete on this machine; "
                 f"torch.compile(backend='neuron') {runs}.", "  ")  # fmt: skip
         if "neuronx-cc" in findings.missing:

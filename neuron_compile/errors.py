@@ -81,8 +81,7 @@ class NeuronUnsupportedOpError(NeuronCompileError):
 
     def __str__(self) -> str:
         lines = [
-            f"neuron backend: {len(self.nodes)} node(s) of graph '{self.graph_name}' cannot be compiled "
-            "for Trainium:"
+            f"neuron backend: {len(self.nodes)} node(s) of graph '{self.graph_name}' cannot be compiled for Trainium:"
         ]
         by_name = {n.node: n for n in self.nodes if n.node}
         lines += [n.describe(by_name.get(n.follows) if n.follows else None) for n in self.nodes]

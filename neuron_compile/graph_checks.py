@@ -22,7 +22,7 @@ STATIC_SHAPE_FIX = (
     "dims dynamic with torch._dynamo.mark_dynamic). For inputs whose sizes vary, pad them to a few fixed "
     "sizes (buckets, e.g. sequence lengths rounded up to a multiple of 128, neuron_compile.pad_to_bucket) so "
     "each bucket compiles once; for Hugging Face generate, use a static KV cache "
-    "(generate(..., cache_implementation=\"static\"))."
+    '(generate(..., cache_implementation="static")).'
 )
 
 
@@ -72,7 +72,8 @@ def refuse_silent_eager_fallback(allow: bool) -> None:
     dynamo_config.fail_on_recompile_limit_hit = True
     log.info(
         "neuron backend: set torch._dynamo.config.fail_on_recompile_limit_hit=True so that hitting the "
-        "recompile limit (%s) raises instead of running in eager", dynamo_config.recompile_limit
+        "recompile limit (%s) raises instead of running in eager",
+        dynamo_config.recompile_limit,
     )
 
 

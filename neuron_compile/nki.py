@@ -5,7 +5,7 @@ The choice is made in one place, ``kernels/nki_api.py``; this module only re-exp
 
 from __future__ import annotations
 
-from .kernels.nki_api import *  # noqa: F401,F403 - the public face of the NKI API
+from .kernels.nki_api import *  # noqa: F403 - the public face of the NKI API
 from .kernels.nki_api import __all__ as _api_all
 
 __all__ = list(_api_all)

@@ -8,7 +8,6 @@ variable), the value and what is accepted, at option time, before anything is co
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -228,10 +227,14 @@ _FIELDS: dict[str, _Field] = {
     # the runtime's own variable: the compiler's --lnc then always agrees with the runtime it runs on
     "lnc": _Field(_small_int(LNC_SIZES), f"an int in {LNC_SIZES} (or its digit string)", "NEURON_LOGICAL_NC_CONFIG"),
     "neuron_core": _Field(
-        _optional(_small_int(None)), "an int >= 0 (a logical NeuronCore of those visible), or None", "NEURON_COMPILE_CORE"
+        _optional(_small_int(None)),
+        "an int >= 0 (a logical NeuronCore of those visible), or None",
+        "NEURON_COMPILE_CORE",
     ),
     "precompile_manifest": _Field(
-        _path, "a str or os.PathLike path of a manifest file, without NUL bytes (or None)", "NEURON_COMPILE_PRECOMPILE_MANIFEST"
+        _path,
+        "a str or os.PathLike path of a manifest file, without NUL bytes (or None)",
+        "NEURON_COMPILE_PRECOMPILE_MANIFEST",
     ),
 }
 
@@ -281,8 +284,9 @@ def _auto_target() -> str:
     if not _auto_target_said:
         _auto_target_said = True
         logging.getLogger("neuron_compile").info(
-            "neuron_compile: target %s (%s); options={'target': 'cpu' | 'neuron'} or NEURON_COMPILE_TARGET "
-            "chooses one", target, found
+            "neuron_compile: target %s (%s); options={'target': 'cpu' | 'neuron'} or NEURON_COMPILE_TARGET chooses one",
+            target,
+            found,
         )
     return target
 

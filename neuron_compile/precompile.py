@@ -172,7 +172,7 @@ class Recorder:
         record = Recorded(key.digest, key.summary, artifact.name, graph_source(gm), list(key.summary["inputs"]))
         try:
             record = self._lower(gm, example_inputs, neuron, record, opts.precompile_manifest)
-        except Exception as e:  # noqa: BLE001 - the user's run goes on; check and compile report it
+        except Exception as e:
             record.error = f"{type(e).__name__}: {e}"[:4000]
             log.warning("neuron precompile: %s (%s) could not be lowered for the neuron target: %s",
                         record.name, record.source, record.error.splitlines()[0])  # fmt: skip
@@ -392,7 +392,9 @@ def compile_manifest(
     store, remote = _stores(cache_dir, cache_url)
     reason = store.untrusted_reason()
     if reason is not None and not from_env("trust_cache_dir"):
-        raise SystemExit(f"neuron-compile: not writing to {store.root}: {reason} (NEURON_COMPILE_CACHE_TRUST=1 trusts it)")
+        raise SystemExit(
+            f"neuron-compile: not writing to {store.root}: {reason} (NEURON_COMPILE_CACHE_TRUST=1 trusts it)"
+        )
     versions = host_versions(with_nki=False)
     result = CompileResult()
     t_start = time.monotonic()
@@ -427,7 +429,7 @@ def compile_manifest(
             record, key, t0 = started[future]
             try:
                 parts = future.result()
-            except Exception as e:  # noqa: BLE001 - one graph's failure is reported, the others go on
+            except Exception as e:
                 result.failed.append(Failure(record.name, key, record.source, str(e) or type(e).__name__))
                 progress.failed += 1
             else:
@@ -448,14 +450,19 @@ def compile_manifest(
             progress.show(final=progress.done + progress.failed == len(todo))
     except KeyboardInterrupt:
         executor.shutdown(wait=False, cancel_futures=True)
-        print(f"\nprecompile compile: interrupted; {len(result.compiled)} graphs stored. Run it again to go on.", file=out)
+        print(
+            f"\nprecompile compile: interrupted; {len(result.compiled)} graphs stored. Run it again to go on.", file=out
+        )
         raise
     executor.shutdown(wait=True)
     result.seconds = time.monotonic() - t_start
     print(f"precompile compile: {len(result.compiled)} compiled, {len(result.already)} already cached, "
           f"{len(result.failed)} failed in {result.seconds:.1f}s", file=out)  # fmt: skip
     for f in result.failed:
-        print(f"FAILED {f.name} (key {f.key[:12]}) at {f.source}:\n  " + "\n  ".join(f.message.splitlines()[:30]), file=out)
+        print(
+            f"FAILED {f.name} (key {f.key[:12]}) at {f.source}:\n  " + "\n  ".join(f.message.splitlines()[:30]),
+            file=out,
+        )
     return result
 
 
@@ -545,7 +552,9 @@ def main_collect(manifest: str, command: list[str]) -> int:
     return collect(manifest, command)
 
 
-def main_compile(manifest: str, jobs: int | None, shard: str | None, cache_dir: str | None, cache_url: str | None) -> int:
+def main_compile(
+    manifest: str, jobs: int | None, shard: str | None, cache_dir: str | None, cache_url: str | None
+) -> int:
     try:
         parsed = parse_shard(shard) if shard else None
         result = compile_manifest(manifest, jobs, parsed, cache_dir, cache_url)

@@ -86,7 +86,9 @@ def warn_recompiles(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> None
     if varying:
         message += (
             f"It has seen {len(distinct)} different sets of input shapes; inputs whose shapes vary:\n"
-            + "\n".join(varying) + "\n" + STATIC_SHAPE_FIX
+            + "\n".join(varying)
+            + "\n"
+            + STATIC_SHAPE_FIX
         )
     else:
         reason = _recompile_reason()

@@ -106,8 +106,11 @@ _POISSON_ERROR = "invalid Poisson rate, expected rate to be non-negative"  # eag
 _ASSERT = _aten._assert_async.msg
 #: Spectral decompositions: eager's LAPACK raises when it does not converge (non-finite input included);
 #: ours leaves NaN there (lowering/spectral.py). (op, index of its values output, eager's message.)
-_EIGH = ("linalg.eigh", "The algorithm failed to converge because the input matrix is ill-conditioned or has too "
-         "many repeated eigenvalues.")
+_EIGH = (
+    "linalg.eigh",
+    "The algorithm failed to converge because the input matrix is ill-conditioned or has too "
+    "many repeated eigenvalues.",
+)
 _SVD = ("linalg.svd", "The algorithm failed to converge because the input matrix contained non-finite values.")
 #: op -> (index of its values output, None: the result itself; trailing dims of one batch element; message)
 _CONVERGENCE = {

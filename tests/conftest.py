@@ -74,7 +74,9 @@ def _torch_config_untouched():
     yield
     drift = _config_drift(_CONFIG_AT_START, _config_state())
     if drift:
-        pytest.fail("torch config left changed by this test (use config.patch, never monkeypatch):\n  " + "\n  ".join(drift))
+        pytest.fail(
+            "torch config left changed by this test (use config.patch, never monkeypatch):\n  " + "\n  ".join(drift)
+        )
 
 
 def _drop_compiled_fn_globals() -> None:

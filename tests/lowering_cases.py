@@ -65,8 +65,6 @@ def with_nans(make: Callable[[torch.dtype], torch.Tensor], where: tuple) -> Call
     return build
 
 
-
-
 def describe_inputs(inputs: list[Any]) -> str:
     return ", ".join(f"{t.dtype}{list(t.shape)}" if isinstance(t, torch.Tensor) else repr(t) for t in inputs)
 
@@ -101,8 +99,10 @@ class Case:
     no_grad: tuple[int, ...] = ()
 
     def params(self) -> list[Any]:
-        return [pytest.param(self, d, id=f"{self.name}-{str(d).split('.')[-1]}", marks=list(self.marks))
-                for d in self.dtypes]
+        return [
+            pytest.param(self, d, id=f"{self.name}-{str(d).split('.')[-1]}", marks=list(self.marks))
+            for d in self.dtypes
+        ]
 
 
 def materialize(case: Case, dtype: torch.dtype) -> list[Any]:

@@ -22,8 +22,8 @@ from neuron_compile.errors import NeuronRecompileWarning
 from neuron_compile.evaluate import compare_to_reference
 
 from .models import TinyLM
-from .util import root_cause
 from .test_training import CASES, run_and_compare
+from .util import root_cause
 
 
 def _run_fresh(code: str) -> str:
@@ -33,7 +33,6 @@ def _run_fresh(code: str) -> str:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
-
 
 
 def test_entry_point_registration_in_fresh_process() -> None:
@@ -114,7 +113,7 @@ def test_unsupported_ops_are_all_listed_with_source_lines() -> None:
         return a.sum() + b.sum()
 
     lines = {
-        tag: next(i for i, l in enumerate(open(__file__).read().splitlines(), 1) if l.rstrip().endswith(tag))
+        tag: next(i for i, text in enumerate(open(__file__).read().splitlines(), 1) if text.rstrip().endswith(tag))
         for tag in ("# LINE_A", "# LINE_B")
     }
     with pytest.raises(BackendCompilerFailed) as info:
@@ -552,7 +551,9 @@ def test_cpu_flash_attention_backward_decomposition_matches_the_kernel(kv_heads,
     kernel = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
     ours = decomposition_table()[kernel]
     names = ["grad_query", "grad_key", "grad_value"]
-    verdict = compare_to_reference(backward(kernel, torch.float64), backward(kernel, dtype), backward(ours, dtype), names=names)
+    verdict = compare_to_reference(
+        backward(kernel, torch.float64), backward(kernel, dtype), backward(ours, dtype), names=names
+    )
     assert verdict.ok, verdict.failures()
     if dtype == torch.float32:
         for name, got, want in zip(names, backward(ours, dtype), backward(kernel, dtype)):
@@ -625,7 +626,9 @@ def test_torch_attention_modules_match_eager(name: str, dtype: torch.dtype, mode
 
     names = [f"output{i}" for i in range(len(model(x)))]
     names += [n for n, _ in model.named_parameters()] if mode == "train" else []
-    verdict = compare_to_reference(step(model, torch.float64), step(model, dtype), step(model, dtype, True), names=names)
+    verdict = compare_to_reference(
+        step(model, torch.float64), step(model, dtype), step(model, dtype, True), names=names
+    )
     assert verdict.ok, verdict.failures()
     if dtype == torch.float32:
         for n, got, want in zip(names, step(model, dtype, True), step(model, dtype)):
@@ -671,7 +674,9 @@ def test_size_given_as_tensor_is_refused_with_its_line() -> None:
     def fn(x: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return torch.tensor_split(x, n, 1)  # LINE_SPLIT
 
-    line = next(i for i, l in enumerate(open(__file__).read().splitlines(), 1) if l.rstrip().endswith("# LINE_SPLIT"))
+    line = next(
+        i for i, text in enumerate(open(__file__).read().splitlines(), 1) if text.rstrip().endswith("# LINE_SPLIT")
+    )
     with pytest.raises(BackendCompilerFailed) as info:
         torch.compile(fn, backend="neuron", dynamic=False)(torch.randn(5, 5), torch.tensor(2))
     err = root_cause(info.value)

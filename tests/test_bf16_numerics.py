@@ -108,9 +108,7 @@ def _sample(entry: str, dtype: str, index: int) -> Any:
     _CASES,
     ids=[f"{e}-{d}-{i}" for e, d, i, _ in _CASES],
 )
-def test_failed_sample_is_opmath_exact(
-    entry: str, dtype: str, index: int, expect: Callable
-) -> None:
+def test_failed_sample_is_opmath_exact(entry: str, dtype: str, index: int, expect: Callable) -> None:
     sample = _sample(entry, dtype, index)
     tensors, call = H._make_call(_OPS[entry].op, sample)
     actual = torch.compile(call, backend="neuron", fullgraph=True, dynamic=False)(*tensors)
@@ -121,7 +119,9 @@ def test_failed_sample_is_opmath_exact(
     )
 
 
-@pytest.mark.parametrize(("entry", "dtype", "index"), _HARNESS_CASES, ids=[f"{e}-{d}-{i}" for e, d, i in _HARNESS_CASES])
+@pytest.mark.parametrize(
+    ("entry", "dtype", "index"), _HARNESS_CASES, ids=[f"{e}-{d}-{i}" for e, d, i in _HARNESS_CASES]
+)
 def test_failed_sample_passes_the_harness(entry: str, dtype: str, index: int) -> None:
     result = H.run_case(_OPS[entry], dtype, index, _sample(entry, dtype, index), False)
     assert result.outcome == H.PASS, result.line()
@@ -141,9 +141,7 @@ def test_trunc_division_by_a_broadcast_divisor_is_exact() -> None:
         backend="neuron",
         fullgraph=True,
     )
-    torch.testing.assert_close(
-        fn(a, b), torch.div(a, b, rounding_mode="trunc"), rtol=0, atol=0, equal_nan=True
-    )
+    torch.testing.assert_close(fn(a, b), torch.div(a, b, rounding_mode="trunc"), rtol=0, atol=0, equal_nan=True)
 
 
 # ---- the harness's low-precision verdict ---------------------------------------------------------------
@@ -197,7 +195,9 @@ def _ulp(reference: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return info.eps * torch.exp2(torch.floor(torch.log2(magnitude)))
 
 
-def _assert_within_eager_plus_one_ulp(actual: torch.Tensor, eager: torch.Tensor, reference: torch.Tensor, what: str) -> None:
+def _assert_within_eager_plus_one_ulp(
+    actual: torch.Tensor, eager: torch.Tensor, reference: torch.Tensor, what: str
+) -> None:
     """Per element: |compiled - float64| <= |eager - float64| + 1 ulp; a non-finite reference (or eager
     value) must be matched exactly."""
     assert actual.dtype == eager.dtype and actual.shape == eager.shape, what
@@ -403,7 +403,9 @@ def test_bf16_recurrent_error_against_float64_within_eager(kind: str) -> None:
             _assert_within_eager_plus_one_ulp(actual[name], eager[name], reference[name], f"{kind} {name}")
     for name, ref in reference.items():
         e, a = _rms(eager[name], ref), _rms(actual[name], ref)
-        assert a <= 2 * e + 1e-6, f"{kind} [bfloat16 x{list(x.shape)}] {name}: RMS error vs float64 {a:.3e} > 2x eager's {e:.3e}"
+        assert a <= 2 * e + 1e-6, (
+            f"{kind} [bfloat16 x{list(x.shape)}] {name}: RMS error vs float64 {a:.3e} > 2x eager's {e:.3e}"
+        )
 
 
 def test_bf16_lstm_inference_is_onednns_order() -> None:

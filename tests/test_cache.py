@@ -8,15 +8,14 @@ import os
 import stat
 import subprocess
 import sys
-import warnings
 
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import neuron_compile.cache as nc
-from neuron_compile import cli
 import neuron_compile.cache.key as key_mod
+from neuron_compile import cli
 from neuron_compile.cache.key import cache_key
 from neuron_compile.cache.store import DiskStore
 from neuron_compile.options import Options
@@ -202,6 +201,7 @@ def test_constants_of_every_dtype_hash(dtype):
 def test_key_includes_baked_constant_values():
     # (key level: the interpreter does not lower get_attr constants yet, so no end-to-end run here)
     c1, c2, same_as_c1 = torch.tensor([1.0, 2.0]), torch.tensor([1.0, 3.0]), torch.tensor([1.0, 2.0])
+
     def mul_by(c):
         return lambda x: x * c
 
@@ -548,7 +548,6 @@ def test_megacache_damaged_blob_is_skipped(cache_dir):
     with pytest.warns(nc.NeuronCacheWarning, match="damaged"):
         NeuronCacheArtifact("0" * 40, b"NCCE" + b"\0" * 30).populate_cache()
     assert not list(DiskStore(str(cache_dir)).entries())
-
 
 
 @pytest.mark.parametrize(

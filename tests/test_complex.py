@@ -51,8 +51,12 @@ def _check_matches_eager(fn, inputs: list[torch.Tensor], label: str, atol: float
         assert len(got) == len(want), f"{label}: {len(got)} {kind}s, eager has {len(want)}"
         for i, (g, w) in enumerate(zip(got, want)):
             shapes = [f"{t.dtype}{list(t.shape)}" for t in inputs]
-            assert g.dtype == w.dtype and g.shape == w.shape, f"{label} inputs {shapes}: {kind} {i} is {g.dtype}{list(g.shape)}, eager {w.dtype}{list(w.shape)}"
-            torch.testing.assert_close(g, w, rtol=RTOL, atol=atol, msg=lambda m: f"{label} inputs {shapes}: {kind} {i}: {m}")
+            assert g.dtype == w.dtype and g.shape == w.shape, (
+                f"{label} inputs {shapes}: {kind} {i} is {g.dtype}{list(g.shape)}, eager {w.dtype}{list(w.shape)}"
+            )
+            torch.testing.assert_close(
+                g, w, rtol=RTOL, atol=atol, msg=lambda m: f"{label} inputs {shapes}: {kind} {i}: {m}"
+            )
 
 
 # -- Llama-style complex rotary embeddings inside an attention block --------------------------------
@@ -66,7 +70,9 @@ def apply_rotary_emb(xq: torch.Tensor, xk: torch.Tensor, freqs_cis: torch.Tensor
     xq_ = torch.view_as_complex(xq.float().reshape(*xq.shape[:-1], -1, 2))
     xk_ = torch.view_as_complex(xk.float().reshape(*xk.shape[:-1], -1, 2))
     freqs = freqs_cis.view(1, xq_.shape[1], 1, xq_.shape[-1])
-    return torch.view_as_real(xq_ * freqs).flatten(3).type_as(xq), torch.view_as_real(xk_ * freqs).flatten(3).type_as(xk)
+    return torch.view_as_real(xq_ * freqs).flatten(3).type_as(xq), torch.view_as_real(xk_ * freqs).flatten(3).type_as(
+        xk
+    )
 
 
 class Attention(torch.nn.Module):
@@ -132,7 +138,11 @@ COMPLEX_OPS = [
     ("div", lambda z, w: z / w, [_c(3, 4), _c(3, 4)]),
     ("div_real", lambda z, x: z / (x.abs() + 1) + 1 / (z + 3), [_c(3, 4), _r(3, 4)]),
     # kept whole (decompositions.KEEP_WHOLE): a complex value, a real tensor operand, broadcasting
-    ("addcmul", lambda z, x, w: torch.addcmul(z, x, w, value=1.5 - 2j) + torch.addcmul(z, w, w), [_c(3, 1), _r(4), _c(3, 4)]),
+    (
+        "addcmul",
+        lambda z, x, w: torch.addcmul(z, x, w, value=1.5 - 2j) + torch.addcmul(z, w, w),
+        [_c(3, 1), _r(4), _c(3, 4)],
+    ),
     ("addcdiv", lambda z, x, w: torch.addcdiv(z, x, w, value=0.5) + z.addcdiv(w, w + 3), [_c(3, 1), _r(4), _c(3, 4)]),
     ("exp", lambda z: torch.exp(z), [_c(3, 4)]),
     ("log", lambda z: torch.log(z), [_c(3, 4)]),
@@ -142,7 +152,11 @@ COMPLEX_OPS = [
     ("bmm", lambda a, b: torch.bmm(a, b), [_c(2, 3, 5), _c(2, 5, 4)]),
     ("einsum", lambda a, b: torch.einsum("bij,bkj->bik", a, b), [_c(2, 3, 5), _c(2, 4, 5)]),
     ("sum/mean", lambda z: z.sum(dim=1) + z.mean(), [_c(3, 4)]),
-    ("cat/stack", lambda z, w: torch.cat([z, w], dim=0) + torch.stack([z, w]).sum(0).repeat(2, 1), [_c(3, 4), _c(3, 4)]),
+    (
+        "cat/stack",
+        lambda z, w: torch.cat([z, w], dim=0) + torch.stack([z, w]).sum(0).repeat(2, 1),
+        [_c(3, 4), _c(3, 4)],
+    ),
     ("views", lambda z: z.reshape(4, 3).t().unsqueeze(0).permute(2, 0, 1).flatten()[2:9], [_c(3, 4)]),
     ("select/index", lambda z: z[1] + z[:, 2].sum() + z[torch.tensor([0, 2, 2])].sum(0), [_c(3, 4)]),
     ("flip/roll", lambda z: z.flip(0) * z.roll(1, dims=1), [_c(3, 4)]),
@@ -158,11 +172,19 @@ COMPLEX_OPS = [
     ("sinh/cosh", lambda z: torch.sinh(z) - torch.cosh(z), [_c(3, 4)]),
     ("tanh", lambda z: torch.tanh(z * 3), [_c(3, 4)]),
     ("sigmoid", lambda z: torch.sigmoid(z), [_c(3, 4)]),
-    ("logical", lambda z, w: torch.logical_and(z, w) | torch.logical_not(z * 0) | torch.any(z, dim=0), [_c(3, 4), _c(3, 4)]),
+    (
+        "logical",
+        lambda z, w: torch.logical_and(z, w) | torch.logical_not(z * 0) | torch.any(z, dim=0),
+        [_c(3, 4), _c(3, 4)],
+    ),
     ("isinf/isfinite", lambda z: torch.isinf(z / 0) & ~torch.isfinite(z / 0), [_c(3, 4)]),
     ("vector_norm", lambda z: torch.linalg.vector_norm(z, dim=1) + torch.linalg.vector_norm(z, ord=1), [_c(3, 4)]),
     ("var/var_mean", lambda z: (torch.var(z, dim=0), *torch.var_mean(z, dim=1, correction=0)), [_c(3, 4)]),
-    ("scatter_add/take", lambda z, w: z.scatter_add(1, torch.tensor([[0, 1], [2, 2], [3, 0]]), w) + z.take(torch.tensor([5])), [_c(3, 4), _c(3, 2)]),
+    (
+        "scatter_add/take",
+        lambda z, w: z.scatter_add(1, torch.tensor([[0, 1], [2, 2], [3, 0]]), w) + z.take(torch.tensor([5])),
+        [_c(3, 4), _c(3, 2)],
+    ),
 ]
 
 
@@ -369,4 +391,6 @@ def test_complex_graph_is_served_from_the_disk_cache_in_a_new_process(tmp_path) 
     ]
     for r in runs:
         assert r.returncode == 0, r.stderr[-2000:]
-    assert runs[0].stdout.split()[-1] == "['miss']" and runs[1].stdout.split()[-1] == "['hit']", [r.stdout for r in runs]
+    assert runs[0].stdout.split()[-1] == "['miss']" and runs[1].stdout.split()[-1] == "['hit']", [
+        r.stdout for r in runs
+    ]

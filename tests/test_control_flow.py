@@ -63,7 +63,9 @@ def test_loop_forward_and_backward_match_eager(name: str, dtype: torch.dtype) ->
     verdict = compare_to_reference(run(torch.float64, False), run(dtype, False), run(dtype, True))
     assert verdict.ok, (name, verdict.failures())
     if dtype == torch.float32:
-        torch.testing.assert_close(run(dtype, True), run(dtype, False), rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(
+            run(dtype, True), run(dtype, False), rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}"
+        )
 
 
 @pytest.mark.parametrize("loop", ["scan", "map"])
@@ -96,7 +98,7 @@ def test_unsupported_op_in_a_loop_body_is_reported_once_with_its_line(body_op, a
     def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return scan(lambda c, x_t: (c + 1, body_op(x_t)), torch.zeros(()), x)
 
-    line = next(i for i, l in enumerate(open(__file__).read().splitlines(), 1) if l.rstrip().endswith(tag))
+    line = next(i for i, text in enumerate(open(__file__).read().splitlines(), 1) if text.rstrip().endswith(tag))
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as info:
         torch.compile(fn, backend="neuron", dynamic=False, fullgraph=True)(torch.rand(10, 3, 3))
     message = str(info.value)

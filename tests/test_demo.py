@@ -17,8 +17,12 @@ def test_demo_runs_and_matches_eager(device: str, tmp_path) -> None:
     if device == "simulated":
         env.update(device_sim.environment(tmp_path / "sim_state"))
     proc = subprocess.run(
-        [sys.executable, "-m", "neuron_compile.demo", "--steps", "3"], capture_output=True, text=True, timeout=600,
-        env=env, cwd=device_sim.REPO_ROOT,
+        [sys.executable, "-m", "neuron_compile.demo", "--steps", "3"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=device_sim.REPO_ROOT,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "MATCH" in proc.stdout and "backward" in proc.stdout and "forward" in proc.stdout

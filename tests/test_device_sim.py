@@ -280,20 +280,31 @@ def test_compiler_takes_the_packages_exact_command_line(tmp_path, monkeypatch):
     [
         ((), "trn2", "2", "-O1"),
         ((), "trn3", "2", "-O3"),
-        (("--verbose", "info", "--enable-mixed-precision-accumulation", "--enable-saturate-infinity"), "trn2", "1", "-O2"),
-        (("--distribution-strategy", "llm-training", "--enable-fast-context-switch", "--auto-cast-type", "fp16"), "trn2", "2", "-O2"),
+        (
+            ("--verbose", "info", "--enable-mixed-precision-accumulation", "--enable-saturate-infinity"),
+            "trn2",
+            "1",
+            "-O2",
+        ),
+        (
+            ("--distribution-strategy", "llm-training", "--enable-fast-context-switch", "--auto-cast-type", "fp16"),
+            "trn2",
+            "2",
+            "-O2",
+        ),
     ],
 )
 def test_compiler_accepts_documented_flags(tmp_path, monkeypatch, extra, target, lnc, opt):
     monkeypatch.setenv("NRTSIM_STATE_DIR", str(tmp_path / "state"))
-    status, neff = compile_text(tmp_path, _lower(_axpy, _f32(2, 3), _f32(2, 3)), *extra, target=target, lnc=lnc, opt=opt)
+    status, neff = compile_text(
+        tmp_path, _lower(_axpy, _f32(2, 3), _f32(2, 3)), *extra, target=target, lnc=lnc, opt=opt
+    )
     assert status == 0
     assert compute.read_neff(neff).lnc == int(lnc)
     assert device_sim.compiler_invocations(tmp_path / "state") == 1
 
 
 _GOOD = _lower(_axpy, _f32(2, 3), _f32(2, 3))
-
 
 
 def _with_call(target, config):
@@ -444,7 +455,7 @@ def test_threads_execute_one_model_at_once(rt, neffs):
             for _ in range(5):
                 assert rt.lib.nrt_execute(model, in_set, out_set) == S["NRT_SUCCESS"]
                 assert np.array_equal(np.frombuffer(rt.read(out, 24)[1], np.float32), np.full(6, 2 * k + 0.5))
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
@@ -489,7 +500,8 @@ def test_execute_binds_by_exact_name_and_size(rt, neffs, capfd, bind, expected, 
 
 
 @pytest.mark.parametrize(
-    "offset, size, expected", [(0, 24, 0), (8, 16, 0), (24, 0, 0), (0, 25, 2), (20, 8, 2), (25, 0, 2), (2**64 - 1, 2, 2)]
+    "offset, size, expected",
+    [(0, 24, 0), (8, 16, 0), (24, 0, 0), (0, 25, 2), (20, 8, 2), (25, 0, 2), (2**64 - 1, 2, 2)],
 )
 def test_read_write_bounds(rt, offset, size, expected):
     assert rt.init() == S["NRT_SUCCESS"]
@@ -551,7 +563,10 @@ def test_lnc_must_match_the_runtime(rt, neffs, monkeypatch):
 _INJECTABLE = [
     ("nrt_load", lambda rt, neffs: rt.load(neffs["axpy"])[0]),
     ("nrt_tensor_allocate", lambda rt, neffs: rt.lib.nrt_tensor_allocate(DEVICE, 0, 8, b"t", c.byref(c.c_void_p()))),
-    ("nrt_execute", lambda rt, neffs: rt.run(neffs["axpy"], np.ones((2, 3), np.float32), np.ones((2, 3), np.float32))[0]),
+    (
+        "nrt_execute",
+        lambda rt, neffs: rt.run(neffs["axpy"], np.ones((2, 3), np.float32), np.ones((2, 3), np.float32))[0],
+    ),
     ("nrt_get_visible_vnc_count", lambda rt, neffs: rt.lib.nrt_get_visible_vnc_count(c.byref(c.c_uint32()))),
 ]
 
@@ -740,8 +755,9 @@ def _custom_call_cases():
     g = rng.standard_normal((4, 6)).astype(np.float32)
     w = rng.standard_normal((6,)).astype(np.float32)
     x3 = rng.standard_normal((3, 5, 4)).astype(np.float32)
-    ties = np.array([[1, 5, 5, 2, 5, 0], [np.nan, 3, np.nan, 9, 9, 1], [-1, -1, -4, -4, 0, -4], [2, 2, 2, 2, 2, 2]],
-                    np.float32)  # ties, NaN (the extreme of argmax/topk), a constant row
+    ties = np.array(
+        [[1, 5, 5, 2, 5, 0], [np.nan, 3, np.nan, 9, 9, 1], [-1, -1, -4, -4, 0, -4], [2, 2, 2, 2, 2, 2]], np.float32
+    )  # ties, NaN (the extreme of argmax/topk), a constant row
     return {
         "AwsNeuronErf": (dc.erf, [x], 1e-6),
         "AwsNeuronGelu": (lambda v: dc.gelu(v, "none", reference=lambda a: act._gelu_formula(a, "none")), [x], 1e-6),
@@ -852,7 +868,12 @@ def test_a_module_with_collectives_runs_in_stages_cut_at_them(tmp_path, monkeypa
         ("stablehlo.all_reduce", [[0]], "sum"), ("stablehlo.all_gather", [[0]], None),
         ("stablehlo.all_reduce", [[0]], "max"), ("stablehlo.all_reduce", [[0]], "sum")]  # fmt: skip
     plan = collectives.split(compute.read_neff(neff).files["module.sim.mlir"].decode())
-    assert len(plan.stages) == 5 and [c.kind for c in plan.collectives] == ["all_reduce", "all_gather", "all_reduce", "all_reduce"]
+    assert len(plan.stages) == 5 and [c.kind for c in plan.collectives] == [
+        "all_reduce",
+        "all_gather",
+        "all_reduce",
+        "all_reduce",
+    ]
     assert all("stablehlo.all_" not in s.text for s in plan.stages if s.text)
     calls = []
     real_run = collectives.run
@@ -888,7 +909,11 @@ def test_collectives_naming_ranks_the_world_has_not_fail(tmp_path, monkeypatch, 
 @pytest.mark.parametrize(
     "fn, edit, message",
     [
-        (lambda x: lax.fori_loop(0, 2, lambda i, c: _emit(c, "all_reduce", [[0]]), x), None, "not at the top level of @main"),
+        (
+            lambda x: lax.fori_loop(0, 2, lambda i, c: _emit(c, "all_reduce", [[0]]), x),
+            None,
+            "not at the top level of @main",
+        ),
         (lambda x: _emit(x, "all_reduce", [[0]]), ("stablehlo.add", "stablehlo.subtract"), "reducer"),
     ],
     ids=["nested-in-a-loop", "unknown-reducer"],
@@ -923,7 +948,9 @@ def test_collective_semantics_in_a_world_of_four():
         np.testing.assert_array_equal(got, np.concatenate([x[r | 1], x[r & ~1]], axis=1))
     for r, got in enumerate(each(Collective("reduce_scatter", 0, groups, reduce="sum", dim=0))):
         np.testing.assert_array_equal(got, (x[r] + x[r ^ 1])[[1 - r % 2]])  # rank 1 is first of [1, 0]
-    for r, got in enumerate(each(Collective("all_to_all", 0, groups, split_dimension=1, concat_dimension=0, split_count=2))):
+    for r, got in enumerate(
+        each(Collective("all_to_all", 0, groups, split_dimension=1, concat_dimension=0, split_count=2))
+    ):
         me = 1 - r % 2
         np.testing.assert_array_equal(got, np.concatenate([x[r | 1][:, [me]], x[r & ~1][:, [me]]], axis=0))
     for r, got in enumerate(each(Collective("collective_permute", 0, (), pairs=((0, 1), (1, 2), (2, 3))))):

@@ -42,7 +42,7 @@ def _rank_main(rank: int, world: int, port: int, cache_dir: str, tasks: Any, res
         torch._dynamo.reset()
         try:
             results.put((rank, True, fn(rank, world, *args)))
-        except BaseException:  # noqa: BLE001  (the parent reports it with the rank)
+        except BaseException:
             results.put((rank, False, traceback.format_exc()))
     dist.destroy_process_group()
 
@@ -74,8 +74,10 @@ class Ranks:
                 rank, ok, value = self.results.get(timeout=timeout)
             except queue.Empty:
                 self.close(kill=True)
-                raise AssertionError(f"{fn.__name__}: ranks {sorted(set(range(self.world)) - set(out))} "
-                                     f"did not finish within {timeout}s (a collective out of step?)") from None
+                raise AssertionError(
+                    f"{fn.__name__}: ranks {sorted(set(range(self.world)) - set(out))} "
+                    f"did not finish within {timeout}s (a collective out of step?)"
+                ) from None
             out[rank] = value
             if not ok:
                 errors.append(f"rank {rank}:\n{value}")
@@ -243,15 +245,23 @@ def _run_split_structure(rank: int, world: int) -> dict[str, Any]:
     ]
     leaked = [str(n.target) for g in compiled_pieces for n in g.graph.nodes if n.target in COLLECTIVE_OPS]
     _close("split chain", split([x])[0], _chain(x), rank)
-    return {"order": order, "eager_order": eager_order, "pieces": len(compiled_pieces), "leaked": leaked,
-            "collectives": split.num_collectives}
+    return {
+        "order": order,
+        "eager_order": eager_order,
+        "pieces": len(compiled_pieces),
+        "leaked": leaked,
+        "collectives": split.num_collectives,
+    }
 
 
 def test_collectives_are_kept_in_graph_order_and_out_of_compiled_pieces(ranks: Ranks) -> None:
     got = ranks.run(_run_split_structure)[0]
     c10d = "_c10d_functional"
     ops = [op for op in got["order"] if op != f"{c10d}.wait_tensor.default"]
-    assert ops == [f"{c10d}.all_reduce.default", f"{c10d}.all_gather_into_tensor.default"] + [f"{c10d}.all_reduce.default"] * 2, got
+    assert (
+        ops
+        == [f"{c10d}.all_reduce.default", f"{c10d}.all_gather_into_tensor.default"] + [f"{c10d}.all_reduce.default"] * 2
+    ), got
     assert got["eager_order"] == got["order"], "the split module runs the collectives in another order"
     assert got["collectives"] == len(got["order"]), got
     assert not got["leaked"], f"collectives inside compiled pieces: {got['leaked']}"
@@ -330,8 +340,9 @@ def test_dtensor_tensor_parallel_matches_eager(ranks: Ranks, block: str) -> None
 
 # -- item 3: FSDP2, fully_shard per block + root, the root compiled whole ------------------------------------
 def _run_fsdp2_whole_model(rank: int, world: int) -> list[tuple[str, str]]:
-    import neuron_compile
     from torch.distributed.fsdp import fully_shard
+
+    import neuron_compile
 
     def shard(model: torch.nn.Module) -> torch.nn.Module:
         for block in model:
@@ -366,8 +377,9 @@ def test_fsdp2_whole_model_compile_matches_eager(ranks: Ranks) -> None:
 
 # -- item 4: pipeline parallelism, each stage compiled -----------------------------------------------------
 def _run_pipeline(rank: int, world: int) -> list[str]:
-    import neuron_compile
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    import neuron_compile
 
     torch.manual_seed(0)
     stages = [_MLP() for _ in range(world)]

@@ -41,14 +41,29 @@ def _links(markdown: str) -> list[str]:
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("site")
     proc = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
-         "--site-dir", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(ROOT / "mkdocs.yml"),
+            "--site-dir",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},  # Material's end-of-life banner, not a problem here
     )
     if proc.returncode != 0:
-        pytest.fail(f"mkdocs build --strict failed (exit {proc.returncode}); its messages:\n"
-                    f"{proc.stderr[-6000:]}{proc.stdout[-2000:]}", pytrace=False)
+        pytest.fail(
+            f"mkdocs build --strict failed (exit {proc.returncode}); its messages:\n"
+            f"{proc.stderr[-6000:]}{proc.stdout[-2000:]}",
+            pytrace=False,
+        )
     return out
 
 
@@ -96,15 +111,22 @@ def test_every_relative_link_in_the_readme_resolves(site: Path) -> None:
 
 
 def _shell_commands(markdown: str) -> list[str]:
-    return [line.strip() for block in re.findall(r"^```bash\n(.*?)^```", markdown, re.M | re.S)
-            for line in block.splitlines() if line.strip()]
+    return [
+        line.strip()
+        for block in re.findall(r"^```bash\n(.*?)^```", markdown, re.M | re.S)
+        for line in block.splitlines()
+        if line.strip()
+    ]
 
 
 def test_readme_shows_the_test_command_ci_runs_and_the_demo_command() -> None:
     # .ci/run runs the README's test command verbatim; a README that drifts from it would promise a run that
     # CI does not make.
-    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
-          if line.strip() and not line.lstrip().startswith("#")]
+    ci = [
+        line.strip()
+        for line in (ROOT / ".ci" / "run").read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     commands = _shell_commands(README.read_text())
     assert ci[-1] in commands, f"CI runs {ci[-1]!r}; the README's commands are {commands}"
     assert "python -m pip install -e . && python -m neuron_compile.demo" in commands, commands

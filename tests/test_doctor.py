@@ -55,7 +55,7 @@ def _smoke_rows(stdout: str) -> dict[str, str]:
 
 def _error_under(stdout: str, name: str) -> str:
     """The error printed under a FAIL row (wrapped lines joined)."""
-    lines = stdout[stdout.index(f"  {name} "):].splitlines()[1:]
+    lines = stdout[stdout.index(f"  {name} ") :].splitlines()[1:]
     taken = []
     for line in lines:
         if not line.startswith("      "):
@@ -84,12 +84,16 @@ def test_without_the_neuron_stack_exit_2_names_what_is_missing_and_prints_versio
     assert re.search(r"^  nki\s+(emulator|nki )", out, re.M), out
     # what auto means here, the cache, and no smoke test
     assert re.search(r'^  "auto" resolves to\s+cpu \(no neuronx-cc on PATH and no libnrt.so.1\)$', out, re.M), out
-    assert re.search(rf"^  directory\s+{re.escape(os.environ['NEURON_COMPILE_CACHE_DIR'])} \(from \$NEURON_COMPILE_CACHE_DIR\)$", out, re.M), out
+    assert re.search(
+        rf"^  directory\s+{re.escape(os.environ['NEURON_COMPILE_CACHE_DIR'])} \(from \$NEURON_COMPILE_CACHE_DIR\)$",
+        out,
+        re.M,
+    ), out
     assert "visible / total            not read: libnrt.so.1 not found" in out
     assert "skipped: neuronx-cc and libnrt.so.1 not found" in out
     assert not _smoke_rows(out)
     # what is missing, and how to install it
-    verdict = out[out.index("== Verdict =="):]
+    verdict = out[out.index("== Verdict ==") :]
     assert "NOT READY (exit 2)" in verdict
     assert "neuronx-cc (the Neuron compiler) is not on PATH" in verdict and "pip install" in verdict
     assert "libnrt.so.1 (the Neuron runtime)" in verdict and "aws-neuronx-runtime-lib" in verdict
@@ -102,8 +106,10 @@ def test_only_the_runtime_missing_names_only_the_runtime() -> None:
     out = proc.stdout
     assert proc.returncode == doctor.EXIT_NO_NEURON, out + proc.stderr
     assert re.search(r"^  neuronx-cc\s+\S.* \(.*/neuronx-cc\)$", out, re.M), out
-    assert re.search(r"^  libnrt\s+not found: NEURON_COMPILE_LIBNRT=/nonexistent/libnrt.so.1 does not exist$", out, re.M), out
-    verdict = out[out.index("== Verdict =="):]
+    assert re.search(
+        r"^  libnrt\s+not found: NEURON_COMPILE_LIBNRT=/nonexistent/libnrt.so.1 does not exist$", out, re.M
+    ), out
+    verdict = out[out.index("== Verdict ==") :]
     assert "libnrt.so.1 (the Neuron runtime)" in verdict
     assert "neuronx-cc (the Neuron compiler)" not in verdict
     assert "skipped: libnrt.so.1 not found" in out
@@ -125,7 +131,7 @@ def test_bundle_without_the_stack_holds_the_report_and_no_secret(tmp_path: Path)
     assert proc.returncode == doctor.EXIT_NO_NEURON, proc.stdout + proc.stderr
     with tarfile.open(bundle) as tar:
         names = tar.getnames()
-        texts = {n: tar.extractfile(n).read().decode() for n in names}  # type: ignore[union-attr]
+        texts = {n: tar.extractfile(n).read().decode() for n in names}
     assert sorted(names) == ["doctor.txt", "environment.txt", "versions.json"]
     everything = "\n".join(texts.values()) + proc.stdout
     for secret in ("hmac-secret-value", "hunter2", "aws-secret-value", "not-in-the-bundle"):
@@ -172,7 +178,7 @@ def test_with_the_simulator_the_bundle_holds_graphs_and_compiler_runs(
     assert bundle.is_file(), proc.stdout + proc.stderr[-3000:]
     with tarfile.open(bundle) as tar:
         names = tar.getnames()
-        read = lambda n: tar.extractfile(n).read().decode()  # type: ignore[union-attr]  # noqa: E731
+        read = lambda n: tar.extractfile(n).read().decode()  # noqa: E731
         texts = {n: read(n) for n in names if not n.startswith("graphs/")}
         stablehlo = [n for n in names if n.startswith("graphs/") and "/neuron/" in n and n.endswith("/stablehlo.mlir")]
         fx = [n for n in names if n.startswith("graphs/") and n.endswith("/fx_graph.py")]
@@ -207,7 +213,7 @@ def test_a_runtime_fault_in_the_smoke_test_exits_1_with_the_error(tmp_path: Path
     error = _error_under(out, SMOKE_NAMES[0])
     assert error.startswith("NeuronRuntimeError: neuron runtime: nrt_execute"), error
     assert "NRT_EXEC_COMPLETED_WITH_NUM_ERR" in error
-    verdict = out[out.index("== Verdict =="):]
+    verdict = out[out.index("== Verdict ==") :]
     assert "NOT WORKING (exit 1)" in verdict and f"1 of {len(SMOKE_NAMES)} smoke tests failed" in verdict
 
 
@@ -226,7 +232,7 @@ def test_a_core_beyond_the_visible_ones_exits_1_and_says_so(tmp_path: Path) -> N
            "NEURON_RT_VISIBLE_CORES": "2", "NEURON_COMPILE_CORE": "1"}  # fmt: skip
     proc = _doctor(env, "--skip-smoke")
     assert proc.returncode == doctor.EXIT_FAILED, proc.stdout + proc.stderr
-    verdict = " ".join(proc.stdout[proc.stdout.index("== Verdict =="):].split())
+    verdict = " ".join(proc.stdout[proc.stdout.index("== Verdict ==") :].split())
     assert "NOT WORKING (exit 1)" in verdict
     assert "graphs would run on logical NeuronCore 1, but only 1 is visible to this process" in verdict
 

@@ -15,7 +15,6 @@ import torch.nn.functional as F
 import neuron_compile
 from neuron_compile import NeuronUnsupportedOpError
 
-
 Fn = Callable[..., Any]
 
 
@@ -69,8 +68,17 @@ def _select_scalar(x):
     return y, y[1, 2]
 
 
-ALIAS_CASES = [_view, _reshape, _transpose, _slices, _unsqueeze, _two_views_of_hidden, _with_input_view,
-               _split, _select_scalar]
+ALIAS_CASES = [
+    _view,
+    _reshape,
+    _transpose,
+    _slices,
+    _unsqueeze,
+    _two_views_of_hidden,
+    _with_input_view,
+    _split,
+    _select_scalar,
+]
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -167,7 +175,9 @@ def test_inputs_saved_for_backward_are_the_inputs_not_copies(fn: Fn) -> None:
 
 def _is_copy_or_alias_of(t: torch.Tensor, a: torch.Tensor) -> bool:
     """Same elements as ``a`` in any layout (a transposed copy included)."""
-    return t.numel() == a.numel() and torch.equal(t.detach().flatten().sort().values, a.detach().flatten().sort().values)
+    return t.numel() == a.numel() and torch.equal(
+        t.detach().flatten().sort().values, a.detach().flatten().sort().values
+    )
 
 
 # -- item 8: layouts and casts ------------------------------------------------------------------------
@@ -189,7 +199,8 @@ def _contiguous_of_view(x, w):
 
 @pytest.mark.parametrize("requires_grad", [False, True], ids=["forward", "training"])
 @pytest.mark.parametrize(
-    "fn", [_conv_channels_last, _pointwise_channels_last, _transposed_output, _contiguous_of_view],
+    "fn",
+    [_conv_channels_last, _pointwise_channels_last, _transposed_output, _contiguous_of_view],
     ids=lambda f: f.__name__.strip("_"),
 )
 def test_output_strides_match_eager(fn: Fn, requires_grad: bool) -> None:
@@ -244,7 +255,9 @@ def test_dynamo_never_hands_these_kinds_to_the_backend(make: Callable, fn: Fn, r
     out = _compile(fn)(x)
     ref = fn(x)
     assert torch.equal(_dense(out), _dense(ref))
-    assert neuron_compile.STATS.count() == 0, "Dynamo handed the frame to the backend: update docs/semantics.md and this test"
+    assert neuron_compile.STATS.count() == 0, (
+        "Dynamo handed the frame to the backend: update docs/semantics.md and this test"
+    )
     torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.Unsupported, match=reason):
         torch.compile(fn, backend="neuron", dynamic=False, fullgraph=True)(x)

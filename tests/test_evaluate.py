@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import neuron_compile
+from neuron_compile.errors import UnsupportedNode
 from neuron_compile.evaluate import compare_to_reference
 from neuron_compile.evaluate.report import root_causes
-from neuron_compile.errors import UnsupportedNode
 
 # Two unsupported ops on two lines, in two Dynamo graphs (the print is a graph break between them).
 UNSUPPORTED_FACTORY = textwrap.dedent(
@@ -105,7 +105,9 @@ def test_table_names_every_unsupported_line_and_the_verdict() -> None:
 
     report = EvaluationReport("M", "training", "cpu")
     report.unsupported = [
-        UnsupportedEntry("aten.index.Tensor", "/m.py", 12, "data-dependent output shape (u0)", advice="use torch.where"),
+        UnsupportedEntry(
+            "aten.index.Tensor", "/m.py", 12, "data-dependent output shape (u0)", advice="use torch.where"
+        ),
         UnsupportedEntry("aten.nonzero.default", "/m.py", 15, "data-dependent output shape (u1)"),
     ]
     table = str(report)
@@ -245,7 +247,10 @@ def test_root_causes_fold_follow_ups_and_repeats_across_graphs() -> None:
           node("ge", 3, "data-dependent output shape (u0 >= 0)"), node("aten.histc.default", 7, "no lowering")]  # fmt: skip
     bw = [node("aten.index.Tensor", 3)]
     entries = root_causes([("graph0_forward", fw), ("graph0_backward", bw)])
-    assert [(e.op, e.line, e.follow_ups) for e in entries] == [("aten.index.Tensor", 3, 3), ("aten.histc.default", 7, 0)]
+    assert [(e.op, e.line, e.follow_ups) for e in entries] == [
+        ("aten.index.Tensor", 3, 3),
+        ("aten.histc.default", 7, 0),
+    ]
     assert entries[0].graphs == ["graph0_forward", "graph0_backward"]
     assert "experts_implementation" in entries[1].advice
 
@@ -254,7 +259,8 @@ def test_root_causes_fold_by_data_flow_not_by_line_or_symbol() -> None:
     """With the graph's data flow named (``node``/``follows``), a follow-up folds into the node it depends
     on even on another line, and a refused node that depends on nothing listed stays a root cause, even
     when its reason names the same size symbol."""
-    def node(op, line, name, follows="", reason="data-dependent output shape (u0): ..."):  # noqa: E306
+
+    def node(op, line, name, follows="", reason="data-dependent output shape (u0): ..."):
         return UnsupportedNode(op, "", f"/m.py:{line}", reason, node=name, follows=follows)
 
     fw = [node("aten.index.Tensor", 3, "index"), node("aten.sym_size.int", 3, "sym_size_int", "index"),
@@ -342,7 +348,7 @@ def test_cli_folds_the_users_of_a_mask_and_keeps_an_independent_refusal(tmp_path
 
 
 def test_evaluate_is_callable_however_the_package_was_imported() -> None:
-    import neuron_compile.evaluate.cli  # noqa: F401  (binds the subpackage on the parent)
+    import neuron_compile.evaluate.cli
 
     assert callable(neuron_compile.evaluate)
     from neuron_compile import EvaluationReport, evaluate
@@ -534,13 +540,38 @@ def test_cli_evaluates_a_factory_file_named_statistics(tmp_path: Path) -> None:
 _LOAD_ERRORS = [
     # (file name, source, extra arguments, what the one-line message names)
     ("f.py", "def make(:\n    pass\n", (), r"f\.py:1: importing it failed: SyntaxError"),
-    ("f.py", "import no_such_module_for_evaluate\n", (), r"f\.py:1: importing it failed: ModuleNotFoundError: .*no_such_module_for_evaluate"),
+    (
+        "f.py",
+        "import no_such_module_for_evaluate\n",
+        (),
+        r"f\.py:1: importing it failed: ModuleNotFoundError: .*no_such_module_for_evaluate",
+    ),
     ("f.py", "import sys\nsys.exit(3)\n", (), r"f\.py:2: importing it failed: SystemExit\(3\)"),
-    ("f.py", "def make():\n    raise ValueError('no weights here')\n", (), r"f\.py:2: make\(\) raised ValueError: no weights here"),
+    (
+        "f.py",
+        "def make():\n    raise ValueError('no weights here')\n",
+        (),
+        r"f\.py:2: make\(\) raised ValueError: no weights here",
+    ),
     ("f.py", "import sys\ndef make():\n    sys.exit(0)\n", (), r"f\.py:3: make\(\) raised SystemExit\(0\)"),
-    ("f.py", "def make():\n    return 1, 2\n", (), r"f\.py: make\(\) returned a int as the model; it must be a torch.nn.Module"),
-    ("f.py", "import torch\ndef make():\n    return torch.nn.Linear(2, 2), (), 'mse'\n", (), r"as loss_fn; it must be callable"),
-    ("f.py", "def make():\n    return None\n", (), r"make\(\) returned NoneType; it must return \(model, example_inputs\)"),
+    (
+        "f.py",
+        "def make():\n    return 1, 2\n",
+        (),
+        r"f\.py: make\(\) returned a int as the model; it must be a torch.nn.Module",
+    ),
+    (
+        "f.py",
+        "import torch\ndef make():\n    return torch.nn.Linear(2, 2), (), 'mse'\n",
+        (),
+        r"as loss_fn; it must be callable",
+    ),
+    (
+        "f.py",
+        "def make():\n    return None\n",
+        (),
+        r"make\(\) returned NoneType; it must return \(model, example_inputs\)",
+    ),
     ("f.txt", "def make():\n    pass\n", (), r"f\.txt: not a \.py file"),
     ("f.py", "", ("--steps", "0"), r"--steps 0: need at least 1 timed step"),
     ("f.py", "", ("--steps", "-1"), r"--steps -1: need at least 1 timed step"),
@@ -600,7 +631,9 @@ def test_a_phase_that_crashes_is_reported_not_raised(monkeypatch) -> None:
     monkeypatch.setattr(runner, "_median_ms", median_ms)
     report = neuron_compile.evaluate(torch.nn.Linear(4, 2), (torch.randn(3, 4),), steps=1, progress=False)
     assert not report.ok and report.numerics is None
-    assert any(e.startswith("steady compiled steps") and "RuntimeError: device lost" in e for e in report.errors), report.errors
+    assert any(e.startswith("steady compiled steps") and "RuntimeError: device lost" in e for e in report.errors), (
+        report.errors
+    )
     assert "compile_cold_s" in report.timing
 
 

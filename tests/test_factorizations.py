@@ -168,6 +168,7 @@ FORWARD: list[tuple[str, Callable[..., Any], Callable[..., tuple[torch.Tensor, .
       for left in (True, False) for t in (False, True)],
 ]  # fmt: skip
 
+
 @pytest.mark.parametrize("name,fn,build", FORWARD, ids=[row[0] for row in FORWARD])
 def test_forward_matches_eager(name, fn, build) -> None:
     assert_matches_eager(name, fn, build((2,), 3))
@@ -223,8 +224,11 @@ GRADS: list[tuple[str, Callable[..., Any], Callable[..., tuple[torch.Tensor, ...
     ("linalg.solve", la.solve, _with_rhs(general)),
     ("linalg.qr", la.qr, _factor(general)),
     ("linalg.qr tall", la.qr, lambda batch, n: (torch.randn(*batch, 7, n, generator=_gen(5)),)),
-    ("linalg.householder_product", la.householder_product,
-     lambda batch, n: torch.geqrf(torch.randn(*batch, 6, n, generator=_gen(6)))),
+    (
+        "linalg.householder_product",
+        la.householder_product,
+        lambda batch, n: torch.geqrf(torch.randn(*batch, 6, n, generator=_gen(6))),
+    ),
 ]
 
 

@@ -16,7 +16,9 @@ N, IN, CLASSES = 7, 12, 10
 LCEO = torch.nn.LinearCrossEntropyOptions
 
 
-def _inputs(dtype: torch.dtype, bias: bool, class_weight: bool, seed: int, ignore_index: int = -100) -> dict[str, torch.Tensor | None]:
+def _inputs(
+    dtype: torch.dtype, bias: bool, class_weight: bool, seed: int, ignore_index: int = -100
+) -> dict[str, torch.Tensor | None]:
     g = torch.Generator().manual_seed(seed)
     target = torch.randint(0, CLASSES, (N,), generator=g)
     target[2] = ignore_index if not 0 <= ignore_index < CLASSES else target[2]
@@ -41,7 +43,7 @@ def _step(fn, tensors: dict, dtype: torch.dtype, reduction: str, ignore_index: i
     return [loss.detach(), *torch.autograd.grad(loss, wrt, cot)]
 
 
-def _loss(input, linear_weight, target, linear_bias, weight, reduction, ignore_index, options):  # noqa: A002
+def _loss(input, linear_weight, target, linear_bias, weight, reduction, ignore_index, options):
     return F.linear_cross_entropy(input, linear_weight, target, linear_bias=linear_bias, weight=weight, reduction=reduction,
                                   ignore_index=ignore_index, options=options)  # fmt: skip
 

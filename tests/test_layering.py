@@ -34,9 +34,31 @@ ALLOWED: dict[str, set[str]] = {
     "lowering": {"graph_checks", "kernels", "distributed"},
     "legality": {"lowering", "runtime"},
     "cache": {"graph_checks", "runtime"},
-    "compiler": {"cache", "debug", "distributed", "heap", "graph_checks", "kernels", "legality", "lowering", "runtime", "value_checks"},
+    "compiler": {
+        "cache",
+        "debug",
+        "distributed",
+        "heap",
+        "graph_checks",
+        "kernels",
+        "legality",
+        "lowering",
+        "runtime",
+        "value_checks",
+    },
     "aot_cache": {"cache", "compiler", "kernels"},
-    "backend": {"aot_cache", "compiler", "decompositions", "graph_checks", "heap", "lowering", "kernels", "precompile", "recompiles", "trace_fixes"},
+    "backend": {
+        "aot_cache",
+        "compiler",
+        "decompositions",
+        "graph_checks",
+        "heap",
+        "lowering",
+        "kernels",
+        "precompile",
+        "recompiles",
+        "trace_fixes",
+    },
     "__init__": {"cache", "kernels", "nki", "lowering", "evaluate", "bucketing"},
     "evaluate": {"backend", "cache", "compiler", "graph_checks", "kernels", "lowering", "runtime", "debug"},
     "bucketing": set(),
@@ -71,7 +93,7 @@ def _imports(path: Path) -> list[tuple[str, int, bool]]:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             top_level.discard(id(node))
             for inner in ast.walk(node):
-                inner.type_checking = True  # type: ignore[attr-defined]
+                inner.type_checking = True
     found = []
     for node in ast.walk(tree):
         if getattr(node, "type_checking", False):
@@ -165,5 +187,7 @@ def _modules_after(code: str) -> set[str]:
 )
 def test_light_imports_do_not_load_jax_or_lowerings(code: str) -> None:
     loaded = _modules_after(code)
-    heavy = sorted(m for m in loaded if m == "jax" or m.startswith(("neuron_compile.lowering", "neuron_compile.legality")))
+    heavy = sorted(
+        m for m in loaded if m == "jax" or m.startswith(("neuron_compile.lowering", "neuron_compile.legality"))
+    )
     assert not heavy, f"`{code}` imported {heavy}"

@@ -14,16 +14,15 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 import pytest
-
-from neuron_compile.runtime.neuron import NeuronTarget
 import torch
 from jax import lax
 
 import neuron_compile.compiler as compiler
-from neuron_compile import NeuronUnsupportedOpError, Options, legality
+from neuron_compile import Options, legality
 from neuron_compile.legality import NeuronLegalityWarning
 from neuron_compile.lowering import device_calls, lower_graph
 from neuron_compile.lowering.registry import LOWERINGS, register_lowering
+from neuron_compile.runtime.neuron import NeuronTarget
 
 NO_CACHE = {"cache": False}
 
@@ -290,8 +289,12 @@ def _lower(fn, *structs, target="cpu"):
 
 def test_device_call_reference_must_match_declared_signature():
     with pytest.raises(RuntimeError, match="AwsNeuronErf reference body produced"):
-        _lower(lambda x: device_calls.device_call("AwsNeuronErf", lambda v: v[:2], x, results=jax.ShapeDtypeStruct(
-            x.shape, x.dtype)), jax.ShapeDtypeStruct((4,), jnp.float32))
+        _lower(
+            lambda x: device_calls.device_call(
+                "AwsNeuronErf", lambda v: v[:2], x, results=jax.ShapeDtypeStruct(x.shape, x.dtype)
+            ),
+            jax.ShapeDtypeStruct((4,), jnp.float32),
+        )
 
 
 # -- the pass itself, on hand-written modules (one restriction each) --------------------------------

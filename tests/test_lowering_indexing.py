@@ -54,17 +54,28 @@ INDEXING = [
     # torch's own derivative of scatter breaks when src is larger than index: forward only.
     Case("scatter_src_larger", lambda x, s: x.scatter(1, ROW_PERM, s), [randn(2, 4), randn(3, 5)], grad=False),
     Case("scatter_value", lambda x: x.scatter(1, ROW_PERM, -2.5), [randn(2, 4)]),
-    Case("scatter_reduce_add_legacy", lambda x, s: x.scatter(1, IDX, s, reduce="add"), [randn(2, 4), randn(2, 3)],
-         grad=False),
-    Case("scatter_reduce_mul_legacy", lambda x, s: x.scatter(1, IDX, s, reduce="multiply"),
-         [randn(2, 4), randn(2, 3)], grad=False),
+    Case(
+        "scatter_reduce_add_legacy",
+        lambda x, s: x.scatter(1, IDX, s, reduce="add"),
+        [randn(2, 4), randn(2, 3)],
+        grad=False,
+    ),
+    Case(
+        "scatter_reduce_mul_legacy",
+        lambda x, s: x.scatter(1, IDX, s, reduce="multiply"),
+        [randn(2, 4), randn(2, 3)],
+        grad=False,
+    ),
     Case("scatter_add", lambda x, s: x.scatter_add(1, IDX, s), [randn(2, 4), randn(2, 3)], (F32, BF16)),
-    Case("scatter_add_dup", lambda x, s: x.scatter_add(0, ZEROS_52, s),
-         [randn(2, 2), randn(5, 2)], tol="sum"),
+    Case("scatter_add_dup", lambda x, s: x.scatter_add(0, ZEROS_52, s), [randn(2, 2), randn(5, 2)], tol="sum"),
     *[
-        Case(f"scatter_reduce_{r}_self{int(s)}",
-             lambda x, v, r=r, s=s: x.scatter_reduce(1, DUP, v, r, include_self=s),
-             [distinct(2, 4), distinct(2, 3, scale=0.5)], tol="sum", grad=r != "prod")
+        Case(
+            f"scatter_reduce_{r}_self{int(s)}",
+            lambda x, v, r=r, s=s: x.scatter_reduce(1, DUP, v, r, include_self=s),
+            [distinct(2, 4), distinct(2, 3, scale=0.5)],
+            tol="sum",
+            grad=r != "prod",
+        )
         for r in ("sum", "prod", "mean", "amax", "amin")
         for s in (True, False)
     ],
@@ -74,11 +85,15 @@ INDEXING = [
     Case("index_none_ellipsis", lambda x: x[None, I1, ..., None], [randn(3, 4, 2)]),
     Case("index_separated_front", lambda x: x[I1, :, COLS_1011], [randn(3, 2, 2)]),
     Case("index_int64_values", lambda x: x[NEG], [const(torch.arange(12).reshape(3, 4))], (I64,)),
-    Case("index_put_accumulate_dup", lambda x, v: x.index_put((I1,), v, accumulate=True), [randn(3, 4), randn(4, 4)],
-         (F32, BF16), tol="sum"),
+    Case(
+        "index_put_accumulate_dup",
+        lambda x, v: x.index_put((I1,), v, accumulate=True),
+        [randn(3, 4), randn(4, 4)],
+        (F32, BF16),
+        tol="sum",
+    ),
     Case("index_put_set", lambda x, v: x.index_put((ROWS_20,), v), [randn(3, 4), randn(2, 4)]),
-    Case("index_put_2d_broadcast", lambda x, v: x.index_put((ROWS_02, COLS_13), v),
-         [randn(3, 4), randn(1)]),
+    Case("index_put_2d_broadcast", lambda x, v: x.index_put((ROWS_02, COLS_13), v), [randn(3, 4), randn(1)]),
     # The gradient w.r.t. v would be grad[mask].sum(): a data-dependent shape in AOTAutograd's graph.
     Case("setitem_bool_mask", lambda x, v: _setitem_mask(x, v), [randn(3, 4), randn()], no_grad=(1,)),
     Case("setitem_bool_mask_rows", lambda x, v: _setitem_mask(x, v), [randn(3, 4), randn(4)], no_grad=(1,)),
@@ -90,15 +105,21 @@ INDEXING = [
     Case("take", lambda x: torch.take(x, FLAT), [randn(3, 4)]),
     Case("take_negative", lambda x: torch.take(x, FLAT_NEGATIVE), [randn(3, 4)]),
     Case("take_0d_index", lambda x: torch.take(x, torch.tensor(-3)), [randn(3, 4)]),  # a gather, not a dynamic_slice
-    Case("take_along_dim", lambda x: torch.take_along_dim(x, IDX, 1), [randn(2, 4)],
-         requires=("aten.remainder.Scalar",)),
+    Case(
+        "take_along_dim", lambda x: torch.take_along_dim(x, IDX, 1), [randn(2, 4)], requires=("aten.remainder.Scalar",)
+    ),
     Case("select_scatter", lambda x, s: torch.select_scatter(x, s, 0, -1), [randn(3, 4), randn(4)]),
     Case("slice_scatter_step", lambda x, s: torch.slice_scatter(x, s, 1, 1, 6, 2), [randn(3, 7), randn(3, 3)]),
     Case("slice_scatter_dim0", lambda x, s: torch.slice_scatter(x, s, 0, 1, 3), [randn(4, 3), randn(2, 3)]),
-    Case("diagonal_scatter", lambda x, s: torch.diagonal_scatter(x, s, 1), [randn(3, 4), randn(3)],
-         requires=("aten.diagonal.default",)),
-    Case("diagonal_scatter_fw", lambda x, s: torch.diagonal_scatter(x, s, -1, 1, 0), [randn(3, 4), randn(3)],
-         grad=False),
+    Case(
+        "diagonal_scatter",
+        lambda x, s: torch.diagonal_scatter(x, s, 1),
+        [randn(3, 4), randn(3)],
+        requires=("aten.diagonal.default",),
+    ),
+    Case(
+        "diagonal_scatter_fw", lambda x, s: torch.diagonal_scatter(x, s, -1, 1, 0), [randn(3, 4), randn(3)], grad=False
+    ),
     Case("masked_scatter", lambda x, s: x.masked_scatter(x > 0, s), [randn(3, 4), randn(13)]),
 ]
 
@@ -156,9 +177,13 @@ BOOL_ACCUMULATE = {
     "scatter_add": lambda x, s: aten.scatter_add.default(x, 0, DUP_ROWS, s),
     "scatter_reduce_add_legacy": lambda x, s: aten.scatter.reduce(x, 0, DUP_ROWS, s, reduce="add"),
     "scatter_reduce_multiply_legacy": lambda x, s: aten.scatter.reduce(x, 0, DUP_ROWS, s, reduce="multiply"),
-    **{f"scatter_reduce_{r}_self{int(i)}": (lambda x, s, r=r, i=i: aten.scatter_reduce.two(x, 0, DUP_ROWS, s, r,
-                                                                                        include_self=i))
-       for r in ("sum", "prod") for i in (True, False)},
+    **{
+        f"scatter_reduce_{r}_self{int(i)}": (
+            lambda x, s, r=r, i=i: aten.scatter_reduce.two(x, 0, DUP_ROWS, s, r, include_self=i)
+        )
+        for r in ("sum", "prod")
+        for i in (True, False)
+    },
     "index_add_alpha_true": lambda x, s: aten.index_add.default(x, 0, DUP_ROWS[0], s, alpha=True),
     "index_add_alpha_false": lambda x, s: aten.index_add.default(x, 0, DUP_ROWS[0], s, alpha=False),
     "index_put_accumulate": lambda x, s: aten.index_put.default(x, [DUP_ROWS[1]], s, True),
@@ -214,8 +239,13 @@ def test_16bit_accumulating_writes_round_once(name: str, dtype: torch.dtype) -> 
     exact = fn(x.double(), s.double())
     assert got.dtype == dtype
     ulp = torch.finfo(dtype).eps
-    torch.testing.assert_close(got.double(), exact.to(dtype).double(), rtol=ulp, atol=0,
-                               msg=lambda m: f"{name}({dtype}[3, 8], {dtype}[2048, 8]): {m}")
+    torch.testing.assert_close(
+        got.double(),
+        exact.to(dtype).double(),
+        rtol=ulp,
+        atol=0,
+        msg=lambda m: f"{name}({dtype}[3, 8], {dtype}[2048, 8]): {m}",
+    )
 
 
 @pytest.mark.parametrize(

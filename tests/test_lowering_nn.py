@@ -56,8 +56,6 @@ def _randn(*shape: int, dtype: torch.dtype = F32, scale: float = 1.0) -> torch.T
     return (torch.randn(shape) * scale).to(dtype)
 
 
-
-
 def _assert_close(actual: torch.Tensor, expected: torch.Tensor, tol: tuple[float, float], what: str) -> None:
     assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != eager {expected.dtype}"
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != eager {tuple(expected.shape)}"
@@ -249,10 +247,19 @@ def _fractional(nd: int, shape: tuple[int, ...], **kwargs: Any) -> Callable[[tor
 
 
 FRACTIONAL = [
-    Case("fractional_max_pool2d_ratio_indices", _fractional(2, (2, 3, 9, 11), kernel_size=2, output_ratio=0.5, return_indices=True)),
+    Case(
+        "fractional_max_pool2d_ratio_indices",
+        _fractional(2, (2, 3, 9, 11), kernel_size=2, output_ratio=0.5, return_indices=True),
+    ),
     Case("fractional_max_pool2d_size_unbatched", _fractional(2, (3, 7, 6), kernel_size=(2, 3), output_size=(4, 3))),
-    Case("fractional_max_pool3d_ratio_indices", _fractional(3, (2, 2, 5, 6, 7), kernel_size=2, output_ratio=0.5, return_indices=True)),
-    Case("fractional_max_pool3d_size_unbatched", _fractional(3, (2, 6, 5, 7), kernel_size=(1, 2, 3), output_size=(3, 2, 4))),
+    Case(
+        "fractional_max_pool3d_ratio_indices",
+        _fractional(3, (2, 2, 5, 6, 7), kernel_size=2, output_ratio=0.5, return_indices=True),
+    ),
+    Case(
+        "fractional_max_pool3d_size_unbatched",
+        _fractional(3, (2, 6, 5, 7), kernel_size=(1, 2, 3), output_size=(3, 2, 4)),
+    ),
 ]
 
 
@@ -278,7 +285,9 @@ def test_fractional_max_pool_module_info_samples(name: str) -> None:
         what = f"{name} [{sample.desc}: {_describe([x])}]"
         eager_in, comp_in = x.detach().clone().requires_grad_(), x.detach().clone().requires_grad_()
         expected = tensor_leaves(module(eager_in))
-        actual = tensor_leaves(torch.compile(copy.deepcopy(module), backend="neuron", fullgraph=True, dynamic=False)(comp_in))
+        actual = tensor_leaves(
+            torch.compile(copy.deepcopy(module), backend="neuron", fullgraph=True, dynamic=False)(comp_in)
+        )
         for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
             _assert_close(a, e, (0.0, 0.0), f"{what} output {i}")
         cotangent = torch.randn(expected[0].shape)
@@ -666,7 +675,12 @@ _MARGIN_INPUTS = {
         {"p": 2, "margin": 0.7, "weight": [0.5, 2.0, 1.0, 0.25]},
     ),
 }
-_MARGIN_CASES = [(name, reduction, dtype) for name in _MARGIN_INPUTS for reduction in ("none", "mean", "sum") for dtype in (F32, BF16)]
+_MARGIN_CASES = [
+    (name, reduction, dtype)
+    for name in _MARGIN_INPUTS
+    for reduction in ("none", "mean", "sum")
+    for dtype in (F32, BF16)
+]
 
 
 @pytest.mark.parametrize(
@@ -698,7 +712,7 @@ def test_margin_loss_matches_eager(name: str, reduction: str, dtype: torch.dtype
         xe = x.double().requires_grad_()
         expected = loss(xe, None if weight is None else weight.double())
         expected.backward(cotangent.double())
-        tol = (2.0 ** -8, 1e-6)
+        tol = (2.0**-8, 1e-6)
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != eager {tuple(expected.shape)}"
     rtol, atol = tol
     torch.testing.assert_close(actual.double(), expected.double(), rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
@@ -819,8 +833,14 @@ CONVS = [
         "conv_transpose2d_output_padding_past_stride",
         dtypes=F32_ONLY,
         make=_conv(
-            F.conv_transpose2d, (2, 2, 4, 4), (2, 2, 4, 5), stride=(3, 2), padding=(1, 2), output_padding=(2, 3),
-            groups=2, dilation=4,
+            F.conv_transpose2d,
+            (2, 2, 4, 4),
+            (2, 2, 4, 5),
+            stride=(3, 2),
+            padding=(1, 2),
+            output_padding=(2, 3),
+            groups=2,
+            dilation=4,
         ),
         kind="reduce",
     ),
@@ -849,7 +869,9 @@ class _ConvThen(nn.Module):
         return self.then(self, self.conv(x))
 
 
-def _conv_then(then: Callable[..., Any], dims: int = 2, **kwargs: Any) -> Callable[[torch.dtype], tuple[Any, list[Any]]]:
+def _conv_then(
+    then: Callable[..., Any], dims: int = 2, **kwargs: Any
+) -> Callable[[torch.dtype], tuple[Any, list[Any]]]:
     def make(d: torch.dtype) -> tuple[Any, list[Any]]:
         shape = (2, kwargs.get("c_in", 4), 6, 5, 4) if dims == 3 else (2, kwargs.get("c_in", 4), 7, 6)
         return _ConvThen(then, dims, **kwargs).to(d), [_randn(*shape, dtype=d)]
@@ -861,10 +883,14 @@ AFTER_CONV = [
     # float32 only: two batch norms over 84 values per channel amplify a bf16 rounding of the first past
     # an elementwise tolerance (with or without layout.py); bf16 training is judged in test_models.
     Case("bn_relu_conv_bn", _conv_then(lambda m, y: m.bn(m.conv2(F.relu(m.bn(y))))), F32_ONLY, kind="reduce"),
-    Case("bn_relu_large", _conv_then(lambda m, y: F.relu(m.bn(y)), c_in=32, c_out=32, stride=2), F32_ONLY, kind="reduce"),
+    Case(
+        "bn_relu_large", _conv_then(lambda m, y: F.relu(m.bn(y)), c_in=32, c_out=32, stride=2), F32_ONLY, kind="reduce"
+    ),
     Case("conv3d_bn_relu", _conv_then(lambda m, y: F.relu(m.bn(y)), dims=3), F32_ONLY, kind="reduce"),
     Case("broadcast_param", _conv_then(lambda m, y: y * m.scale + 1), kind="reduce"),
-    Case("broadcast_lower_rank", _conv_then(lambda m, y: y + torch.arange(6.0, dtype=y.dtype)), F32_ONLY, kind="reduce"),
+    Case(
+        "broadcast_lower_rank", _conv_then(lambda m, y: y + torch.arange(6.0, dtype=y.dtype)), F32_ONLY, kind="reduce"
+    ),
     Case("mean_spatial", _conv_then(lambda m, y: y.mean(dim=(2, 3))), kind="reduce"),
     Case("sum_channels_keepdim", _conv_then(lambda m, y: y.sum(dim=1, keepdim=True) * y), F32_ONLY, kind="reduce"),
     Case("sum_batch_width", _conv_then(lambda m, y: y.sum(dim=(0, -1))), F32_ONLY, kind="reduce"),
@@ -881,9 +907,12 @@ AFTER_CONV = [
     ),
     Case(
         "channels_last_inputs",
-        make=lambda d: (lambda mod, x: (mod.to(memory_format=torch.channels_last), [x[0].contiguous(memory_format=torch.channels_last)]))(
-            *_conv_then(lambda m, y: F.relu(m.bn(m.conv2(y))))(d)
-        ),
+        make=lambda d: (
+            lambda mod, x: (
+                mod.to(memory_format=torch.channels_last),
+                [x[0].contiguous(memory_format=torch.channels_last)],
+            )
+        )(*_conv_then(lambda m, y: F.relu(m.bn(m.conv2(y))))(d)),
         dtypes=F32_ONLY,
         kind="reduce",
     ),
@@ -984,7 +1013,9 @@ def test_small_convolution_is_a_dot_on_cpu_only(channels: tuple[int, int], cpu_f
 
     torch._dynamo.reset()
     conv = lambda x, w: F.conv2d(x, w, padding=1)  # noqa: E731
-    torch.compile(conv, backend=aot_autograd(fw_compiler=grab))(torch.randn(2, c_in, 8, 8), torch.randn(c_out, c_in, 3, 3))
+    torch.compile(conv, backend=aot_autograd(fw_compiler=grab))(
+        torch.randn(2, c_in, 8, 8), torch.randn(c_out, c_in, 3, 3)
+    )
     gm, inputs = captured[0]
     cpu_text = lower_graph(gm, inputs, "conv", target="cpu").stablehlo()
     neuron_text = lower_graph(gm, inputs, "conv", target="neuron").stablehlo()

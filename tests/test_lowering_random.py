@@ -30,8 +30,9 @@ def test_rand_randn_statistics(dtype) -> None:
     # Bounds are 5 standard errors of each statistic (plus bf16 rounding), under a fixed seed.
     torch.manual_seed(0)
     x = torch.zeros(256, 64, dtype=dtype)
-    u, z, zl = _compiled(lambda t: (torch.rand(256, 64, dtype=dtype), torch.randn(256, 64, dtype=dtype),
-                                    torch.randn_like(t)))(x)
+    u, z, zl = _compiled(
+        lambda t: (torch.rand(256, 64, dtype=dtype), torch.randn(256, 64, dtype=dtype), torch.randn_like(t))
+    )(x)
     for t in (u, z, zl):
         assert t.dtype == dtype and t.shape == (256, 64)
     assert 0 <= u.min() and u.max() < 1, "rand must lie in [0, 1)"
@@ -48,6 +49,7 @@ def test_rand_randn_statistics(dtype) -> None:
 
 def test_uniform_normal_bernoulli_exponential_randint() -> None:
     torch.manual_seed(0)  # bounds below are >= 4 standard errors of each statistic
+
     def fn(x):
         return (
             x.detach().clone().uniform_(-2.0, 3.0),
@@ -196,8 +198,9 @@ def test_native_dropout_mask_output_and_grad_agree(dtype) -> None:
     torch.testing.assert_close(out[kept], expected[kept], rtol=TOL["exact"][dtype][0], atol=0)
     g = torch.randn(64, 128).to(dtype)
     out.backward(g)
-    torch.testing.assert_close(x.grad, torch.where(kept, (g.float() / (1 - p)).to(dtype), 0),
-                               rtol=TOL["exact"][dtype][0], atol=0)
+    torch.testing.assert_close(
+        x.grad, torch.where(kept, (g.float() / (1 - p)).to(dtype), 0), rtol=TOL["exact"][dtype][0], atol=0
+    )
 
 
 def test_dropout_eval_is_identity() -> None:

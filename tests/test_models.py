@@ -65,7 +65,9 @@ def _split_exact_zeros(
         ref_g.pop(n)
         bound = max(3 * _rms(eager_g.pop(n)), tol / 10 * scale)
         got = _rms(comp_g.pop(n))
-        assert got <= bound, f"grad of {n} is zero in exact arithmetic; compiled RMS {got:.3g} > noise bound {bound:.3g}"
+        assert got <= bound, (
+            f"grad of {n} is zero in exact arithmetic; compiled RMS {got:.3g} > noise bound {bound:.3g}"
+        )
     return zeros
 
 
@@ -199,7 +201,9 @@ def test_grouped_mm_forward_and_backward_match_eager(layout: str) -> None:
     (expected * cot).float().sum().backward()
     torch.testing.assert_close(out[defined], expected[defined], rtol=1.6e-2, atol=1e-2, msg=f"grouped_mm {layout}")
     for what, got, want, part in (("mat_a", ga, a.grad, a_defined), ("mat_b", gb, b.grad, b_defined)):
-        torch.testing.assert_close(got[part], want[part], rtol=1.6e-2, atol=1e-2, msg=f"grouped_mm {layout} grad of {what}")
+        torch.testing.assert_close(
+            got[part], want[part], rtol=1.6e-2, atol=1e-2, msg=f"grouped_mm {layout} grad of {what}"
+        )
 
 
 def test_transformers_grouped_mm_fallback_forward_and_backward_match_eager() -> None:

@@ -43,7 +43,9 @@ def _neuron(model: torch.nn.Module, **options) -> torch.nn.Module:
     return torch.compile(model, backend="neuron", dynamic=False, options={**NEURON, **options})
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.name in ("mlp", "batchnorm", "transformer")], ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c.name in ("mlp", "batchnorm", "transformer")], ids=lambda c: c.name
+)
 def test_training_on_the_neuron_target_matches_eager_float32(simulator, case) -> None:
     """Forward and backward NEFFs through libnrt, 3 steps: losses, gradients, parameters and buffers (BatchNorm's
     running statistics, mutated inputs) as eager's, with the CPU target's tolerances. The transformer is the
@@ -124,12 +126,23 @@ def test_second_process_compiles_nothing_and_auto_picks_the_simulated_device(tmp
     process with the same cache invokes the compiler zero times (the simulator's compile log)."""
     state = tmp_path / "state"
     state.mkdir()
-    env = {**os.environ, **device_sim.environment(), "NRTSIM_STATE_DIR": str(state),
-           "NEURON_COMPILE_CACHE_DIR": str(tmp_path / "cache"), "NEURON_COMPILE_TARGET": ""}
+    env = {
+        **os.environ,
+        **device_sim.environment(),
+        "NRTSIM_STATE_DIR": str(state),
+        "NEURON_COMPILE_CACHE_DIR": str(tmp_path / "cache"),
+        "NEURON_COMPILE_TARGET": "",
+    }
     runs = []
     for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", _TRAIN_SCRIPT], env=env, cwd=device_sim.REPO_ROOT,
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-c", _TRAIN_SCRIPT],
+            env=env,
+            cwd=device_sim.REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs.append((proc.stdout.split("TARGET", 1)[1].split(), device_sim.compiler_invocations(str(state))))
     (first, compiles_first), (second, compiles_second) = runs
@@ -181,29 +194,50 @@ def test_a_neff_whose_tensors_differ_from_the_module_fails_loudly_with_both_list
     real = libnrt.module_tensors
     monkeypatch.setattr(libnrt, "module_tensors", lambda params, results: real(params[:-1], results))
     compiled = _neuron(MLP().eval(), cache=False)
-    with torch.no_grad(), pytest.raises(NeuronRuntimeError, match=r"(?s)The runtime reports:.*input\d.*The module declares"):
+    with (
+        torch.no_grad(),
+        pytest.raises(NeuronRuntimeError, match=r"(?s)The runtime reports:.*input\d.*The module declares"),
+    ):
         compiled(torch.randn(3, 16))  # a batch size no other test uses: a NEFF not loaded yet
 
 
 def test_a_core_held_by_another_process_is_busy(tmp_path) -> None:
     """Two processes on one core: the second gets the runtime's busy status, with NEURON_RT_VISIBLE_CORES
     as the fix (each process its own core)."""
-    env = {**os.environ, **device_sim.environment(), "NRTSIM_STATE_DIR": str(tmp_path), "NEURON_RT_VISIBLE_CORES": "0",
-           "NEURON_COMPILE_CACHE_DIR": str(tmp_path / "cache")}
+    env = {
+        **os.environ,
+        **device_sim.environment(),
+        "NRTSIM_STATE_DIR": str(tmp_path),
+        "NEURON_RT_VISIBLE_CORES": "0",
+        "NEURON_COMPILE_CACHE_DIR": str(tmp_path / "cache"),
+    }
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import torch, sys; m = torch.compile(torch.nn.Linear(4, 4), backend='neuron', "
-         "options={'target': 'neuron'}); m(torch.randn(2, 4)); print('held', flush=True); sys.stdin.read()"],
-        env=env, cwd=device_sim.REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import torch, sys; m = torch.compile(torch.nn.Linear(4, 4), backend='neuron', "
+            "options={'target': 'neuron'}); m(torch.randn(2, 4)); print('held', flush=True); sys.stdin.read()",
+        ],
+        env=env,
+        cwd=device_sim.REPO_ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout.readline().strip() == "held"
-        code = ("import torch\ntry:\n    torch.compile(torch.nn.Linear(4, 4), backend='neuron', options={'target': 'neuron'})"
-                "(torch.randn(2, 4))\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
-        out = subprocess.run([sys.executable, "-c", code], env=env, cwd=device_sim.REPO_ROOT, capture_output=True,
-                             text=True, timeout=300)
+        code = (
+            "import torch\ntry:\n    torch.compile(torch.nn.Linear(4, 4), backend='neuron', options={'target': 'neuron'})"
+            "(torch.randn(2, 4))\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, cwd=device_sim.REPO_ROOT, capture_output=True, text=True, timeout=300
+        )
     finally:
         holder.communicate("", timeout=60)
-    assert "NeuronRuntimeError" in out.stdout and "NEURON_RT_VISIBLE_CORES" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert "NeuronRuntimeError" in out.stdout and "NEURON_RT_VISIBLE_CORES" in out.stdout, (
+        out.stdout + out.stderr[-2000:]
+    )
 
 
 def test_a_neff_for_another_logical_core_size_is_refused_by_the_runtime(simulator) -> None:
@@ -212,7 +246,10 @@ def test_a_neff_for_another_logical_core_size_is_refused_by_the_runtime(simulato
     from neuron_compile.runtime.neuron import COMPILER_RUNS
 
     COMPILER_RUNS.clear()
-    with torch.no_grad(), pytest.raises(NeuronRuntimeError, match="NRT_INVALID.*--lnc must equal NEURON_LOGICAL_NC_CONFIG"):
+    with (
+        torch.no_grad(),
+        pytest.raises(NeuronRuntimeError, match="NRT_INVALID.*--lnc must equal NEURON_LOGICAL_NC_CONFIG"),
+    ):
         _neuron(BatchNormNet().eval(), cache=False, lnc=1)(torch.randn(4, 12))
     command = COMPILER_RUNS[-1].command
     assert command[command.index("--lnc") + 1] == "1"
@@ -358,7 +395,9 @@ def _run_two_ranks(tmp_path, *cases: str, timeout: float = 300) -> list[dict]:
                 p.communicate()
     reports = []
     for rank, (p, (out, err)) in enumerate(zip(procs, outputs)):
-        assert p.returncode == 0 and "REPORT " in out, f"rank {rank} (exit {p.returncode}):\n{out[-2000:]}\n{err[-6000:]}"
+        assert p.returncode == 0 and "REPORT " in out, (
+            f"rank {rank} (exit {p.returncode}):\n{out[-2000:]}\n{err[-6000:]}"
+        )
         reports.append(json.loads(out.split("REPORT ", 1)[1]))
     for rank, report in enumerate(reports):
         failed = {case: v["error"] for case, v in report["cases"].items() if "error" in v}
@@ -374,19 +413,31 @@ def test_an_all_reduce_inside_the_graph_runs_on_two_ranks_through_nrt_load_colle
     reports = _run_two_ranks(tmp_path, "all_reduce_in_graph", "training")
     for rank, report in enumerate(reports):
         case = report["cases"]["all_reduce_in_graph"]
-        torch.testing.assert_close(torch.tensor(case["compiled"]), torch.tensor(case["eager"]), rtol=1e-6, atol=1e-6,
-                                   msg=lambda m: f"rank {rank}: all_reduce in the graph: {m}")  # noqa: B023
+        torch.testing.assert_close(
+            torch.tensor(case["compiled"]),
+            torch.tensor(case["eager"]),
+            rtol=1e-6,
+            atol=1e-6,
+            msg=lambda m: f"rank {rank}: all_reduce in the graph: {m}",
+        )
         assert case["device_executions"] == 1 and case["graphs"] == ["inference"], case
         train = report["cases"]["training"]
         torch.testing.assert_close(train["compiled"]["losses"], train["eager"]["losses"], rtol=1e-5, atol=1e-6)
         for i, (a, b) in enumerate(zip(train["compiled"]["params"], train["eager"]["params"])):
-            torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=1e-5, atol=1e-6,
-                                       msg=lambda m: f"rank {rank}: parameter {i} after 2 steps: {m}")  # noqa: B023
+            torch.testing.assert_close(
+                torch.tensor(a),
+                torch.tensor(b),
+                rtol=1e-5,
+                atol=1e-6,
+                msg=lambda m: f"rank {rank}: parameter {i} after 2 steps: {m}",
+            )
         assert train["graphs"] == ["backward", "forward"] and train["device_executions"] == 4, train
         # the forward NEFF of the first case, the training's forward and backward NEFFs: all with collectives
         assert report["counters"]["collective_loads"] >= 3, report["counters"]
     # the ranks had different data: the all_reduce made their results equal
-    assert reports[0]["cases"]["all_reduce_in_graph"]["compiled"] == reports[1]["cases"]["all_reduce_in_graph"]["compiled"]
+    assert (
+        reports[0]["cases"]["all_reduce_in_graph"]["compiled"] == reports[1]["cases"]["all_reduce_in_graph"]["compiled"]
+    )
 
 
 def test_every_functional_collective_runs_on_two_ranks_on_the_neuron_target(tmp_path) -> None:
@@ -400,8 +451,13 @@ def test_every_functional_collective_runs_on_two_ranks_on_the_neuron_target(tmp_
     for rank, report in enumerate(reports):
         for case in cases:
             value = report["cases"][case]
-            torch.testing.assert_close(torch.tensor(value["compiled"]), torch.tensor(value["eager"]), rtol=1e-5,
-                                       atol=1e-5, msg=lambda m: f"rank {rank}: {case}: {m}")  # noqa: B023
+            torch.testing.assert_close(
+                torch.tensor(value["compiled"]),
+                torch.tensor(value["eager"]),
+                rtol=1e-5,
+                atol=1e-5,
+                msg=lambda m: f"rank {rank}: {case}: {m}",
+            )
             assert value["device_executions"] == 1, (case, value)
         assert report["counters"]["collective_loads"] >= len(cases), report["counters"]
 

@@ -36,15 +36,21 @@ def test_no_documented_entry_missing() -> None:
 
 def test_tutorial_entries_implemented() -> None:
     by = {(s.module, s.name): s.state for s in STATES}
-    mods = {"language": "nki.language", "isa": "nki.isa", "tile_size": "nki.language.tile_size",
-            "tensor": "NkiTensor"}
-    bad = [f"{mods[k]}.{n}: {by.get((mods[k], n))}" for k, names in api_surface.TUTORIAL_NAMES.items()
-           for n in names if by.get((mods[k], n)) != "implemented"]
+    mods = {"language": "nki.language", "isa": "nki.isa", "tile_size": "nki.language.tile_size", "tensor": "NkiTensor"}
+    bad = [
+        f"{mods[k]}.{n}: {by.get((mods[k], n))}"
+        for k, names in api_surface.TUTORIAL_NAMES.items()
+        for n in names
+        if by.get((mods[k], n)) != "implemented"
+    ]
     assert not bad, bad
 
 
-@pytest.mark.parametrize("entry", [s for s in STATES if s.state == "refused" and s.module in ("nki.isa", "nki.language")],
-                         ids=lambda s: f"{s.module}.{s.name}")
+@pytest.mark.parametrize(
+    "entry",
+    [s for s in STATES if s.state == "refused" and s.module in ("nki.isa", "nki.language")],
+    ids=lambda s: f"{s.module}.{s.name}",
+)
 def test_refused_entry_raises_naming_itself(entry) -> None:
     fn = getattr(nisa if entry.module == "nki.isa" else nl, entry.name)
     with pytest.raises(NkiUnsupportedError, match=entry.name):
@@ -115,10 +121,13 @@ def _copy(t):
     return r
 
 
-@pytest.mark.parametrize("pattern, err", [
-    ([[16, 4], [1, 8]], "partition access"),  # reads every other partition
-    ([[8, 6], [1, 9]], "reaches elements"),   # past the allocation
-])
+@pytest.mark.parametrize(
+    "pattern, err",
+    [
+        ([[16, 4], [1, 8]], "partition access"),  # reads every other partition
+        ([[8, 6], [1, 9]], "reaches elements"),  # past the allocation
+    ],
+)
 def test_ap_rules(pattern, err) -> None:
     with pytest.raises(nki.NkiValidationError, match=err):
         _run(lambda x: _load(x).ap(pattern), _rand(6, 8))
@@ -133,14 +142,17 @@ def test_view_methods() -> None:
         return _copy(v)
 
     np.testing.assert_array_equal(_run(body, x), x.transpose(0, 3, 1, 2).reshape(4, 5, 6))
-    np.testing.assert_array_equal(_run(lambda x: _copy(_load(x).reshape_dim(1, (2, -1)).select(2, 1)),
-                                       _rand(4, 6)).shape, (4, 2))
+    np.testing.assert_array_equal(
+        _run(lambda x: _copy(_load(x).reshape_dim(1, (2, -1)).select(2, 1)), _rand(4, 6)).shape, (4, 2)
+    )
     y = _rand(4, 6)
     np.testing.assert_array_equal(
         _run(lambda x: _copy(_load(x).rearrange(("p", ("h", "w")), ("p", "w", "h"), {"h": 2})), y),
-        y.reshape(4, 2, 3).transpose(0, 2, 1))
-    np.testing.assert_array_equal(_run(lambda x: _copy(_load(x).slice(1, 1, 6, 2).expand_dim(1).squeeze_dim(1)), y),
-                                  y[:, 1:6:2])
+        y.reshape(4, 2, 3).transpose(0, 2, 1),
+    )
+    np.testing.assert_array_equal(
+        _run(lambda x: _copy(_load(x).slice(1, 1, 6, 2).expand_dim(1).squeeze_dim(1)), y), y[:, 1:6:2]
+    )
     with pytest.raises(nki.NkiValidationError, match="partition dim"):
         _run(lambda x: _load(x).permute((1, 0)), y)
 
@@ -154,8 +166,14 @@ def test_broadcast_to_partition_and_free() -> None:
         _run(lambda x: nl.broadcast_to(_load(x), (3, 7)), _rand(3, 2))
 
 
-@pytest.mark.parametrize("ops, reverse", [(("multiply", "add"), (False, False)), (("add", "maximum"), (False, False)),
-                                          (("subtract", "multiply"), (True, True))])
+@pytest.mark.parametrize(
+    "ops, reverse",
+    [
+        (("multiply", "add"), (False, False)),
+        (("add", "maximum"), (False, False)),
+        (("subtract", "multiply"), (True, True)),
+    ],
+)
 @pytest.mark.parametrize("initial", ["scalar", "tile"])
 def test_tensor_tensor_scan(ops, reverse, initial) -> None:
     a, b, init = _rand(3, 7), _rand(3, 7), _rand(3, 1)
@@ -170,9 +188,16 @@ def test_tensor_tensor_scan(ops, reverse, initial) -> None:
 
     def body(a, b, init):
         r = nl.ndarray(a.shape, nl.float32, buffer=nl.sbuf)
-        nisa.tensor_tensor_scan(r, _load(a), _load(b), initial=_load(init) if initial == "tile" else 0.5,
-                                op0=getattr(nl, ops[0]), op1=getattr(nl, ops[1]), reverse0=reverse[0],
-                                reverse1=reverse[1])
+        nisa.tensor_tensor_scan(
+            r,
+            _load(a),
+            _load(b),
+            initial=_load(init) if initial == "tile" else 0.5,
+            op0=getattr(nl, ops[0]),
+            op1=getattr(nl, ops[1]),
+            reverse0=reverse[0],
+            reverse1=reverse[1],
+        )
         return r
 
     np.testing.assert_allclose(_run(body, a, b, init), ref, rtol=1e-6, atol=1e-6)
@@ -219,7 +244,7 @@ def test_runtime_loops_and_scalars() -> None:
 
     np.testing.assert_allclose(_run(body, x, n), 8 * x[1:5].sum(0, keepdims=True), rtol=1e-5)
     with pytest.raises(nki.NkiError, match="run-time value"):
-        _run(lambda x, n: _load(x)[nisa.scalar_load(_load(n)):], x, n)
+        _run(lambda x, n: _load(x)[nisa.scalar_load(_load(n)) :], x, n)
 
 
 def test_tile_and_block_grids() -> None:
@@ -233,8 +258,9 @@ def test_tile_and_block_grids() -> None:
         for bi in range(src.shape[0]):
             for bj in range(src.shape[1]):
                 tiles = nl.tiles(src[bi, bj])
-                work = nl.alloc_tiles(tile_shape=(128, 64), element_shape=tiles.element_shape, buffer=nl.sbuf,
-                                      dtype=x.dtype)
+                work = nl.alloc_tiles(
+                    tile_shape=(128, 64), element_shape=tiles.element_shape, buffer=nl.sbuf, dtype=x.dtype
+                )
                 for tj in range(tiles.shape[1]):
                     nisa.dma_copy(work[0, tj].data, tiles[0, tj].data)
                     nisa.tensor_scalar(work[0, tj].data, work[0, tj].data, nl.multiply, 3.0)
@@ -252,21 +278,24 @@ def test_lnc2_launch_shares_outputs_and_legacy_grid() -> None:
         out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
         n, i = nl.num_programs(axes=0), nl.program_id(axis=0)
         rows = x.shape[0] // n
-        t = _load(x[i * rows:(i + 1) * rows])
+        t = _load(x[i * rows : (i + 1) * rows])
         nisa.tensor_scalar(t, t, nl.add, float(i))
-        nisa.dma_copy(out[i * rows:(i + 1) * rows], t)
+        nisa.dma_copy(out[i * rows : (i + 1) * rows], t)
         return out
 
     np.testing.assert_allclose(kern[2](x), x + np.repeat([0.0, 1.0], 4)[:, None], rtol=1e-6)
     np.testing.assert_allclose(kern[4](x), x + np.repeat([0.0, 1, 2, 3], 2)[:, None], rtol=1e-6)
 
 
-@pytest.mark.parametrize("case, target, err", [
-    ("scalar_copy", "trn1", "tensor_copy on the Scalar engine needs trn2"),
-    ("gpsimd_activation", "trn2", "activation on the GpSimd engine needs trn3"),
-    ("exponential", "trn2", "exponential needs trn3"),
-    ("double_row_bf16", "trn2", "double_row takes fp8"),
-])
+@pytest.mark.parametrize(
+    "case, target, err",
+    [
+        ("scalar_copy", "trn1", "tensor_copy on the Scalar engine needs trn2"),
+        ("gpsimd_activation", "trn2", "activation on the GpSimd engine needs trn3"),
+        ("exponential", "trn2", "exponential needs trn3"),
+        ("double_row_bf16", "trn2", "double_row takes fp8"),
+    ],
+)
 def test_generation_rules(case, target, err) -> None:
     def body(x):
         t = _load(x)
@@ -280,8 +309,9 @@ def test_generation_rules(case, target, err) -> None:
         else:
             bf = nl.ndarray(x.shape, nl.bfloat16, buffer=nl.sbuf)
             nisa.tensor_copy(bf, t)
-            nisa.nc_matmul(nl.ndarray((4, 4), nl.float32, buffer=nl.psum), bf, bf,
-                           perf_mode=nisa.matmul_perf_mode.double_row)
+            nisa.nc_matmul(
+                nl.ndarray((4, 4), nl.float32, buffer=nl.psum), bf, bf, perf_mode=nisa.matmul_perf_mode.double_row
+            )
         return r
 
     with pytest.raises(nki.NkiValidationError, match=err):
@@ -335,8 +365,11 @@ def test_dma_transpose_and_tile_size() -> None:
     got = {}
 
     def sizes(x):
-        got.update(fmax=nl.tile_size.sbuf_fmax_bytes, total=nl.tile_size.sbuf_size_bytes,
-                   bank=nl.tile_size.psum_bank_fmax_bytes)
+        got.update(
+            fmax=nl.tile_size.sbuf_fmax_bytes,
+            total=nl.tile_size.sbuf_size_bytes,
+            bank=nl.tile_size.psum_bank_fmax_bytes,
+        )
         return _load(x)
 
     _run(sizes, _rand(2, 2), target="trn2")

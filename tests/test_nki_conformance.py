@@ -38,9 +38,9 @@ def add_lnc(a, b):
     share = a.shape[0] // nl.num_programs(axes=0)
     base = nl.program_id(axis=0) * share
     for r0, rs in _tiles(share):
-        x = nl.load(a[base + r0:base + r0 + rs])
-        y = nl.load(b[base + r0:base + r0 + rs])
-        nl.store(out[base + r0:base + r0 + rs], nl.add(x, y))
+        x = nl.load(a[base + r0 : base + r0 + rs])
+        y = nl.load(b[base + r0 : base + r0 + rs])
+        nl.store(out[base + r0 : base + r0 + rs], nl.add(x, y))
     return out
 
 
@@ -52,12 +52,12 @@ def transpose2d(x):
     for r0, rs in _tiles(r):
         for c0, cs in _tiles(c):
             blk = nl.ndarray((P, P), x.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=blk[:rs, :cs], src=x[r0:r0 + rs, c0:c0 + cs])
+            nisa.dma_copy(dst=blk[:rs, :cs], src=x[r0 : r0 + rs, c0 : c0 + cs])
             t_ps = nl.ndarray((P, P), x.dtype, buffer=nl.psum)
             nisa.nc_transpose(dst=t_ps[:cs, :rs], data=blk[:rs, :cs])
             t_sb = nl.ndarray((P, P), x.dtype, buffer=nl.sbuf)
             nisa.tensor_copy(dst=t_sb[:cs, :rs], src=t_ps[:cs, :rs])
-            nisa.dma_copy(dst=out[c0:c0 + cs, r0:r0 + rs], src=t_sb[:cs, :rs])
+            nisa.dma_copy(dst=out[c0 : c0 + cs, r0 : r0 + rs], src=t_sb[:cs, :rs])
     return out
 
 
@@ -104,7 +104,7 @@ def matmul_tiled(a, b):
         a_t = nl.ndarray((P, len(_tiles(k)), P), a.dtype, buffer=nl.sbuf)
         for i, (k0, ks) in enumerate(_tiles(k)):
             rows = nl.ndarray((P, P), a.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=rows[:ms, :ks], src=a[m0:m0 + ms, k0:k0 + ks])
+            nisa.dma_copy(dst=rows[:ms, :ks], src=a[m0 : m0 + ms, k0 : k0 + ks])
             tp = nl.ndarray((P, P), a.dtype, buffer=nl.psum)
             nisa.nc_transpose(dst=tp[:ks, :ms], data=rows[:ms, :ks])
             nisa.tensor_copy(dst=a_t[:ks, i, :ms], src=tp[:ks, :ms])
@@ -112,12 +112,11 @@ def matmul_tiled(a, b):
             acc = nl.ndarray((P, 512), F32, buffer=nl.psum)
             for i, (k0, ks) in enumerate(_tiles(k)):
                 bt = nl.ndarray((P, 512), b.dtype, buffer=nl.sbuf)
-                nisa.dma_copy(dst=bt[:ks, :ns], src=b[k0:k0 + ks, n0:n0 + ns])
-                nisa.nc_matmul(dst=acc[:ms, :ns], stationary=a_t[:ks, i, :ms], moving=bt[:ks, :ns],
-                               accumulate=i > 0)
+                nisa.dma_copy(dst=bt[:ks, :ns], src=b[k0 : k0 + ks, n0 : n0 + ns])
+                nisa.nc_matmul(dst=acc[:ms, :ns], stationary=a_t[:ks, i, :ms], moving=bt[:ks, :ns], accumulate=i > 0)
             o = nl.ndarray((P, 512), a.dtype, buffer=nl.sbuf)
             nisa.tensor_copy(dst=o[:ms, :ns], src=acc[:ms, :ns])
-            nisa.dma_copy(dst=out[m0:m0 + ms, n0:n0 + ns], src=o[:ms, :ns])
+            nisa.dma_copy(dst=out[m0 : m0 + ms, n0 : n0 + ns], src=o[:ms, :ns])
     return out
 
 
@@ -149,18 +148,18 @@ def rmsnorm(x, w, eps):
     w_all = nl.broadcast_to(w_row, (P, h))
     for r0, rs in _tiles(r):
         xt = nl.ndarray((P, h), x.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=xt[:rs], src=x[r0:r0 + rs])
+        nisa.dma_copy(dst=xt[:rs], src=x[r0 : r0 + rs])
         sq = nl.ndarray((P, h), F32, buffer=nl.sbuf)
         ss = nl.ndarray((P, 1), F32, buffer=nl.sbuf)
         nisa.activation(dst=sq[:rs], op=nl.square, data=xt[:rs], reduce_op=nl.add, reduce_res=ss[:rs])
         rstd = nl.ndarray((P, 1), F32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=rstd[:rs], data=ss[:rs], op0=nl.multiply, operand0=1.0 / h, op1=nl.add,
-                           operand1=eps)
+        nisa.tensor_scalar(dst=rstd[:rs], data=ss[:rs], op0=nl.multiply, operand0=1.0 / h, op1=nl.add, operand1=eps)
         nisa.activation(dst=rstd[:rs], op=nl.rsqrt, data=rstd[:rs])
         y = nl.ndarray((P, h), x.dtype, buffer=nl.sbuf)
-        nisa.scalar_tensor_tensor(dst=y[:rs], data=xt[:rs], op0=nl.multiply, operand0=rstd[:rs], op1=nl.multiply,
-                                  operand1=w_all[:rs])
-        nisa.dma_copy(dst=out[r0:r0 + rs], src=y[:rs])
+        nisa.scalar_tensor_tensor(
+            dst=y[:rs], data=xt[:rs], op0=nl.multiply, operand0=rstd[:rs], op1=nl.multiply, operand1=w_all[:rs]
+        )
+        nisa.dma_copy(dst=out[r0 : r0 + rs], src=y[:rs])
     return out
 
 
@@ -174,22 +173,23 @@ def layernorm(x, w, b, eps):
     chunks = _tiles(h, nl.tile_size.bn_stats_fmax)
     for r0, rs in _tiles(r):
         xt = nl.ndarray((P, h), x.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=xt[:rs], src=x[r0:r0 + rs])
+        nisa.dma_copy(dst=xt[:rs], src=x[r0 : r0 + rs])
         stats = nl.ndarray((P, 6 * len(chunks)), F32, buffer=nl.sbuf)
         for i, (c0, cs) in enumerate(chunks):
-            nisa.bn_stats(dst=stats[:rs, 6 * i:6 * i + 6], data=xt[:rs, c0:c0 + cs])
+            nisa.bn_stats(dst=stats[:rs, 6 * i : 6 * i + 6], data=xt[:rs, c0 : c0 + cs])
         mv = nl.ndarray((P, 2), F32, buffer=nl.sbuf)
         nisa.bn_aggr(dst=mv[:rs], data=stats[:rs])
         rstd = nl.ndarray((P, 1), F32, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=rstd[:rs], data=mv[:rs, 1:2], op0=nl.add, operand0=eps)
         nisa.activation(dst=rstd[:rs], op=nl.rsqrt, data=rstd[:rs])
         xn = nl.ndarray((P, h), F32, buffer=nl.sbuf)
-        nisa.tensor_scalar(dst=xn[:rs], data=xt[:rs], op0=nl.subtract, operand0=mv[:rs, 0:1], op1=nl.multiply,
-                           operand1=rstd[:rs])
+        nisa.tensor_scalar(
+            dst=xn[:rs], data=xt[:rs], op0=nl.subtract, operand0=mv[:rs, 0:1], op1=nl.multiply, operand1=rstd[:rs]
+        )
         nisa.tensor_tensor(dst=xn[:rs], data1=xn[:rs], data2=w_all[:rs], op=nl.multiply)
         y = nl.ndarray((P, h), x.dtype, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=y[:rs], data1=xn[:rs], data2=b_all[:rs], op=nl.add)
-        nisa.dma_copy(dst=out[r0:r0 + rs], src=y[:rs])
+        nisa.dma_copy(dst=out[r0 : r0 + rs], src=y[:rs])
     return out
 
 
@@ -200,7 +200,7 @@ def softmax(x):
     out = nl.ndarray((r, c), x.dtype, buffer=nl.shared_hbm)
     for r0, rs in _tiles(r):
         xt = nl.ndarray((P, c), x.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=xt[:rs], src=x[r0:r0 + rs])
+        nisa.dma_copy(dst=xt[:rs], src=x[r0 : r0 + rs])
         neg_max = nl.ndarray((P, 1), F32, buffer=nl.sbuf)
         nisa.tensor_reduce(dst=neg_max[:rs], op=nl.maximum, data=xt[:rs], axis=1, negate=True, keepdims=True)
         e = nl.ndarray((P, c), F32, buffer=nl.sbuf)
@@ -209,7 +209,7 @@ def softmax(x):
         nisa.reciprocal(dst=s[:rs], data=s[:rs])
         y = nl.ndarray((P, c), x.dtype, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=y[:rs], data=e[:rs], op0=nl.multiply, operand0=s[:rs])
-        nisa.dma_copy(dst=out[r0:r0 + rs], src=y[:rs])
+        nisa.dma_copy(dst=out[r0 : r0 + rs], src=y[:rs])
     return out
 
 
@@ -220,39 +220,54 @@ def attention(q, k, v, causal):
     scale = 1.0 / math.sqrt(d)
     out = nl.ndarray((s_len, d), q.dtype, buffer=nl.shared_hbm)
     k_t = nl.ndarray((P, s_len), k.dtype, buffer=nl.sbuf)
-    nisa.dma_transpose(dst=k_t[:d, :s_len], src=k, axes=(1, 0)) if k.dtype == nl.bfloat16 else \
-        _pe_transpose_rows(k_t, k, s_len, d)
+    nisa.dma_transpose(dst=k_t[:d, :s_len], src=k, axes=(1, 0)) if k.dtype == nl.bfloat16 else _pe_transpose_rows(
+        k_t, k, s_len, d
+    )
     v_sb = nl.ndarray((P, len(_tiles(s_len)), d), v.dtype, buffer=nl.sbuf)
     for j, (k0, ks) in enumerate(_tiles(s_len)):
-        nisa.dma_copy(dst=v_sb[:ks, j, :], src=v[k0:k0 + ks])
+        nisa.dma_copy(dst=v_sb[:ks, j, :], src=v[k0 : k0 + ks])
     for q0, qs in _tiles(s_len):
         q_t = nl.ndarray((P, P), q.dtype, buffer=nl.sbuf)
-        _pe_transpose_rows(q_t, q[q0:q0 + qs], qs, d)
+        _pe_transpose_rows(q_t, q[q0 : q0 + qs], qs, d)
         s_ps = nl.ndarray((P, s_len), F32, buffer=nl.psum)
         nisa.nc_matmul(dst=s_ps[:qs], stationary=q_t[:d, :qs], moving=k_t[:d, :s_len])
         s_sb = nl.ndarray((P, s_len), F32, buffer=nl.sbuf)
         nisa.tensor_copy(dst=s_sb[:qs], src=s_ps[:qs])
         if causal:  # keep key <= query: q0 + p - key >= 0
-            nisa.affine_select(dst=s_sb[:qs], pattern=[[-1, s_len]], channel_multiplier=1, on_true_tile=s_sb[:qs],
-                               on_false_value=NEG_BIG, cmp_op=nl.greater_equal, offset=q0)
+            nisa.affine_select(
+                dst=s_sb[:qs],
+                pattern=[[-1, s_len]],
+                channel_multiplier=1,
+                on_true_tile=s_sb[:qs],
+                on_false_value=NEG_BIG,
+                cmp_op=nl.greater_equal,
+                offset=q0,
+            )
         neg_max = nl.ndarray((P, 1), F32, buffer=nl.sbuf)
         nisa.tensor_reduce(dst=neg_max[:qs], op=nl.maximum, data=s_sb[:qs], axis=1, negate=True, keepdims=True)
         nisa.tensor_scalar(dst=neg_max[:qs], data=neg_max[:qs], op0=nl.multiply, operand0=scale)
         p = nl.ndarray((P, s_len), q.dtype, buffer=nl.sbuf)
         rsum = nl.ndarray((P, 1), F32, buffer=nl.sbuf)
-        nisa.activation(dst=p[:qs], op=nl.exp, data=s_sb[:qs], bias=neg_max[:qs], scale=scale, reduce_op=nl.add,
-                        reduce_res=rsum[:qs])
+        nisa.activation(
+            dst=p[:qs],
+            op=nl.exp,
+            data=s_sb[:qs],
+            bias=neg_max[:qs],
+            scale=scale,
+            reduce_op=nl.add,
+            reduce_res=rsum[:qs],
+        )
         o_ps = nl.ndarray((P, d), F32, buffer=nl.psum)
         for j, (k0, ks) in enumerate(_tiles(s_len)):
             pt_ps = nl.ndarray((P, P), q.dtype, buffer=nl.psum)
-            nisa.nc_transpose(dst=pt_ps[:ks, :qs], data=p[:qs, k0:k0 + ks])
+            nisa.nc_transpose(dst=pt_ps[:ks, :qs], data=p[:qs, k0 : k0 + ks])
             pt = nl.ndarray((P, P), q.dtype, buffer=nl.sbuf)
             nisa.tensor_copy(dst=pt[:ks, :qs], src=pt_ps[:ks, :qs])
             nisa.nc_matmul(dst=o_ps[:qs], stationary=pt[:ks, :qs], moving=v_sb[:ks, j, :], accumulate=j > 0)
         nisa.reciprocal(dst=rsum[:qs], data=rsum[:qs])
         o = nl.ndarray((P, d), q.dtype, buffer=nl.sbuf)
         nisa.tensor_scalar(dst=o[:qs], data=o_ps[:qs], op0=nl.multiply, operand0=rsum[:qs])
-        nisa.dma_copy(dst=out[q0:q0 + qs], src=o[:qs])
+        nisa.dma_copy(dst=out[q0 : q0 + qs], src=o[:qs])
     return out
 
 
@@ -260,10 +275,10 @@ def _pe_transpose_rows(dst_t, src_hbm, rows, d):
     """dst_t[:d, :rows] = src_hbm[rows, d].T through the PE, 128 rows at a time (a helper, inlined)."""
     for r0, rs in _tiles(rows):
         blk = nl.ndarray((P, d), src_hbm.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=blk[:rs], src=src_hbm[r0:r0 + rs])
+        nisa.dma_copy(dst=blk[:rs], src=src_hbm[r0 : r0 + rs])
         tp = nl.ndarray((P, P), src_hbm.dtype, buffer=nl.psum)
         nisa.nc_transpose(dst=tp[:d, :rs], data=blk[:rs])
-        nisa.tensor_copy(dst=dst_t[:d, r0:r0 + rs], src=tp[:d, :rs])
+        nisa.tensor_copy(dst=dst_t[:d, r0 : r0 + rs], src=tp[:d, :rs])
 
 
 @nki.jit
@@ -279,13 +294,13 @@ def selective_scan(delta, u, a, b, c):
     y = nl.zeros((ch, length), F32, buffer=nl.sbuf)
     for s in range(n_state):
         decay = nl.ndarray((ch, length), F32, buffer=nl.sbuf)
-        nisa.activation(dst=decay, op=nl.exp, data=dl, scale=at[:, s:s + 1])
-        b_all = nl.broadcast_to(nl.load(b[s:s + 1, :], dtype=F32), (ch, length))
+        nisa.activation(dst=decay, op=nl.exp, data=dl, scale=at[:, s : s + 1])
+        b_all = nl.broadcast_to(nl.load(b[s : s + 1, :], dtype=F32), (ch, length))
         drive = nl.ndarray((ch, length), F32, buffer=nl.sbuf)
         nisa.tensor_tensor(dst=drive, data1=du, data2=b_all, op=nl.multiply)
         h = nl.ndarray((ch, length), F32, buffer=nl.sbuf)
         nisa.tensor_tensor_scan(dst=h, data0=decay, data1=drive, initial=0.0, op0=nl.multiply, op1=nl.add)
-        c_all = nl.broadcast_to(nl.load(c[s:s + 1, :], dtype=F32), (ch, length))
+        c_all = nl.broadcast_to(nl.load(c[s : s + 1, :], dtype=F32), (ch, length))
         nisa.tensor_tensor(dst=h, data1=h, data2=c_all, op=nl.multiply)
         nisa.tensor_tensor(dst=y, data1=y, data2=h, op=nl.add)
     nl.store(out, nl.copy(y, dtype=delta.dtype))
@@ -301,7 +316,7 @@ def _scan_ref(delta, u, a, b, c):
     h = torch.zeros(delta.shape[0], a.shape[1], dtype=delta.dtype)
     ys = []
     for t in range(delta.shape[1]):
-        h = torch.exp(delta[:, t:t + 1] * a) * h + (delta[:, t] * u[:, t])[:, None] * b[:, t][None]
+        h = torch.exp(delta[:, t : t + 1] * a) * h + (delta[:, t] * u[:, t])[:, None] * b[:, t][None]
         ys.append((h * c[:, t][None]).sum(1))
     return torch.stack(ys, 1)
 
@@ -313,31 +328,84 @@ def _rms_ref(x, w, eps):
 
 # (id, kernel launcher, input builder(gen) -> (tensors, consts), torch reference(*tensors, *consts))
 CASES = [
-    ("add-lnc2", lambda *a: add_lnc[2](*a), lambda g: ((torch.randn(512, 96, generator=g),
-                                                        torch.randn(512, 96, generator=g)), ()), torch.add),
+    (
+        "add-lnc2",
+        lambda *a: add_lnc[2](*a),
+        lambda g: ((torch.randn(512, 96, generator=g), torch.randn(512, 96, generator=g)), ()),
+        torch.add,
+    ),
     ("transpose2d", transpose2d, lambda g: ((torch.randn(200, 150, generator=g),), ()), lambda x: x.T.contiguous()),
-    ("avgpool2d", avgpool2d, lambda g: ((torch.randn(16, 12, 20, generator=g),), (2,)),
-     lambda x, k: F.avg_pool2d(x[None], k)[0]),
-    ("matmul-single", matmul_single, lambda g: ((torch.randn(128, 96, generator=g),
-                                                 torch.randn(128, 384, generator=g)), ()), lambda a, b: a.T @ b),
-    ("matmul-tiled", matmul_tiled, lambda g: ((torch.randn(150, 300, generator=g),
-                                               torch.randn(300, 600, generator=g)), ()), torch.matmul),
-    ("matmul-grid", matmul_grid, lambda g: ((torch.randn(256, 128, generator=g),
-                                             torch.randn(256, 512, generator=g)), ()), lambda a, b: a.T @ b),
-    ("rmsnorm", rmsnorm, lambda g: ((torch.randn(200, 160, generator=g), 1 + 0.3 * torch.randn(160, generator=g)),
-                                    (1e-6,)), _rms_ref),
-    ("layernorm", layernorm, lambda g: ((torch.randn(150, 600, generator=g), 1 + 0.3 * torch.randn(600, generator=g),
-                                         0.3 * torch.randn(600, generator=g)), (1e-5,)),
-     lambda x, w, b, eps: F.layer_norm(x, (x.shape[-1],), w, b, eps)),
+    (
+        "avgpool2d",
+        avgpool2d,
+        lambda g: ((torch.randn(16, 12, 20, generator=g),), (2,)),
+        lambda x, k: F.avg_pool2d(x[None], k)[0],
+    ),
+    (
+        "matmul-single",
+        matmul_single,
+        lambda g: ((torch.randn(128, 96, generator=g), torch.randn(128, 384, generator=g)), ()),
+        lambda a, b: a.T @ b,
+    ),
+    (
+        "matmul-tiled",
+        matmul_tiled,
+        lambda g: ((torch.randn(150, 300, generator=g), torch.randn(300, 600, generator=g)), ()),
+        torch.matmul,
+    ),
+    (
+        "matmul-grid",
+        matmul_grid,
+        lambda g: ((torch.randn(256, 128, generator=g), torch.randn(256, 512, generator=g)), ()),
+        lambda a, b: a.T @ b,
+    ),
+    (
+        "rmsnorm",
+        rmsnorm,
+        lambda g: ((torch.randn(200, 160, generator=g), 1 + 0.3 * torch.randn(160, generator=g)), (1e-6,)),
+        _rms_ref,
+    ),
+    (
+        "layernorm",
+        layernorm,
+        lambda g: (
+            (
+                torch.randn(150, 600, generator=g),
+                1 + 0.3 * torch.randn(600, generator=g),
+                0.3 * torch.randn(600, generator=g),
+            ),
+            (1e-5,),
+        ),
+        lambda x, w, b, eps: F.layer_norm(x, (x.shape[-1],), w, b, eps),
+    ),
     ("softmax", softmax, lambda g: ((3 * torch.randn(150, 300, generator=g),), ()), lambda x: torch.softmax(x, -1)),
-    ("attention-causal", attention, lambda g: (tuple(torch.randn(200, 64, generator=g) for _ in range(3)), (True,)),
-     _attn_ref),
-    ("attention-full", attention, lambda g: (tuple(torch.randn(256, 32, generator=g) for _ in range(3)), (False,)),
-     _attn_ref),
-    ("selective-scan", selective_scan,
-     lambda g: ((0.5 * torch.rand(64, 48, generator=g), torch.randn(64, 48, generator=g),
-                 -torch.rand(64, 4, generator=g) - 0.2, torch.randn(4, 48, generator=g),
-                 torch.randn(4, 48, generator=g)), ()), _scan_ref),
+    (
+        "attention-causal",
+        attention,
+        lambda g: (tuple(torch.randn(200, 64, generator=g) for _ in range(3)), (True,)),
+        _attn_ref,
+    ),
+    (
+        "attention-full",
+        attention,
+        lambda g: (tuple(torch.randn(256, 32, generator=g) for _ in range(3)), (False,)),
+        _attn_ref,
+    ),
+    (
+        "selective-scan",
+        selective_scan,
+        lambda g: (
+            (
+                0.5 * torch.rand(64, 48, generator=g),
+                torch.randn(64, 48, generator=g),
+                -torch.rand(64, 4, generator=g) - 0.2,
+                torch.randn(4, 48, generator=g),
+                torch.randn(4, 48, generator=g),
+            ),
+            (),
+        ),
+        _scan_ref,
+    ),
 ]
 
 
@@ -363,9 +431,9 @@ def test_conformance_kernel_matches_reference(case, dtype) -> None:
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * mag, err_msg=f"{name} fp32")
         return
     base = np.abs(ref_fn(*inputs, *consts).double().numpy() - ref)
-    step = 2.0 ** -8 * mag
+    step = 2.0**-8 * mag
     assert err.max() <= 2 * base.max() + step, (
-        f"{name} bf16: max error {err.max():.3g} vs eager bf16 {base.max():.3g} (+ {step:.3g})")
-    rms, base_rms = float(np.sqrt((err ** 2).mean())), float(np.sqrt((base ** 2).mean()))
+        f"{name} bf16: max error {err.max():.3g} vs eager bf16 {base.max():.3g} (+ {step:.3g})"
+    )
+    rms, base_rms = float(np.sqrt((err**2).mean())), float(np.sqrt((base**2).mean()))
     assert rms <= 2 * base_rms + step, f"{name} bf16: RMS error {rms:.3g} vs eager bf16 {base_rms:.3g}"
-

@@ -22,7 +22,7 @@ def test_dma_efficiency_curve_points(bpp, frac) -> None:
 
 
 def test_dma_efficiency_is_monotonic() -> None:
-    sizes = [2 ** i for i in range(3, 17)]
+    sizes = [2**i for i in range(3, 17)]
     effs = [cost.dma_efficiency(b) for b in sizes]
     assert effs == sorted(effs) and effs[-1] == 1.0
 
@@ -67,9 +67,9 @@ def _stream(reuse: bool):
         shared = nl.ndarray((128, x.shape[1]), x.dtype, buffer=nl.sbuf)
         for r0 in range(0, x.shape[0], 128):
             t = shared if reuse else nl.ndarray((128, x.shape[1]), x.dtype, buffer=nl.sbuf)
-            nisa.dma_copy(dst=t, src=x[r0:r0 + 128])
+            nisa.dma_copy(dst=t, src=x[r0 : r0 + 128])
             nisa.activation(dst=t, op=nl.exp, data=t)
-            nisa.dma_copy(dst=out[r0:r0 + 128], src=t)
+            nisa.dma_copy(dst=out[r0 : r0 + 128], src=t)
         return out
 
     return k

@@ -75,8 +75,7 @@ def k_matmul_writes_sbuf(x):
 
 
 def k_matmul_mixed_fp32_bf16(x):
-    nisa.nc_matmul(nl.ndarray((128, 128), "float32", buffer=nl.psum), _sbuf((128, 128)),
-                   _sbuf((128, 128), "bfloat16"))
+    nisa.nc_matmul(nl.ndarray((128, 128), "float32", buffer=nl.psum), _sbuf((128, 128)), _sbuf((128, 128), "bfloat16"))
 
 
 def k_dma_reads_psum(x):
@@ -147,7 +146,10 @@ LIMIT_CASES = [
     (k_gpsimd_psum, "GpSimd engine cannot access PSUM"),
     (k_vector_free_size, "above the 65536 limit"),
     (k_reshape_count, "changes the element count"),
-    (k_partition_start_misaligned, "starts at partition 10; an access of 10 partitions must start at partition 0 or 32"),
+    (
+        k_partition_start_misaligned,
+        "starts at partition 10; an access of 10 partitions must start at partition 0 or 32",
+    ),
     (k_partition_stepped, "compute engines access contiguous partitions only"),
     (k_transpose_too_big_vector, "exceeds 32x32 on the vector engine"),
 ]
@@ -310,8 +312,14 @@ def vector_scalar_ops(x, bias):
     io = _sbuf(x.shape, "int32")
     nisa.iota(io, pattern=[[2, x.shape[1]]], offset=1, channel_multiplier=10)
     causal = _sbuf(x.shape)
-    nisa.affine_select(causal, pattern=[[-1, x.shape[1]]], channel_multiplier=1, on_true_tile=t,
-                       on_false_value=-1e30, cmp_op=nl.greater_equal)
+    nisa.affine_select(
+        causal,
+        pattern=[[-1, x.shape[1]]],
+        channel_multiplier=1,
+        on_true_tile=t,
+        on_false_value=-1e30,
+        cmp_op=nl.greater_equal,
+    )
     wrapped = nl.softmax(nl.add(nl.exp(t), bt))
     outs = []
     for tile in (act, rsum, ts, red, io, causal, wrapped):
@@ -417,9 +425,9 @@ def test_spmd_grid_runs_every_program():
         n = x.shape[0] // nl.num_programs(0)
         r0 = nl.program_id(0) * n
         t = _sbuf((n, x.shape[1]))
-        nisa.dma_copy(t, x[r0:r0 + n])
+        nisa.dma_copy(t, x[r0 : r0 + n])
         nisa.tensor_scalar(t, t, nl.add, float(nl.program_id(0)))
-        nisa.dma_copy(out[r0:r0 + n], t)
+        nisa.dma_copy(out[r0 : r0 + n], t)
 
     x, out = rand(64, 4), np.zeros((64, 4), F32)
     nki.simulate(halves[2])(x, out)  # LNC=2: both programs write their half of the output argument

@@ -69,47 +69,104 @@ def _vec(dtype, g, c):
 
 
 CASES = [
-    ("matmul", "130x260x600", lambda dt, g: ((torch.randn(130, 260, generator=g).to(dt),
-                                              torch.randn(260, 600, generator=g).to(dt)), ()),
-     lambda a, b: (a @ b,)),
-    ("matmul", "64x128x512", lambda dt, g: ((torch.randn(64, 128, generator=g).to(dt),
-                                             torch.randn(128, 512, generator=g).to(dt)), ()),
-     lambda a, b: (a @ b,)),
-    ("matmul", "130x4100x140-large-K", lambda dt, g: ((torch.randn(130, 4100, generator=g).to(dt),
-                                                       torch.randn(4100, 140, generator=g).to(dt)), ()),
-     lambda a, b: (a @ b,)),
+    (
+        "matmul",
+        "130x260x600",
+        lambda dt, g: ((torch.randn(130, 260, generator=g).to(dt), torch.randn(260, 600, generator=g).to(dt)), ()),
+        lambda a, b: (a @ b,),
+    ),
+    (
+        "matmul",
+        "64x128x512",
+        lambda dt, g: ((torch.randn(64, 128, generator=g).to(dt), torch.randn(128, 512, generator=g).to(dt)), ()),
+        lambda a, b: (a @ b,),
+    ),
+    (
+        "matmul",
+        "130x4100x140-large-K",
+        lambda dt, g: ((torch.randn(130, 4100, generator=g).to(dt), torch.randn(4100, 140, generator=g).to(dt)), ()),
+        lambda a, b: (a @ b,),
+    ),
     ("softmax", "130x300", lambda dt, g: (_rows(dt, g, 130, 300), ()), lambda x: (torch.softmax(x, -1),)),
-    ("softmax_bwd", "130x300", lambda dt, g: ((torch.softmax(torch.randn(130, 300, generator=g), -1).to(dt),
-                                              torch.randn(130, 300, generator=g).to(dt)), ()),
-     lambda y, dy: ((y * (dy - (y * dy).sum(-1, keepdim=True))),)),
-    ("rms_norm", "130x200", lambda dt, g: (_rows(dt, g, 130, 200) + (_vec(dt, g, 200),), (1e-6,)),
-     lambda x, w, eps: (F.rms_norm(x, (x.shape[-1],), w, eps),)),
-    ("rms_norm_bwd", "130x200", lambda dt, g: (_rows(dt, g, 130, 200, 2) + (_vec(dt, g, 200),), (1e-6,)),
-     lambda dy, x, w, eps: _grad(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps), (x, w), dy)),
-    ("layer_norm", "130x700", lambda dt, g: (_rows(dt, g, 130, 700) + (_vec(dt, g, 700), _vec(dt, g, 700)), (1e-5,)),
-     lambda x, w, b, eps: (F.layer_norm(x, (x.shape[-1],), w, b, eps),)),
-    ("layer_norm_bwd", "130x700", lambda dt, g: (_rows(dt, g, 130, 700, 2) + (_vec(dt, g, 700),), (1e-5,)),
-     lambda dy, x, w, eps: _grad(lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, eps),
-                                 (x, w, torch.zeros_like(w)), dy)),
+    (
+        "softmax_bwd",
+        "130x300",
+        lambda dt, g: (
+            (torch.softmax(torch.randn(130, 300, generator=g), -1).to(dt), torch.randn(130, 300, generator=g).to(dt)),
+            (),
+        ),
+        lambda y, dy: ((y * (dy - (y * dy).sum(-1, keepdim=True))),),
+    ),
+    (
+        "rms_norm",
+        "130x200",
+        lambda dt, g: (_rows(dt, g, 130, 200) + (_vec(dt, g, 200),), (1e-6,)),
+        lambda x, w, eps: (F.rms_norm(x, (x.shape[-1],), w, eps),),
+    ),
+    (
+        "rms_norm_bwd",
+        "130x200",
+        lambda dt, g: (_rows(dt, g, 130, 200, 2) + (_vec(dt, g, 200),), (1e-6,)),
+        lambda dy, x, w, eps: _grad(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps), (x, w), dy),
+    ),
+    (
+        "layer_norm",
+        "130x700",
+        lambda dt, g: (_rows(dt, g, 130, 700) + (_vec(dt, g, 700), _vec(dt, g, 700)), (1e-5,)),
+        lambda x, w, b, eps: (F.layer_norm(x, (x.shape[-1],), w, b, eps),),
+    ),
+    (
+        "layer_norm_bwd",
+        "130x700",
+        lambda dt, g: (_rows(dt, g, 130, 700, 2) + (_vec(dt, g, 700),), (1e-5,)),
+        lambda dy, x, w, eps: _grad(
+            lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, eps), (x, w, torch.zeros_like(w)), dy
+        ),
+    ),
     ("swiglu", "130x2100", lambda dt, g: (_rows(dt, g, 130, 2100, 2), ()), lambda a, b: (F.silu(a) * b,)),
-    ("flash_attention_fwd", "causal-1x2x200x64",
-     lambda dt, g: (tuple(torch.randn(1, 2, 200, 64, generator=g).to(dt) for _ in range(3)), (True,)),
-     _attn_fwd_eager),
-    ("flash_attention_fwd", "full-2x1x130x128",
-     lambda dt, g: (tuple(torch.randn(2, 1, 130, 128, generator=g).to(dt) for _ in range(3)), (False,)),
-     _attn_fwd_eager),
-    ("flash_attention_fwd", "full-q100-kv2600x32",
-     lambda dt, g: ((torch.randn(1, 1, 100, 32, generator=g).to(dt),
-                     torch.randn(1, 1, 2600, 32, generator=g).to(dt),
-                     torch.randn(1, 1, 2600, 32, generator=g).to(dt)), (False,)),
-     _attn_fwd_eager),
-    ("flash_attention_fwd", "causal-1x1x700x16",
-     lambda dt, g: (tuple(torch.randn(1, 1, 700, 16, generator=g).to(dt) for _ in range(3)), (True,)),
-     _attn_fwd_eager),
-    ("flash_attention_bwd", "causal-1x2x200x64", lambda dt, g: _attn_bwd_inputs(dt, g, 1, 2, 200, 64, True),
-     _attn_bwd_eager),
-    ("flash_attention_bwd", "full-1x1x130x128", lambda dt, g: _attn_bwd_inputs(dt, g, 1, 1, 130, 128, False),
-     _attn_bwd_eager),
+    (
+        "flash_attention_fwd",
+        "causal-1x2x200x64",
+        lambda dt, g: (tuple(torch.randn(1, 2, 200, 64, generator=g).to(dt) for _ in range(3)), (True,)),
+        _attn_fwd_eager,
+    ),
+    (
+        "flash_attention_fwd",
+        "full-2x1x130x128",
+        lambda dt, g: (tuple(torch.randn(2, 1, 130, 128, generator=g).to(dt) for _ in range(3)), (False,)),
+        _attn_fwd_eager,
+    ),
+    (
+        "flash_attention_fwd",
+        "full-q100-kv2600x32",
+        lambda dt, g: (
+            (
+                torch.randn(1, 1, 100, 32, generator=g).to(dt),
+                torch.randn(1, 1, 2600, 32, generator=g).to(dt),
+                torch.randn(1, 1, 2600, 32, generator=g).to(dt),
+            ),
+            (False,),
+        ),
+        _attn_fwd_eager,
+    ),
+    (
+        "flash_attention_fwd",
+        "causal-1x1x700x16",
+        lambda dt, g: (tuple(torch.randn(1, 1, 700, 16, generator=g).to(dt) for _ in range(3)), (True,)),
+        _attn_fwd_eager,
+    ),
+    (
+        "flash_attention_bwd",
+        "causal-1x2x200x64",
+        lambda dt, g: _attn_bwd_inputs(dt, g, 1, 2, 200, 64, True),
+        _attn_bwd_eager,
+    ),
+    (
+        "flash_attention_bwd",
+        "full-1x1x130x128",
+        lambda dt, g: _attn_bwd_inputs(dt, g, 1, 1, 130, 128, False),
+        _attn_bwd_eager,
+    ),
 ]
 
 
@@ -141,13 +198,15 @@ def test_kernel_matches_reference_and_eager(name, shape_id, build, eager, dtype)
             torch.testing.assert_close(r, e, rtol=1e-4, atol=1e-4 * scale, msg=lambda m, w=what: f"{w} reference: {m}")
         else:
             e32 = _as_tuple(eager(*(t.float() for t in tensors), *consts))[spec.outputs.index(out_name)].detach()
-            step = 2.0 ** -8 * float(e32.abs().max())
+            step = 2.0**-8 * float(e32.abs().max())
             eager_err = float((e.float() - e32).abs().max())
             bound = BF16_FACTOR * eager_err + step
             for label, val in (("kernel", k), ("reference", r)):
                 err = float((val.float() - e32).abs().max())
-                assert err <= bound, (f"{what} {label}: max error {err:.3g} vs fp32 eager exceeds "
-                                      f"{BF16_FACTOR} x eager-bf16 error {eager_err:.3g} + bf16 step {step:.3g}")
+                assert err <= bound, (
+                    f"{what} {label}: max error {err:.3g} vs fp32 eager exceeds "
+                    f"{BF16_FACTOR} x eager-bf16 error {eager_err:.3g} + bf16 step {step:.3g}"
+                )
 
 
 @pytest.mark.parametrize("name,shape_id,build,eager", CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
@@ -183,6 +242,8 @@ def test_kernels_package_imports_without_jax():
     import subprocess
     import sys
 
-    code = ("import sys, neuron_compile.kernels as k; assert k.KERNELS['matmul'].outputs == ('out',); "
-            "assert 'jax' not in sys.modules, 'neuron_compile.kernels imported jax'")
+    code = (
+        "import sys, neuron_compile.kernels as k; assert k.KERNELS['matmul'].outputs == ('out',); "
+        "assert 'jax' not in sys.modules, 'neuron_compile.kernels imported jax'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

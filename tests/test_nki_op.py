@@ -81,11 +81,11 @@ def scale(x: torch.Tensor, alpha: float) -> torch.Tensor:
     return scale_kernel(x, alpha)
 
 
-def _axpy_setup(ctx, inputs, output) -> None:  # noqa: ANN001
+def _axpy_setup(ctx, inputs, output) -> None:
     ctx.alpha = inputs[2]
 
 
-def _axpy_backward(ctx, grad: torch.Tensor):  # noqa: ANN001, ANN202
+def _axpy_backward(ctx, grad: torch.Tensor):
     return scale(grad, ctx.alpha), grad, None  # the backward is a user kernel too
 
 

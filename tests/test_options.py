@@ -148,8 +148,14 @@ def test_env_vars_use_the_same_parser(monkeypatch: pytest.MonkeyPatch, name: str
 
 @pytest.mark.parametrize(
     "name, raw",
-    [("cache", "maybe"), ("strict", "2"), ("trust_cache_dir", "y"), ("cache_max_bytes", "-1"),
-     ("opt_level", "9"), ("target", "tpu")],
+    [
+        ("cache", "maybe"),
+        ("strict", "2"),
+        ("trust_cache_dir", "y"),
+        ("cache_max_bytes", "-1"),
+        ("opt_level", "9"),
+        ("target", "tpu"),
+    ],
 )
 def test_bad_env_var_is_an_error_naming_it(monkeypatch: pytest.MonkeyPatch, name: str, raw: str) -> None:
     monkeypatch.setenv(_ENV[name], raw)

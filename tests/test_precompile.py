@@ -71,7 +71,9 @@ def _env(tmp_path: Path, cache: str = "cache", sim: bool = False, **extra: str) 
     return env
 
 
-def _run(cmd: list[str], env: dict[str, str], cwd: Path, ok: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+def _run(
+    cmd: list[str], env: dict[str, str], cwd: Path, ok: bool = True, timeout: float = 900
+) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     if ok:
         assert proc.returncode == 0, f"{cmd}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
@@ -104,7 +106,9 @@ def _fleet(tmp_path: Path, script: list[str], url: str) -> dict:
     run on the simulated neuron target, on this host and on a second host with its own (empty) cache dir."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     manifest = tmp_path / "pre" / "manifest.json"
-    collected = _run(_cli("precompile", "collect", "--manifest", str(manifest), "--", *script), _env(tmp_path), tmp_path)
+    collected = _run(
+        _cli("precompile", "collect", "--manifest", str(manifest), "--", *script), _env(tmp_path), tmp_path
+    )
     graphs = precompile.read_manifest(str(manifest))
     before = _run(_cli("precompile", "check", str(manifest)), _env(tmp_path, sim=True), tmp_path, ok=False)
     sim = _env(tmp_path, sim=True, NRTSIM_COMPILE_DELAY="0.1", NEURON_COMPILE_CACHE_URL=url)
@@ -121,7 +125,7 @@ def _fleet(tmp_path: Path, script: list[str], url: str) -> dict:
 
 
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
-def test_collect_compile_then_the_neuron_run_compiles_nothing(tmp_path, url, name) -> None:  # noqa: F811
+def test_collect_compile_then_the_neuron_run_compiles_nothing(tmp_path, url, name) -> None:
     fingerprint = _fingerprint()
     out = _fleet(tmp_path, SCRIPTS[name](tmp_path), url)
     # neuron_compile's source fingerprint is part of the key: an edit mid-test makes the run miss, rightly
@@ -132,7 +136,9 @@ def test_collect_compile_then_the_neuron_run_compiles_nothing(tmp_path, url, nam
     # before compiling: every graph named as missing, with its source line, and a non-zero exit
     assert out["before"].returncode == 1
     for r in graphs.values():
-        assert re.search(rf"MISS .* {re.escape(r.name)} .*{re.escape(r.source)}", out["before"].stdout), out["before"].stdout
+        assert re.search(rf"MISS .* {re.escape(r.name)} .*{re.escape(r.source)}", out["before"].stdout), out[
+            "before"
+        ].stdout
     assert "coverage: 100.0%" not in out["before"].stdout and f"coverage: 0/{len(graphs)}" in out["before"].stdout
     assert f"coverage: {len(graphs)}/{len(graphs)} graphs (100.0%)" in out["after"].stdout
     for host, (compiles, stdout) in out["runs"].items():
@@ -151,7 +157,11 @@ def buckets(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("buckets")
     script = _script(tmp, "buckets.py", BUCKETS_SCRIPT)
     manifest = tmp / "pre" / "manifest.json"
-    _run(_cli("precompile", "collect", "--manifest", str(manifest), "--", sys.executable, str(script), "8"), _env(tmp), tmp)
+    _run(
+        _cli("precompile", "collect", "--manifest", str(manifest), "--", sys.executable, str(script), "8"),
+        _env(tmp),
+        tmp,
+    )
     return manifest
 
 
@@ -222,7 +232,11 @@ def test_a_run_with_a_changed_option_says_which_key_part_differs(tmp_path, bucke
     "change, path, part",
     [
         (lambda s: s["options"].update(opt_level=3), "options.opt_level", "options"),
-        (lambda s: s["options"].update(neuron_cc_flags=["--enable-saturate-infinity"]), "options.neuron_cc_flags", "flags"),
+        (
+            lambda s: s["options"].update(neuron_cc_flags=["--enable-saturate-infinity"]),
+            "options.neuron_cc_flags",
+            "flags",
+        ),
         (lambda s: s["options"].update(generation="trn3"), "options.generation", "generation"),
         (lambda s: s["versions"].update({"neuronx-cc": "2.1"}), "versions.neuronx-cc", "versions"),
         (lambda s: s.update(target="cpu"), "target", "target"),
@@ -258,4 +272,3 @@ def test_shards_are_disjoint_and_cover() -> None:
     assert sorted(k for p in parts for k in p) == sorted(keys) and sum(map(len, parts)) == len(keys)
     with pytest.raises(ValueError, match="0 <= I < N"):
         precompile.parse_shard("3/3")
-

@@ -448,7 +448,9 @@ def test_import_does_not_load_fsspec():
     code = "import sys, neuron_compile; print(sorted(m for m in sys.modules if m.split('.')[0] in {}))".format(
         ("fsspec", "s3fs", "botocore")
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120, cwd=REPO)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120, cwd=REPO
+    )
     assert out.stdout.strip() == "[]", out.stdout
 
 
@@ -592,7 +594,9 @@ def test_manifest_without_its_payload_is_warned_and_repaired(url, s3, tmp_path, 
 
     if age.startswith("old"):  # a reader that proves it dangling clears it, even if it cannot republish
         monkeypatch.setattr(remote_mod, "DANGLING_SECONDS", 0.0, raising=False)
-        with pytest.raises(RemoteRejected, match=f"names payload {payload}, which does not exist; removed the manifest"):
+        with pytest.raises(
+            RemoteRejected, match=f"names payload {payload}, which does not exist; removed the manifest"
+        ):
             RemoteStore(url).fetch(key)
         assert key not in _objects(s3, url)
     else:

@@ -375,4 +375,7 @@ def test_incomplete_gamma_special_values_and_gradient_as_eager() -> None:
 def test_incomplete_gamma_past_its_steps_is_nan_not_a_wrong_number() -> None:
     """At a = 1e8, x = a the series would need ~60,000 steps: NaN (eager: its asymptotic expansion)."""
     out = _compiled(torch.special.gammainc)(torch.tensor([1e8, 50.0]), torch.tensor([1e8, 50.0]))
-    assert out[0].isnan() and abs(float(out[1]) - float(torch.special.gammainc(torch.tensor(50.0), torch.tensor(50.0)))) < 1e-6
+    assert (
+        out[0].isnan()
+        and abs(float(out[1]) - float(torch.special.gammainc(torch.tensor(50.0), torch.tensor(50.0)))) < 1e-6
+    )

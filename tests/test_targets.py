@@ -22,7 +22,9 @@ def test_opt_level_reaches_neuronx_cc_and_the_cache_key(level: int) -> None:
     opts = Options(target="neuron", opt_level=level)
     assert f"-O{level}" in target_for(opts).command("m.mlir", "m.neff")
     assert opts.cache_relevant()["opt_level"] == level
-    assert Options(target="neuron", opt_level=1).cache_relevant() != Options(target="neuron", opt_level=3).cache_relevant()
+    assert (
+        Options(target="neuron", opt_level=1).cache_relevant() != Options(target="neuron", opt_level=3).cache_relevant()
+    )
 
 
 @pytest.mark.parametrize("lnc", [1, 2])

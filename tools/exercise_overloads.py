@@ -132,6 +132,7 @@ Args = tuple[tuple, dict]
 def _int8(m: Maker, *shape: int) -> torch.Tensor:
     return torch.randint(-128, 128, shape, generator=m.gen, dtype=torch.int8)
 
+
 #: (upsampling op, spatial dims, whether it takes align_corners)
 _UPSAMPLES = (
     ("upsample_nearest1d", 1, False), ("upsample_nearest2d", 2, False), ("upsample_nearest3d", 3, False),
@@ -481,8 +482,13 @@ def _from_schema(op: OpOverload, m: Maker) -> Args:
         if t.startswith("Optional["):
             value = None
         elif t == "Tensor":
-            value = m.index(3, 3, 4) if name in ("index", "indices") else m.mask(3, 4) if name in (
-                "mask", "condition") else m(3, 4)
+            value = (
+                m.index(3, 3, 4)
+                if name in ("index", "indices")
+                else m.mask(3, 4)
+                if name in ("mask", "condition")
+                else m(3, 4)
+            )
         elif t == "List[Tensor]":
             value = [m(3, 4), m(3, 4)]
         elif t == "number":
@@ -576,7 +582,9 @@ def make_cases(name: str, first_only: bool = False) -> tuple[list[Case], str]:
     ``VARIANTS`` that eager and torch's meta kernel take), and a note when there are none."""
     op = overload(name)
     short = op._schema.name.split("::")[-1]
-    check = "random" if torch.Tag.nondeterministic_seeded in op.tags else "undefined" if short in _UNDEFINED else "values"
+    check = (
+        "random" if torch.Tag.nondeterministic_seeded in op.tags else "undefined" if short in _UNDEFINED else "values"
+    )
     cases: list[Case] = []
     errors: list[str] = []
     scalar = is_scalar_overload(op)
@@ -599,7 +607,7 @@ def make_cases(name: str, first_only: bool = False) -> tuple[list[Case], str]:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 expected = REFERENCES.get(name, op)(*_clone(args), **_clone(kwargs))
-        except Exception as e:  # noqa: BLE001 - eager refuses this variant: not a case
+        except Exception as e:
             errors.append(f"{variant}: {type(e).__name__}: {_first_line(e)}")
             continue
         if variant != "float32" and not _has_dtype(args, kwargs, VARIANTS[variant]):
@@ -648,7 +656,7 @@ def fake_result(op: OpOverload, fake_args: Any, fake_kwargs: Any, mode: FakeTens
     """The node's metadata: ``op`` run on fake tensors, as AOTAutograd records it. An op whose output
     shape depends on the data (bincount) gets eager's result as fake tensors, the shapes a static
     graph fixes; any other refusal of the meta kernel raises ``MetaRefuses``."""
-    from torch._subclasses.fake_tensor import DynamicOutputShapeException, DataDependentOutputException
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
     quiet = logging.getLogger("torch._subclasses.fake_tensor")
     level = quiet.level
@@ -659,7 +667,7 @@ def fake_result(op: OpOverload, fake_args: Any, fake_kwargs: Any, mode: FakeTens
             return op(*fake_args, **fake_kwargs)
     except (DynamicOutputShapeException, DataDependentOutputException):
         return pytree.tree_map(lambda x: mode.from_tensor(x) if isinstance(x, torch.Tensor) else x, expected)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise MetaRefuses(f"{type(e).__name__}: {_first_line(e)}") from e
     finally:
         quiet.setLevel(level)
@@ -745,7 +753,7 @@ def run_batch(cases: list[Case], name: str = "overloads") -> BatchResult:
                 live[k].problem = why
             live = [c for k, c in enumerate(live) if k not in refused]
             continue
-        except Exception as e:  # noqa: BLE001 - a crash of one lowering must name its case
+        except Exception as e:
             if len(live) == 1:
                 live[0].problem = f"lowering crashed: {type(e).__name__}: {_first_line(e)}"
                 return result
@@ -758,7 +766,7 @@ def run_batch(cases: list[Case], name: str = "overloads") -> BatchResult:
     per_op = legality.verdicts_by_op(lowered)
     try:
         actual = _execute(lowered, built.inputs)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         if len(live) == 1:
             _merge_verdicts(result, per_op)
             live[0].lowered = True
@@ -797,7 +805,6 @@ def _execute(lowered: Any, inputs: list[torch.Tensor]) -> list[Any]:
     """Compile the lowered graph for the CPU target and run it as the backend does."""
     from neuron_compile.runtime.cpu import CpuTarget
     from neuron_compile.runtime.executor import CompiledGraph
-
     from neuron_compile.runtime.jax_adapter import host_callbacks_of
 
     target = CpuTarget()
@@ -864,8 +871,10 @@ def cmath_close(a: complex, b: complex) -> bool:
 def _float64_reference(case: Case) -> Any:
     """Eager on float64 copies of the floating inputs, cast back to eager's dtypes (None if no kernel)."""
     try:
-        out = overload(case.op)(*_cast_floats(_clone(case.args), torch.float64), **_cast_floats(case.kwargs, torch.float64))
-    except Exception:  # noqa: BLE001
+        out = overload(case.op)(
+            *_cast_floats(_clone(case.args), torch.float64), **_cast_floats(case.kwargs, torch.float64)
+        )
+    except Exception:
         return None
     return out
 
@@ -905,9 +914,9 @@ def exercise(names: list[str] | None = None, batch_size: int = BATCH_SIZE) -> di
             rec.update({gen: _verdict_record(v) for gen, v in sorted(verdicts[name].items())})
         elif rec.get("exercised"):
             rec["exercised"] = False
-            rec["reason"] = "no case lowered: " + "; ".join(
-                sorted({c["problem"] for c in rec["cases"] if c.get("problem")})
-            )[:400]
+            rec["reason"] = (
+                "no case lowered: " + "; ".join(sorted({c["problem"] for c in rec["cases"] if c.get("problem")}))[:400]
+            )
     return dict(sorted(records.items()))
 
 

@@ -30,11 +30,17 @@ def render_table() -> str:
     used |= {("nki.language.tile_size", n) for n in TUTORIAL_NAMES["tile_size"]}
     used |= {("NkiTensor", n) for n in TUTORIAL_NAMES["tensor"]}
     counts = Counter(s.state for s in states)
-    lines = [START, "",
-             f"{len(states)} documented entries: " + ", ".join(f"{counts[k]} {k}" for k in
-                                                               ("implemented", "refused", "missing")) + ". "
-             "T = used by AWS's published tutorials/examples (all implemented).", "",
-             "| module | name | documented parameters | state | note |", "|---|---|---|---|---|"]
+    lines = [
+        START,
+        "",
+        f"{len(states)} documented entries: "
+        + ", ".join(f"{counts[k]} {k}" for k in ("implemented", "refused", "missing"))
+        + ". "
+        "T = used by AWS's published tutorials/examples (all implemented).",
+        "",
+        "| module | name | documented parameters | state | note |",
+        "|---|---|---|---|---|",
+    ]
     for s in states:
         params = "—" if s.params is None else f"`({s.params})`"
         tag = " (T)" if (s.module, s.name) in used else ""

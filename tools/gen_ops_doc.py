@@ -416,16 +416,20 @@ def render(results: dict[str, Any], overloads: dict[str, Any] | None = None) -> 
     w("sends the op to when its shapes and dtypes fit the kernel (otherwise its StableHLO lowering runs).")
     w("Attention (`scaled_dot_product_attention`) reaches the flash-attention kernel as `neuron::flash_attention`.")
     w("")
-    w(f"| aten op | status | lowering paths | NKI kernel | why listed | OpInfo entries using it | {' | '.join(gens)} "
-      f"| verdict from |")
+    w(
+        f"| aten op | status | lowering paths | NKI kernel | why listed | OpInfo entries using it | {' | '.join(gens)} "
+        f"| verdict from |"
+    )
     w(f"| --- | --- | --- | --- | --- | ---: |{' --- |' * len(gens)} --- |")
     for op in sorted(status):
         cells = " | ".join(_cell(labels[op][g]) for g in gens)
         place = where[op] if op in where else _cell(f"refused: {refused[op]}") if op in refused else ""
         kernel = f"`{kernels[op]}`" if op in kernels else ""
         source = _cell(sources[op]) if status[op] == LOWERED or sources[op] != NOT_EXERCISED else ""
-        w(f"| `{op}` | {status[op]} | {place} | {kernel} | {universe[op]} | {len(use.get(op, []))} | {cells} "
-          f"| {source} |")
+        w(
+            f"| `{op}` | {status[op]} | {place} | {kernel} | {universe[op]} | {len(use.get(op, []))} | {cells} "
+            f"| {source} |"
+        )
     w("")
     w("## Complex values")
     w("")
@@ -446,9 +450,7 @@ def render(results: dict[str, Any], overloads: dict[str, Any] | None = None) -> 
         w("| --- | --- | --- | ---: | ---: | ---: | ---: | --- |")
         for name in sorted(results["entries"]):
             e = results["entries"][name]
-            notes = e.get("non_core_ops") or sorted(
-                {op for op in e["ops"] if status.get(op) == UNSUPPORTED}
-            )
+            notes = e.get("non_core_ops") or sorted({op for op in e["ops"] if status.get(op) == UNSUPPORTED})
             note = ", ".join(f"`{o.removeprefix('aten.')}`" for o in notes[:6]) + (" ..." if len(notes) > 6 else "")
             w(f"| `{name}` | {e['category']} | {e['float32']} | {_count(e, 'float32')} | {_count(e, 'bfloat16')} "
               f"| {_count(e, 'int64')} | {_count(e, 'bool')} | {note} |")  # fmt: skip

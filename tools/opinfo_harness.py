@@ -170,7 +170,7 @@ class _Recorder:
 
         try:
             per_op = legality.verdicts_by_op(lowered)
-        except Exception as e:  # noqa: BLE001 - a crash of the pass must show in the docs, not fail the case
+        except Exception as e:
             crashed = legality.OpVerdict(False, (), (f"legality pass crashed: {type(e).__name__}: {_short(e)}",))
             ops = {info["op"] for info in getattr(lowered, "node_table", {}).values()}
             per_op = {op: {gen: crashed for gen in legality.rules.GENERATIONS} for op in ops}
@@ -265,7 +265,7 @@ def _make_call(func: Callable, sample: Any) -> tuple[list[torch.Tensor], Callabl
     params = ", ".join(f"t{i}" for i in range(len(tensors)))
     source = f"def opinfo_case({params}):\n    return func({', '.join(call)})\n"
     namespace = dict(consts)
-    exec(compile(source, "<opinfo_case>", "exec"), namespace)  # noqa: S102 - generated from the sample's structure
+    exec(compile(source, "<opinfo_case>", "exec"), namespace)
     return tensors, namespace["opinfo_case"]
 
 
@@ -370,10 +370,14 @@ def accuracy_distances(a: torch.Tensor, e: torch.Tensor, r: torch.Tensor, tol: T
 
 def _show(d: dict[str, Any]) -> str:
     if not math.isfinite(d["eager"]):
-        return (f"float64-reference RMS error: compiled {d['compiled']:.3g}, eager {d['eager']:.3g} (not finite "
-                f"where the reference is), bound {ACCURACY_MULTIPLE:g} ulp of the rounded reference = {d['bound']:.3g}")
-    return (f"float64-reference RMS error: compiled {d['compiled']:.3g}, eager {d['eager']:.3g}, "
-            f"bound {ACCURACY_MULTIPLE:g}x eager + 1 ulp = {d['bound']:.3g}")
+        return (
+            f"float64-reference RMS error: compiled {d['compiled']:.3g}, eager {d['eager']:.3g} (not finite "
+            f"where the reference is), bound {ACCURACY_MULTIPLE:g} ulp of the rounded reference = {d['bound']:.3g}"
+        )
+    return (
+        f"float64-reference RMS error: compiled {d['compiled']:.3g}, eager {d['eager']:.3g}, "
+        f"bound {ACCURACY_MULTIPLE:g}x eager + 1 ulp = {d['bound']:.3g}"
+    )
 
 
 def _compare(
@@ -504,7 +508,7 @@ def _prepare(op: Any, dtype_name: str, index: int, sample: Any, with_grad: bool)
     try:
         torch.manual_seed(seed)
         expected = call(*eager_inputs)
-    except Exception as e:  # noqa: BLE001 - any eager failure makes the sample meaningless
+    except Exception as e:
         result.outcome, result.detail = SKIP, f"eager-error: {type(e).__name__}: {_short(e)}"
         return result
     process = sample.output_process_fn_grad
@@ -560,7 +564,7 @@ def _check(prep: _Prepared, c_inputs: list, actual: Any, recorder: _Recorder) ->
     except _GradMismatch as e:
         result.outcome, result.detail = FAIL, f"grad: {e}"
         return _finish(result, recorder)
-    except Exception as e:  # noqa: BLE001 - the compiled backward failed
+    except Exception as e:
         result.outcome, result.detail = classify_exception(e, True)
         if result.outcome == FAIL:
             result.detail += "\n" + "".join(traceback.format_exception(e, limit=-3))[-1500:]
@@ -615,7 +619,7 @@ def _run_prepared(prep: _Prepared) -> CaseResult:
     recorder = _Recorder()
     try:
         [(c_inputs, actual)] = _compile_and_run([prep], recorder)
-    except Exception as e:  # noqa: BLE001 - classified below
+    except Exception as e:
         result = prep.result
         result.outcome, result.detail = classify_exception(e, recorder.graphs > 0)
         if result.outcome == FAIL:
@@ -670,7 +674,7 @@ def _run_batch(op: Any, case_list: list[tuple[str, int, Any, bool]]) -> list[Cas
                 for (k, _), r in zip(preps, checked):
                     results[k] = r
                 return [r for r in results if r is not None]
-        except Exception:  # noqa: BLE001 - every case is rerun alone below
+        except Exception:
             pass
         finally:
             torch._dynamo.reset()
@@ -707,7 +711,7 @@ class _Float64Reference:
                 out = self.call(*inputs)
                 grads = _grads(self.process, out, inputs, self.seed) if self.with_grad else None
                 self._result = (out, grads)
-            except Exception:  # noqa: BLE001 - no float64 kernel: no second opinion
+            except Exception:
                 pass
         return self._result
 
@@ -916,7 +920,10 @@ def _case_record(r: CaseResult) -> dict[str, Any]:
     if r.accuracy:
         # JSON has no inf/nan: non-finite distances are kept as strings.
         rec["accuracy"] = [
-            {k: (float(f"{v:.4g}") if math.isfinite(v) else str(v)) if isinstance(v, float) else v for k, v in n.items()}
+            {
+                k: (float(f"{v:.4g}") if math.isfinite(v) else str(v)) if isinstance(v, float) else v
+                for k, v in n.items()
+            }
             for n in r.accuracy
         ]
     return rec

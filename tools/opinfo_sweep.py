@@ -31,9 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-
 from tools import opinfo_harness as H
+
+ROOT = Path(__file__).resolve().parent.parent
 
 DEFAULT_OUT = ROOT / "docs" / "opinfo_results.json"
 
@@ -54,7 +54,7 @@ def _run_entry(task: tuple[str, dict[str, int | None]]) -> dict[str, Any]:
     results = []
     try:
         results = H.run_cases(op, list(H.cases(op, per_dtype)))
-    except Exception as e:  # noqa: BLE001 - sample generation itself failed
+    except Exception as e:
         results.append(H.CaseResult(name, "float32", -1, H.FAIL, f"sample generation: {type(e).__name__}: {e}"))
     return H.entry_record(op, results, time.perf_counter() - t0)
 
@@ -131,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = H.results_document(every, config)
         Path(args.out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
         return doc
+
     # maxtasksperchild: Dynamo/jax caches grow with every compile; fresh workers keep memory bounded.
     with mp.get_context("spawn").Pool(args.jobs, initializer=_worker_init, maxtasksperchild=250) as pool:
         for i, rec in enumerate(pool.imap(_run_entry, tasks)):

@@ -29,7 +29,7 @@ graph imports jax (its version is part of the key) and loading an executable imp
 from __future__ import annotations
 
 from ..options import Options
-from . import megacache  # registers our artifact type with PyTorch's mega-cache
+from . import megacache  # noqa: F401  (registers our artifact type with PyTorch's mega-cache)
 from .compile_cache import CACHE, CompileCache
 from .key import cache_key
 from .paths import InvalidKey, resolve_cache_dir

@@ -126,7 +126,9 @@ class CompileCache:
             return  # read-only or vanished: nothing we may delete anyway
         if swept:
             self.counters.count(store.root, swept=len(swept))
-            log.info("neuron cache: removed %d stale leftovers of interrupted processes from %s", len(swept), store.root)
+            log.info(
+                "neuron cache: removed %d stale leftovers of interrupted processes from %s", len(swept), store.root
+            )
 
     # ----------------------------------------------------------------- lookup
     def get_or_build(
@@ -286,8 +288,10 @@ class CompileCache:
             _load(artifact, opts)
         except NeuronMemoryMapError:
             raise  # the process's state, not the entry's
-        except Exception as e:  # noqa: BLE001 - e.g. the executable does not fit its own plan
-            self._report_remote_rejected(remote, key, f"executable could not be loaded ({type(e).__name__}: {e})", True, root)
+        except Exception as e:
+            self._report_remote_rejected(
+                remote, key, f"executable could not be loaded ({type(e).__name__}: {e})", True, root
+            )
             return None, True
         if store is not None:
             try:
@@ -301,7 +305,9 @@ class CompileCache:
         log.info("neuron cache: hit (remote) %s %s in %.4fs", key.digest[:12], artifact.name, time.perf_counter() - t0)
         return artifact, False
 
-    def _report_remote_rejected(self, remote: RemoteStore, key: CacheKey, why: str, damaged: bool, root: str | None) -> None:
+    def _report_remote_rejected(
+        self, remote: RemoteStore, key: CacheKey, why: str, damaged: bool, root: str | None
+    ) -> None:
         if damaged:
             what, then = "is damaged", "recompiling it (the new entry replaces it)."
         else:
@@ -310,7 +316,12 @@ class CompileCache:
         self.counters.count(root, remote_rejected=1)
 
     def _publish(
-        self, remote: RemoteStore | None, key: CacheKey, parts: tuple[bytes, bytes, bytes] | None, replace: bool, root: str | None
+        self,
+        remote: RemoteStore | None,
+        key: CacheKey,
+        parts: tuple[bytes, bytes, bytes] | None,
+        replace: bool,
+        root: str | None,
     ) -> None:
         if remote is None or parts is None:
             return
@@ -325,7 +336,9 @@ class CompileCache:
         if not opts.trust_cache_dir:
             reason = store.entry_untrusted_reason(key.digest)
             if reason is not None:
-                self.warn_once(key.digest, "untrusted-entry", f"neuron cache: not loading entry {key.digest[:12]}: {reason}.")
+                self.warn_once(
+                    key.digest, "untrusted-entry", f"neuron cache: not loading entry {key.digest[:12]}: {reason}."
+                )
                 return None
         try:
             found = store.read(key.digest)
@@ -338,7 +351,7 @@ class CompileCache:
             return None
         except NeuronMemoryMapError:
             raise  # the process's state, not the entry's
-        except Exception as e:  # noqa: BLE001 - e.g. the runtime refuses the executable blob
+        except Exception as e:
             self._report_corrupt(store, key, f"executable could not be loaded ({type(e).__name__}: {e})")
             return None
         saved = artifact.lower_seconds + artifact.compile_seconds
@@ -359,7 +372,9 @@ class CompileCache:
             f"neuron cache: cannot write to {store.root} ({e}); compiling without storing results.",
         )  # fmt: skip
 
-    def _store(self, store: DiskStore, key: CacheKey, artifact: Artifact, opts: Options) -> tuple[bytes, bytes, bytes] | None:
+    def _store(
+        self, store: DiskStore, key: CacheKey, artifact: Artifact, opts: Options
+    ) -> tuple[bytes, bytes, bytes] | None:
         """Write the entry to disk; returns its parts (None: not serializable) for the remote tier."""
         try:
             parts = E.encode(artifact, key.digest, key.summary)

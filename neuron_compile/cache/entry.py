@@ -64,7 +64,7 @@ def _decode_value(v: Any) -> Any:
         return v
     if not isinstance(v, dict) or len(v) != 1:
         raise CorruptEntry(f"bad value {v!r}")
-    (tag, x), = v.items()
+    ((tag, x),) = v.items()
     if tag == "tensor":
         perm = tuple(int(d) for d in x[2]) if len(x) > 2 else None
         return TensorSpec(tuple(int(s) for s in x[0]), _dtype_from_name(x[1]), perm)

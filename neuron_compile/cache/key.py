@@ -133,7 +133,12 @@ def canonical_graph(gm: torch.fx.GraphModule) -> tuple[Any, ...]:
                 raise NotCacheable(f"get_attr of {type(obj).__name__}")
         elif node.op in ("call_function", "call_method"):
             rows.append(
-                (node.op[5], _target_name(node.target), _canon_value(node.args, index), _canon_value(node.kwargs, index))
+                (
+                    node.op[5],
+                    _target_name(node.target),
+                    _canon_value(node.args, index),
+                    _canon_value(node.kwargs, index),
+                )
             )
         elif node.op == "call_module":
             sub = _resolve_attr(gm, node.target)

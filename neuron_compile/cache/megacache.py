@@ -51,7 +51,7 @@ class NeuronCacheArtifact(CacheArtifact):
         try:
             with store.lock(key):  # a write in progress is never swept (store.sweep)
                 store.write(key, meta, module, executable)
-        except Exception as e:  # noqa: BLE001 - a cache problem must never fail loading
+        except Exception as e:
             warn(f"neuron cache: could not write mega-cache artifact {key[:12]}: {e}", stacklevel=3)
             return
         log.info("neuron cache: loaded %s from mega-cache into %s", key[:12], store.root)

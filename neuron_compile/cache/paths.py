@@ -29,7 +29,7 @@ def check_key(key: object) -> str:
     """``key`` if it has the exact form of a cache key; raises ``InvalidKey`` otherwise."""
     if not is_key(key):
         raise InvalidKey(f"not a cache key (expected {KEY_LENGTH} lowercase hex digits): {str(key)[:80]!r}")
-    return key  # type: ignore[return-value]
+    return key
 
 
 def check_key_prefix(prefix: str) -> str:

@@ -159,12 +159,11 @@ class RemoteStore:
             import fsspec
         except ImportError:
             raise RemoteUnavailable(
-                "fsspec is not installed: pip install fsspec "
-                "(and s3fs for s3://: pip install 'neuron_compile[remote]')"
+                "fsspec is not installed: pip install fsspec (and s3fs for s3://: pip install 'neuron_compile[remote]')"
             ) from None
         try:
             protocol = fsspec.utils.get_protocol(self.url)
-        except Exception as e:  # noqa: BLE001 - a URL fsspec cannot parse is not ours to fail on
+        except Exception as e:
             raise RemoteUnavailable(f"not a usable fsspec URL ({type(e).__name__}: {e})") from None
         options: dict[str, Any] = {"skip_instance_cache": True}
         if protocol in ("s3", "s3a"):
@@ -506,7 +505,7 @@ def _run_in_thread(fn: Callable[[], T], deadline: float) -> tuple[bool, Any, Bas
     def run() -> None:
         try:
             box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+        except BaseException as e:
             box["error"] = e
 
     worker = threading.Thread(target=run, name="neuron-cache-remote", daemon=True)
@@ -523,7 +522,7 @@ def _run_on_loop(fs: Any, coro: Callable[[], Any], deadline: float) -> tuple[boo
     try:
         loop = fs.loop  # fsspec's IO thread (raises in a forked child: handed to the caller as a failure)
         future = asyncio.run_coroutine_threadsafe(coro(), loop)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return True, None, e
     try:
         return True, future.result(timeout=deadline), None
@@ -532,7 +531,7 @@ def _run_on_loop(fs: Any, coro: Callable[[], Any], deadline: float) -> tuple[boo
         return False, None, None
     except concurrent.futures.CancelledError as e:
         return True, None, e
-    except Exception as e:  # noqa: BLE001 - handed to the caller, as from a thread
+    except Exception as e:
         return True, None, e
 
 

@@ -343,7 +343,9 @@ class DiskStore:
                 continue
             for item in items:
                 with contextlib.suppress(OSError):
-                    found.append(Leftover(kind, item.path, _tree_size(item.path), item.stat(follow_symlinks=False).st_mtime))
+                    found.append(
+                        Leftover(kind, item.path, _tree_size(item.path), item.stat(follow_symlinks=False).st_mtime)
+                    )
         return found
 
     def sweep(self, max_age: float = STALE_SECONDS) -> list[Leftover]:

@@ -8,8 +8,8 @@ trusts it explicitly (option ``trust_cache_dir`` / NEURON_COMPILE_CACHE_TRUST=1)
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 import stat
+from collections.abc import Iterator
 
 
 def path_untrusted_reason(path: str, st: os.stat_result) -> str | None:

@@ -40,7 +40,7 @@ def executable_signature(loaded: Any) -> tuple[list[Shape], list[Shape]] | None:
     """(parameters, results) as (HLO dtype, dims), or None when the executable does not say."""
     try:
         header = loaded.hlo_modules()[0].to_string().split("\n", 1)[0]
-    except Exception:  # noqa: BLE001 - not an XLA executable, or the API moved: no check
+    except Exception:
         return None
     m = _LAYOUT.search(header)
     if m is None:
@@ -78,7 +78,9 @@ def check_executable(artifact: Artifact) -> None:
         )
     for i, (spec, shape) in enumerate(zip(tensor_inputs, params)):
         if not _fits(TensorSpec(spec.device_shape, spec.dtype), shape):
-            raise CorruptEntry(f"executable parameter {i} is {shape[0]}{list(shape[1])}, the entry feeds {_describe(spec)}")
+            raise CorruptEntry(
+                f"executable parameter {i} is {shape[0]}{list(shape[1])}, the entry feeds {_describe(spec)}"
+            )
     if params[-1] != ("s32", (2,)):
         raise CorruptEntry(f"the executable's last parameter is {params[-1]}, not the int32[2] RNG seed")
     for out in artifact.outputs:
@@ -102,7 +104,9 @@ def check_executable(artifact: Artifact) -> None:
             dims = got[1][:-1] if spec.dtype.is_complex else got[1]  # a complex buffer: pairs, (real, imag) last
             ok = _fits(TensorSpec(dims, spec.dtype), got) and _numel(dims) >= _extent(spec.shape, stride, out)
         if not ok:
-            raise CorruptEntry(f"executable result {out.index} is {got[0]}{list(got[1])}, the entry expects {_describe(spec)}")
+            raise CorruptEntry(
+                f"executable result {out.index} is {got[0]}{list(got[1])}, the entry expects {_describe(spec)}"
+            )
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -75,7 +75,7 @@ def replica_groups(group_name: str) -> list[list[int]]:
 
 def _group_position(node: torch.fx.Node) -> int | str | None:
     """Where the group name is among ``node``'s arguments (index, or keyword), or None."""
-    schema = node.target._schema  # type: ignore[union-attr]
+    schema = node.target._schema
     for i, arg in enumerate(schema.arguments):
         if arg.name == "group_name":
             return i if i < len(node.args) else "group_name"

@@ -210,17 +210,19 @@ def _recording(called: list[_Captured]) -> Iterator[None]:
                 called.append(entry)
             return gm(*args)
 
-        run._boxed_call = True  # type: ignore[attr-defined]
+        run._boxed_call = True
         return run
 
-    compiler.compile_graph = record  # type: ignore[assignment]
+    compiler.compile_graph = record
     try:
         yield
     finally:
-        compiler.compile_graph = real  # type: ignore[assignment]
+        compiler.compile_graph = real
 
 
-def _capture(model: torch.nn.Module, args: tuple, kwargs: dict, step: Any, options: Mapping[str, Any]) -> list[_Captured]:
+def _capture(
+    model: torch.nn.Module, args: tuple, kwargs: dict, step: Any, options: Mapping[str, Any]
+) -> list[_Captured]:
     import torch._functorch.config
 
     from .runner import _disable_dropout
@@ -356,7 +358,9 @@ class _Walk:
             # is None in eager and in the reference, and not an output of the compiled module either
             if isinstance(reference, (tuple, list)):
                 positions = [i for i, r in enumerate(reference) if isinstance(r, torch.Tensor)]
-                self.judged.append(_Judged(node, positions, [reference[i] for i in positions], [eager[i] for i in positions]))
+                self.judged.append(
+                    _Judged(node, positions, [reference[i] for i in positions], [eager[i] for i in positions])
+                )
             elif isinstance(reference, torch.Tensor):
                 self.judged.append(_Judged(node, None, [reference], [eager]))
 
@@ -378,7 +382,11 @@ def _compiled_values(walk: _Walk, name: str, options: Mapping[str, Any]) -> dict
     fake_mode = torch._guards.detect_fake_mode(metas)
 
     def meta_of(value: Any) -> Any:
-        return fake_mode.from_tensor(value, static_shapes=True) if fake_mode is not None and isinstance(value, torch.Tensor) else value
+        return (
+            fake_mode.from_tensor(value, static_shapes=True)
+            if fake_mode is not None and isinstance(value, torch.Tensor)
+            else value
+        )
 
     for _attempt in range(3):
         graph = torch.fx.Graph()
@@ -414,7 +422,9 @@ def _compiled_values(walk: _Walk, name: str, options: Mapping[str, Any]) -> dict
             kept = [j for j in judged if j.node.name not in refused]
             for j in judged:
                 if j.node.name in refused:
-                    walk._skip(j.node, "the lowering refuses it: " + next(n.reason for n in e.nodes if n.node == j.node.name))
+                    walk._skip(
+                        j.node, "the lowering refuses it: " + next(n.reason for n in e.nodes if n.node == j.node.name)
+                    )
             if len(kept) == len(judged):
                 raise
             judged = kept
@@ -530,7 +540,9 @@ def bisect(
     try:
         captured = _capture(model, args, kwargs, _Step(training, loss_fn), dict(options or {}))
     except Exception as e:
-        report.errors.append(f"capture: {type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}")
+        report.errors.append(
+            f"capture: {type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+        )
         return report
     for entry in captured:
         t0 = time.perf_counter()
@@ -540,7 +552,9 @@ def bisect(
             walk.run()
             compiled = _compiled_values(walk, entry.name, dict(options or {}))
         except Exception as e:
-            report.errors.append(f"{entry.name}: {type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}")
+            report.errors.append(
+                f"{entry.name}: {type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
+            )
             continue
         ops = _judge(walk, compiled, entry.name, multiple, floor_eps)
         report.ops += ops

@@ -28,6 +28,7 @@ from typing import Any
 USER_PACKAGE = "neuron_compile_evaluate_user"
 _loaded = itertools.count()
 
+
 class FactoryError(Exception):
     """FILE.py:FACTORY cannot be loaded or does not return what evaluate needs."""
 
@@ -105,9 +106,13 @@ def load_factory(spec: str) -> tuple[Any, Any, Any]:
         )
     model, inputs, loss_fn = (*made, None) if len(made) == 2 else made
     if not isinstance(model, torch.nn.Module):
-        raise FactoryError(f"{path_text}: {name}() returned a {type(model).__name__} as the model; it must be a torch.nn.Module")
+        raise FactoryError(
+            f"{path_text}: {name}() returned a {type(model).__name__} as the model; it must be a torch.nn.Module"
+        )
     if loss_fn is not None and not callable(loss_fn):
-        raise FactoryError(f"{path_text}: {name}() returned a {type(loss_fn).__name__} as loss_fn; it must be callable or None")
+        raise FactoryError(
+            f"{path_text}: {name}() returned a {type(loss_fn).__name__} as loss_fn; it must be callable or None"
+        )
     return model, inputs, loss_fn
 
 
@@ -151,7 +156,9 @@ def run(args: argparse.Namespace) -> int:
             else:
                 from . import evaluate
 
-                report = evaluate(model, inputs, loss_fn=loss_fn, steps=args.steps, phase_timeout=getattr(args, "timeout", None))
+                report = evaluate(
+                    model, inputs, loss_fn=loss_fn, steps=args.steps, phase_timeout=getattr(args, "timeout", None)
+                )
     if failed is not None:
         return _fail(args, failed)
     if args.json:

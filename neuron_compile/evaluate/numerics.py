@@ -105,7 +105,7 @@ class NumericsVerdict:
     def worst(self) -> TensorVerdict | None:
         """The tensor with the largest compiled/eager error ratio (the closest call)."""
         rated = [t for t in self.tensors if t.ratio is not None]
-        return max(rated, key=lambda t: (t.ratio if not math.isnan(t.ratio) else math.inf), default=None)
+        return max(rated, key=lambda t: t.ratio if not math.isnan(t.ratio) else math.inf, default=None)
 
     def to_dict(self) -> dict[str, Any]:
         worst = self.worst()
@@ -159,18 +159,21 @@ def judge_tensor(
     shape, dtype = list(compiled.shape), str(compiled.dtype).replace("torch.", "")
 
     def verdict(ok: bool, why: str = "", **kw: Any) -> TensorVerdict:
-        base: dict[str, Any] = dict(
-            eager_error=None, compiled_error=None, ratio=None, bound=None, multiple=None
-        )
+        base: dict[str, Any] = dict(eager_error=None, compiled_error=None, ratio=None, bound=None, multiple=None)
         base.update(kw)
         return TensorVerdict(name, ok, dtype, shape, why=why, **base)
 
     if compiled.shape != eager.shape or compiled.dtype != eager.dtype:
-        return verdict(False, f"compiled is {compiled.dtype}{list(compiled.shape)}, eager {eager.dtype}{list(eager.shape)}")
+        return verdict(
+            False, f"compiled is {compiled.dtype}{list(compiled.shape)}, eager {eager.dtype}{list(eager.shape)}"
+        )
     if not compiled.is_floating_point():
         same = torch.equal(compiled, eager)
-        return verdict(same, "" if same else f"{(compiled != eager).sum().item()} elements differ from eager",
-                       passed_by="exact" if same else "")
+        return verdict(
+            same,
+            "" if same else f"{(compiled != eager).sum().item()} elements differ from eager",
+            passed_by="exact" if same else "",
+        )
     ref = ref.detach().double()
     eager, compiled = eager.detach(), compiled.detach()
     tol = DEFAULT_TOL.get(compiled.dtype, 1e-4) if tol is None else tol

@@ -19,25 +19,37 @@ _FOLLOW_UP_OPS = {"aten.sym_size.int", "sym_size", "ge", "le", "lt", "gt", "eq",
 
 #: (pattern on "op reason", advice). First match wins; the patterns name the user-level construct.
 _ADVICE: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"histc|grouped_mm|transformers\.|moe|experts", re.I),
-     "MoE routing with data-dependent expert batches: use a static experts implementation that runs every "
-     "expert on every token and weights by the router (transformers: config.experts_implementation="
-     "\"batched_mm\")"),
-    (re.compile(r"_local_scalar_dense|\.item\(\)|Tensor\.item", re.I),
-     "`.item()` makes a Python number from device data: keep it a tensor (e.g. torch.where / torch.clamp with "
-     "tensor arguments), or move it out of the compiled region"),
-    (re.compile(r"aten\.index\.Tensor|masked_select|index_put.*bool", re.I),
-     "boolean-mask indexing x[mask] has a data-dependent shape: keep the shape static with "
-     "torch.where(mask, x, 0) (or x * mask) and reduce over the full tensor"),
-    (re.compile(r"nonzero|argwhere|unique|repeat_interleave|bincount", re.I),
-     "the result's size depends on the data: use a fixed-size form (torch.where(mask, x, 0), a mask "
-     "multiply, torch.topk with a static k), or pad to a maximum size"),
-    (re.compile(r"data-dependent", re.I),
-     "a size or value depends on tensor data: pass sizes as Python ints and keep shapes static"),
+    (
+        re.compile(r"histc|grouped_mm|transformers\.|moe|experts", re.I),
+        "MoE routing with data-dependent expert batches: use a static experts implementation that runs every "
+        "expert on every token and weights by the router (transformers: config.experts_implementation="
+        '"batched_mm")',
+    ),
+    (
+        re.compile(r"_local_scalar_dense|\.item\(\)|Tensor\.item", re.I),
+        "`.item()` makes a Python number from device data: keep it a tensor (e.g. torch.where / torch.clamp with "
+        "tensor arguments), or move it out of the compiled region",
+    ),
+    (
+        re.compile(r"aten\.index\.Tensor|masked_select|index_put.*bool", re.I),
+        "boolean-mask indexing x[mask] has a data-dependent shape: keep the shape static with "
+        "torch.where(mask, x, 0) (or x * mask) and reduce over the full tensor",
+    ),
+    (
+        re.compile(r"nonzero|argwhere|unique|repeat_interleave|bincount", re.I),
+        "the result's size depends on the data: use a fixed-size form (torch.where(mask, x, 0), a mask "
+        "multiply, torch.topk with a static k), or pad to a maximum size",
+    ),
+    (
+        re.compile(r"data-dependent", re.I),
+        "a size or value depends on tensor data: pass sizes as Python ints and keep shapes static",
+    ),
     (re.compile(r"float64", re.I), "cast to float32: Trainium has no float64"),
-    (re.compile(r"no lowering|not supported|not an aten op", re.I),
-     "rewrite it with supported ops (neuron_compile.supported_ops(), docs/ops.md) or move it out of the "
-     "compiled region with torch.compiler.disable"),
+    (
+        re.compile(r"no lowering|not supported|not an aten op", re.I),
+        "rewrite it with supported ops (neuron_compile.supported_ops(), docs/ops.md) or move it out of the "
+        "compiled region with torch.compiler.disable",
+    ),
 ]
 
 
@@ -210,7 +222,9 @@ class EvaluationReport:
         out.append(f"graphs: {self.dynamo_graphs} Dynamo graph(s), {len(self.graph_breaks)} graph break(s), "
                    f"{len(self.graphs)} compiled graph(s)")  # fmt: skip
         if self.graphs:
-            out.append(f"  {'graph':<24} {'kind':<10} {'aten ops':>8} {'nki':>4} {'cache':>6} {'lower s':>8} {'compile s':>9}")
+            out.append(
+                f"  {'graph':<24} {'kind':<10} {'aten ops':>8} {'nki':>4} {'cache':>6} {'lower s':>8} {'compile s':>9}"
+            )
             for g in self.graphs:
                 out.append(f"  {g.name:<24} {g.kind:<10} {g.aten_ops:>8} {g.nki_kernels:>4} {g.cache:>6} "
                            f"{g.lower_s:>8.3f} {g.compile_s:>9.3f}")  # fmt: skip

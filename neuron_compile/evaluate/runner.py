@@ -180,7 +180,9 @@ class _CollectingBackend:
         try:
             return neuron_backend(gm, example_inputs, options=self.options)
         except NeuronUnsupportedOpError as e:
-            self.refused.append((f"{label} ({e.graph_name})" if e.graph_name != "GraphModule" else label, list(e.nodes)))
+            self.refused.append(
+                (f"{label} ({e.graph_name})" if e.graph_name != "GraphModule" else label, list(e.nodes))
+            )
         except NeuronCompileError as e:
             self.errors.append(f"{label}: {type(e).__name__}: {e}")
         except Exception as e:  # a crash in the backend is a finding too; the evaluation goes on
@@ -208,9 +210,7 @@ def _graph_breaks(model: Callable[..., Any], args: tuple, kwargs: dict, training
     return explained.graph_count, breaks
 
 
-def _reference_step(
-    model: torch.nn.Module, step: _Step, args: tuple, kwargs: dict
-) -> tuple[dict[str, Any], str]:
+def _reference_step(model: torch.nn.Module, step: _Step, args: tuple, kwargs: dict) -> tuple[dict[str, Any], str]:
     """The reference run: a float64 copy of the model where it runs, else float32 (and say why)."""
     ref = copy.deepcopy(model)
     _disable_dropout(ref)
@@ -285,6 +285,7 @@ def evaluate(
     report = EvaluationReport(
         model=type(model).__name__, mode="training" if training else "inference", target=opts.target
     )
+
     def say(msg: str) -> None:
         _progress(progress, msg)
         alarm.start(msg.split(" ", 1)[-1].split(":")[0] if msg[:1].isdigit() else msg)
@@ -371,7 +372,9 @@ def _run(
     refused = {name.split("_")[0] + "_" for _, nodes in collector.refused for name in [_graph_name(_)] if name}
     records = [r for r in STATS.graphs[first:] if not any(r.name.startswith(p) for p in refused)]
     report.graphs = [
-        GraphEntry(r.name, r.kind, r.num_ops, int(getattr(r, "nki_kernels", 0)), r.cache, r.lower_seconds, r.compile_seconds)
+        GraphEntry(
+            r.name, r.kind, r.num_ops, int(getattr(r, "nki_kernels", 0)), r.cache, r.lower_seconds, r.compile_seconds
+        )
         for r in records
     ]
     report.unsupported = root_causes(collector.refused)
@@ -414,7 +417,9 @@ def _run(
     groups = [outputs]
     if step.training:
         groups.append(_compare_grads(reference["grads"], eager["grads"], compiled["grads"], tol))
-    notes = [n for n in (ref_note, f"{dropped} dropout module(s) run at p=0 for the comparison" if dropped else "") if n]
+    notes = [
+        n for n in (ref_note, f"{dropped} dropout module(s) run at p=0 for the comparison" if dropped else "") if n
+    ]
     report.numerics = merge(groups, note="; ".join(notes))
 
 

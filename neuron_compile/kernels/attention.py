@@ -20,10 +20,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ._common import P, dtype_of, psum, sbuf, tiles
 from .nki_api import isa as nisa
 from .nki_api import jit
 from .nki_api import language as nl
-from ._common import P, dtype_of, psum, sbuf, tiles
 
 F32 = "float32"
 KV_BLOCK = 2048
@@ -44,10 +44,10 @@ def _load_rows(dst: Any, src_hbm: Any, s: int) -> None:
     full = s // P
     for t0 in range(0, full, ROW_GROUP):
         g = min(ROW_GROUP, full - t0)
-        src = src_hbm[t0 * P:(t0 + g) * P, :].reshape_dim(0, (g, P)).permute((1, 0, 2))
-        nisa.dma_copy(dst=dst[:, t0:t0 + g, :], src=src)
+        src = src_hbm[t0 * P : (t0 + g) * P, :].reshape_dim(0, (g, P)).permute((1, 0, 2))
+        nisa.dma_copy(dst=dst[:, t0 : t0 + g, :], src=src)
     if s % P:
-        nisa.dma_copy(dst=dst[:s % P, full, :], src=src_hbm[full * P:s, :])
+        nisa.dma_copy(dst=dst[: s % P, full, :], src=src_hbm[full * P : s, :])
 
 
 def _load_transposed(dst_t: Any, src_hbm: Any, s: int, d: int, dt: str, natural: Any = None) -> None:
@@ -59,24 +59,41 @@ def _load_transposed(dst_t: Any, src_hbm: Any, s: int, d: int, dt: str, natural:
     for t, (s0, ss) in enumerate(tiles(s)):
         tp = psum((P, P), dt, "ld_transpose")
         nisa.nc_transpose(dst=tp[:d, :ss], data=natural[:ss, t, :d])
-        nisa.tensor_copy(dst=dst_t[:d, s0:s0 + ss], src=tp[:d, :ss], engine=nisa.engine.scalar)
+        nisa.tensor_copy(dst=dst_t[:d, s0 : s0 + ss], src=tp[:d, :ss], engine=nisa.engine.scalar)
 
 
 def _causal_mask(dst: Any, src: Any, rows: int, cols: int, q0: int, k0: int) -> None:
     """dst = src where key index <= query index (query on partitions, key on the free dim), else NEG."""
-    nisa.affine_select(dst=dst[:rows, :cols], pattern=[[-1, cols]], channel_multiplier=1,
-                       on_true_tile=src[:rows, :cols], on_false_value=NEG, cmp_op=nl.greater_equal,
-                       offset=q0 - k0)
+    nisa.affine_select(
+        dst=dst[:rows, :cols],
+        pattern=[[-1, cols]],
+        channel_multiplier=1,
+        on_true_tile=src[:rows, :cols],
+        on_false_value=NEG,
+        cmp_op=nl.greater_equal,
+        offset=q0 - k0,
+    )
 
 
 def _my_work(items: list[Any]) -> list[Any]:
     """This program's share of ``items`` under the launch grid: every n-th item, n = nl.num_programs()
     (interleaved, so causal tiles of growing cost are dealt evenly to the cores)."""
-    return items[nl.program_id(axis=0)::nl.num_programs(axes=0)]
+    return items[nl.program_id(axis=0) :: nl.num_programs(axes=0)]
 
 
-def _attend_block(q_t: Any, k_block: Any, k0_block: int, v_sb: Any, qs: int, q0: int, d: int, dt: str,
-                  causal: bool, scale: float, state: tuple[Any, Any, Any]) -> None:
+def _attend_block(
+    q_t: Any,
+    k_block: Any,
+    k0_block: int,
+    v_sb: Any,
+    qs: int,
+    q0: int,
+    d: int,
+    dt: str,
+    causal: bool,
+    scale: float,
+    state: tuple[Any, Any, Any],
+) -> None:
     """Online-softmax update of one 128-query tile with one key block (up to KV_BLOCK keys in CHUNK-wide
     tiles of the K^T block grid): S = Q K^T on TensorE into one PSUM bank per chunk, the block's row max on
     Vector, m_new/alpha on GpSimd, P = exp(scale*S - m_new) with its row sum fused on Scalar, P^T on the PE,
@@ -97,12 +114,19 @@ def _attend_block(q_t: Any, k_block: Any, k0_block: int, v_sb: Any, qs: int, q0:
             nisa.tensor_copy(dst=src[:qs, :cs], src=s_ps[:qs, :cs], engine=nisa.engine.scalar)
             _causal_mask(src, src, qs, cs, q0, k0)
         srcs.append((src, cs))
-        nisa.tensor_reduce(dst=cmax[:qs, c:c + 1], op=nl.maximum, data=src[:qs, :cs], axis=1, keepdims=True)
+        nisa.tensor_reduce(dst=cmax[:qs, c : c + 1], op=nl.maximum, data=src[:qs, :cs], axis=1, keepdims=True)
     # running max in scaled units; alpha rescales what was accumulated so far
     m_new = sbuf((P, 1), F32, "m_new")
     nisa.tensor_reduce(dst=m_new[:qs], op=nl.maximum, data=cmax[:qs], axis=1, keepdims=True)
-    nisa.tensor_scalar(dst=m_new[:qs], data=m_new[:qs], op0=nl.multiply, operand0=scale, op1=nl.maximum,
-                       operand1=m[:qs], engine=nisa.engine.gpsimd)
+    nisa.tensor_scalar(
+        dst=m_new[:qs],
+        data=m_new[:qs],
+        op0=nl.multiply,
+        operand0=scale,
+        op1=nl.maximum,
+        operand1=m[:qs],
+        engine=nisa.engine.gpsimd,
+    )
     neg_m = sbuf((P, 1), F32, "neg_m")
     nisa.tensor_scalar(dst=neg_m[:qs], data=m_new[:qs], op0=nl.multiply, operand0=-1.0, engine=nisa.engine.gpsimd)
     alpha = sbuf((P, 1), F32, "alpha")
@@ -113,15 +137,22 @@ def _attend_block(q_t: Any, k_block: Any, k0_block: int, v_sb: Any, qs: int, q0:
     j = 0
     for c, (src, cs) in enumerate(srcs):
         p_sb = sbuf((P, CHUNK), dt, "p")
-        nisa.activation(dst=p_sb[:qs, :cs], op=nl.exp, data=src[:qs, :cs], bias=neg_m[:qs], scale=scale,
-                        reduce_op=nl.add, reduce_res=sums[:qs, c:c + 1])
+        nisa.activation(
+            dst=p_sb[:qs, :cs],
+            op=nl.exp,
+            data=src[:qs, :cs],
+            bias=neg_m[:qs],
+            scale=scale,
+            reduce_op=nl.add,
+            reduce_res=sums[:qs, c : c + 1],
+        )
         p_tp = psum((P, CHUNK // P, P), dt, "pT_psum")
         p_t = sbuf((P, CHUNK // P, P), dt, "pT")
         sub = list(tiles(cs))
         for i, (j0, js) in enumerate(sub):
-            nisa.nc_transpose(dst=p_tp[:js, i, :qs], data=p_sb[:qs, j0:j0 + js])
+            nisa.nc_transpose(dst=p_tp[:js, i, :qs], data=p_sb[:qs, j0 : j0 + js])
         if cs % P == 0:
-            nisa.tensor_copy(dst=p_t[:, :len(sub), :qs], src=p_tp[:, :len(sub), :qs])
+            nisa.tensor_copy(dst=p_t[:, : len(sub), :qs], src=p_tp[:, : len(sub), :qs])
         else:
             for i, (j0, js) in enumerate(sub):
                 nisa.tensor_copy(dst=p_t[:js, i, :qs], src=p_tp[:js, i, :qs])
@@ -131,10 +162,18 @@ def _attend_block(q_t: Any, k_block: Any, k0_block: int, v_sb: Any, qs: int, q0:
             j += 1
     blk_sum = sbuf((P, 1), F32, "blk_sum")
     nisa.tensor_reduce(dst=blk_sum[:qs], op=nl.add, data=sums[:qs], axis=1, keepdims=True)
-    nisa.scalar_tensor_tensor(dst=l_sum[:qs], data=l_sum[:qs], op0=nl.multiply, operand0=alpha[:qs], op1=nl.add,
-                              operand1=blk_sum[:qs], engine=nisa.engine.gpsimd)
-    nisa.scalar_tensor_tensor(dst=o_acc[:qs], data=o_acc[:qs], op0=nl.multiply, operand0=alpha[:qs], op1=nl.add,
-                              operand1=pv[:qs, :d])
+    nisa.scalar_tensor_tensor(
+        dst=l_sum[:qs],
+        data=l_sum[:qs],
+        op0=nl.multiply,
+        operand0=alpha[:qs],
+        op1=nl.add,
+        operand1=blk_sum[:qs],
+        engine=nisa.engine.gpsimd,
+    )
+    nisa.scalar_tensor_tensor(
+        dst=o_acc[:qs], data=o_acc[:qs], op0=nl.multiply, operand0=alpha[:qs], op1=nl.add, operand1=pv[:qs, :d]
+    )
 
 
 @jit
@@ -179,7 +218,7 @@ def _flash_attention_fwd(q: Any, k: Any, v: Any, causal: bool = False, scale: fl
             lse_sb = sbuf((P, 1), F32, "lse")
             nisa.activation(dst=lse_sb[:qs], op=nl.log, data=l_sum[:qs])
             nisa.tensor_tensor(dst=lse_sb[:qs], data1=lse_sb[:qs], data2=m[:qs], op=nl.add)
-            nisa.dma_copy(dst=lse[b, h, q0:q0 + qs].reshape((qs, 1)), src=lse_sb[:qs])
+            nisa.dma_copy(dst=lse[b, h, q0 : q0 + qs].reshape((qs, 1)), src=lse_sb[:qs])
         del k_t, v_sb  # tiles are scoped to the head: free them before the next head allocates
     return out, lse
 
@@ -188,8 +227,9 @@ flash_attention_fwd_kernel = _flash_attention_fwd[LNC]
 
 
 @jit
-def _flash_attention_bwd(q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, causal: bool = False,
-                         scale: float | None = None) -> Any:
+def _flash_attention_bwd(
+    q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, causal: bool = False, scale: float | None = None
+) -> Any:
     """NKI kernel: ``(dq, dk, dv)`` of :func:`flash_attention_fwd_kernel` given its ``o`` and ``lse``.
     Launched as ``[LNC]``: (batch, head) pairs are dealt to the programs (dQ sums over every key tile of a
     head, so a head is never split between cores)."""
@@ -216,38 +256,48 @@ def _flash_attention_bwd(q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, caus
         dq_acc = sbuf((P, nq, d), F32, "dq_acc")
         nisa.memset(dst=dq_acc, value=0.0)
         for i, (q0, qs) in enumerate(tiles(sq)):
-            nisa.dma_copy(dst=neg_lse[:qs, i:i + 1], src=lse[b, h, q0:q0 + qs].reshape((qs, 1)))
+            nisa.dma_copy(dst=neg_lse[:qs, i : i + 1], src=lse[b, h, q0 : q0 + qs].reshape((qs, 1)))
             o_tile = sbuf((P, d), dt, "o")
-            nisa.dma_copy(dst=o_tile[:qs], src=o[b, h, q0:q0 + qs, :])
+            nisa.dma_copy(dst=o_tile[:qs], src=o[b, h, q0 : q0 + qs, :])
             prod = sbuf((P, d), F32, "do_o")
             nisa.tensor_tensor(dst=prod[:qs], data1=do_sb[:qs, i, :], data2=o_tile[:qs], op=nl.multiply)
-            nisa.tensor_reduce(dst=di[:qs, i:i + 1], op=nl.add, data=prod[:qs], axis=1, keepdims=True)
+            nisa.tensor_reduce(dst=di[:qs, i : i + 1], op=nl.add, data=prod[:qs], axis=1, keepdims=True)
         nisa.tensor_scalar(dst=neg_lse, data=neg_lse, op0=nl.multiply, operand0=-1.0)
         for j, (k0, ks) in enumerate(tiles(sk)):
             first = True
             for i, (q0, qs) in enumerate(tiles(sq)):
                 if causal and k0 > q0 + qs - 1:
                     continue
-                nisa.nc_matmul(dst=s_ps[:qs, :ks], stationary=q_t[:d, q0:q0 + qs], moving=k_t[:d, k0:k0 + ks],
-                               accumulate=False)
+                nisa.nc_matmul(
+                    dst=s_ps[:qs, :ks], stationary=q_t[:d, q0 : q0 + qs], moving=k_t[:d, k0 : k0 + ks], accumulate=False
+                )
                 src = s_ps
                 if causal and k0 + ks - 1 > q0:
                     src = sbuf((P, P), F32, "s_masked")
                     nisa.tensor_copy(dst=src[:qs, :ks], src=s_ps[:qs, :ks], engine=nisa.engine.scalar)
                     _causal_mask(src, src, qs, ks, q0, k0)
                 p_sb = sbuf((P, P), dt, "p")
-                nisa.activation(dst=p_sb[:qs, :ks], op=nl.exp, data=src[:qs, :ks], bias=neg_lse[:qs, i:i + 1],
-                                scale=scale)
-                nisa.nc_matmul(dst=dv_ps[:ks, :d], stationary=p_sb[:qs, :ks], moving=do_sb[:qs, i, :],
-                               accumulate=not first)
-                nisa.nc_matmul(dst=dp_ps[:qs, :ks], stationary=do_t[:d, q0:q0 + qs], moving=v_t[:d, k0:k0 + ks],
-                               accumulate=False)
+                nisa.activation(
+                    dst=p_sb[:qs, :ks], op=nl.exp, data=src[:qs, :ks], bias=neg_lse[:qs, i : i + 1], scale=scale
+                )
+                nisa.nc_matmul(
+                    dst=dv_ps[:ks, :d], stationary=p_sb[:qs, :ks], moving=do_sb[:qs, i, :], accumulate=not first
+                )
+                nisa.nc_matmul(
+                    dst=dp_ps[:qs, :ks],
+                    stationary=do_t[:d, q0 : q0 + qs],
+                    moving=v_t[:d, k0 : k0 + ks],
+                    accumulate=False,
+                )
                 ds_f = sbuf((P, P), F32, "dp_minus_di")
-                nisa.tensor_scalar(dst=ds_f[:qs, :ks], data=dp_ps[:qs, :ks], op0=nl.subtract, operand0=di[:qs, i:i + 1])
+                nisa.tensor_scalar(
+                    dst=ds_f[:qs, :ks], data=dp_ps[:qs, :ks], op0=nl.subtract, operand0=di[:qs, i : i + 1]
+                )
                 ds = sbuf((P, P), dt, "ds")
                 nisa.tensor_tensor(dst=ds[:qs, :ks], data1=ds_f[:qs, :ks], data2=p_sb[:qs, :ks], op=nl.multiply)
-                nisa.nc_matmul(dst=dk_ps[:ks, :d], stationary=ds[:qs, :ks], moving=q_sb[:qs, i, :],
-                               accumulate=not first)
+                nisa.nc_matmul(
+                    dst=dk_ps[:ks, :d], stationary=ds[:qs, :ks], moving=q_sb[:qs, i, :], accumulate=not first
+                )
                 ds_tp = psum((P, P), dt, "dsT_psum")
                 nisa.nc_transpose(dst=ds_tp[:ks, :qs], data=ds[:qs, :ks])
                 ds_t = sbuf((P, P), dt, "dsT")
@@ -262,12 +312,12 @@ def _flash_attention_bwd(q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, caus
             else:
                 nisa.tensor_scalar(dst=dk_sb[:ks], data=dk_ps[:ks, :d], op0=nl.multiply, operand0=scale)
                 nisa.tensor_copy(dst=dv_sb[:ks], src=dv_ps[:ks, :d])
-            nisa.dma_copy(dst=dk[b, h, k0:k0 + ks, :], src=dk_sb[:ks])
-            nisa.dma_copy(dst=dv[b, h, k0:k0 + ks, :], src=dv_sb[:ks])
+            nisa.dma_copy(dst=dk[b, h, k0 : k0 + ks, :], src=dk_sb[:ks])
+            nisa.dma_copy(dst=dv[b, h, k0 : k0 + ks, :], src=dv_sb[:ks])
         for i, (q0, qs) in enumerate(tiles(sq)):
             dq_sb = sbuf((P, d), dt, "dq")
             nisa.tensor_scalar(dst=dq_sb[:qs], data=dq_acc[:qs, i, :], op0=nl.multiply, operand0=scale)
-            nisa.dma_copy(dst=dq[b, h, q0:q0 + qs, :], src=dq_sb[:qs])
+            nisa.dma_copy(dst=dq[b, h, q0 : q0 + qs, :], src=dq_sb[:qs])
         del q_sb, do_sb, k_sb, v_sb, q_t, do_t, k_t, v_t, dq_acc  # scoped to the head
     return dq, dk, dv
 
@@ -306,14 +356,18 @@ def flash_attention_fwd_reference(q: Any, k: Any, v: Any, causal: bool = False, 
     return o.astype(q.dtype), lse[..., 0]
 
 
-def flash_attention_bwd_reference(q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, causal: bool = False,
-                                  scale: float | None = None) -> Any:
+def flash_attention_bwd_reference(
+    q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, causal: bool = False, scale: float | None = None
+) -> Any:
     """StableHLO reference of the attention backward from ``o`` and ``lse``: ``(dq, dk, dv)``."""
     import jax.numpy as jnp
 
     s, sc = _scores(q, k, causal, scale)
     p = jnp.exp(s - lse[..., None])
-    f = lambda x: x.astype(jnp.float32)
+
+    def f(x):
+        return x.astype(jnp.float32)
+
     dv = jnp.einsum("bhqk,bhqd->bhkd", p, f(do))
     dp = jnp.einsum("bhqd,bhkd->bhqk", f(do), f(v))
     di = jnp.sum(f(do) * f(o), axis=-1, keepdims=True)
@@ -340,8 +394,9 @@ def flash_attention_fwd_supports(q: Any, k: Any, v: Any, causal: bool = False, s
     return _qkv_ok(q, k, v, causal)
 
 
-def flash_attention_bwd_supports(q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, causal: bool = False,
-                                 scale: float | None = None) -> bool:
+def flash_attention_bwd_supports(
+    q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, causal: bool = False, scale: float | None = None
+) -> bool:
     # Q, dO, K, V stay resident natural and transposed, plus an fp32 dQ accumulator: 8192 rows fit SBUF in
     # 2-byte dtypes, 4096 in fp32 (8192 fp32 overflowed it and was routed anyway before)
     limit = 8192 if dtype_of(q) in ("bfloat16", "float16") else 4096

@@ -113,16 +113,83 @@ class Generation:
 
 
 GENERATIONS: dict[str, Generation] = {
-    "trn1": Generation("trn1", 2.8, 92.0, 23.0, 1.12, 128, 1.4, 128, 1.4, 128, 0.82, 2, 272.0, 1.3, 16,
-                       192 * 1024, 16 * 1024, 16 * 1024, 8, 512),
-    "trn2": Generation("trn2", 2.4, 79.0, 20.0, 0.96, 256, 1.2, 128, 1.2, 128, 2.9, 8, 368.0, 1.3, 16,
-                       224 * 1024, 16 * 1024, 16 * 1024, 8, 512),
-    "trn3": Generation("trn3", 2.4, 79.0, 20.0, 1.2, 256, 1.2, 128, 1.2, 128, 4.9, 8, 528.0, 1.3, 16,
-                       256 * 1024, 16 * 1024, 16 * 1024, 8, 4096),
+    "trn1": Generation(
+        "trn1",
+        2.8,
+        92.0,
+        23.0,
+        1.12,
+        128,
+        1.4,
+        128,
+        1.4,
+        128,
+        0.82,
+        2,
+        272.0,
+        1.3,
+        16,
+        192 * 1024,
+        16 * 1024,
+        16 * 1024,
+        8,
+        512,
+    ),
+    "trn2": Generation(
+        "trn2",
+        2.4,
+        79.0,
+        20.0,
+        0.96,
+        256,
+        1.2,
+        128,
+        1.2,
+        128,
+        2.9,
+        8,
+        368.0,
+        1.3,
+        16,
+        224 * 1024,
+        16 * 1024,
+        16 * 1024,
+        8,
+        512,
+    ),
+    "trn3": Generation(
+        "trn3",
+        2.4,
+        79.0,
+        20.0,
+        1.2,
+        256,
+        1.2,
+        128,
+        1.2,
+        128,
+        4.9,
+        8,
+        528.0,
+        1.3,
+        16,
+        256 * 1024,
+        16 * 1024,
+        16 * 1024,
+        8,
+        4096,
+    ),
 }
 
-_ALIASES = {"trn1": "trn1", "gen2": "trn1", "inf2": "trn1", "trn2": "trn2", "gen3": "trn2",
-            "trn3": "trn3", "gen4": "trn3"}
+_ALIASES = {
+    "trn1": "trn1",
+    "gen2": "trn1",
+    "inf2": "trn1",
+    "trn2": "trn2",
+    "gen3": "trn2",
+    "trn3": "trn3",
+    "gen4": "trn3",
+}
 
 
 def generation(name: str | Generation | None) -> Generation:
@@ -145,8 +212,18 @@ PARTITIONS_PER_DMA_ENGINE = 8
 # (bytes per partition per transfer, fraction of peak): the NKI DMA overview's throughput figure, digitized
 # as a fraction of its 32 KiB point (shared/NKI_API_AND_COSTS.md section 3)
 DMA_EFFICIENCY: tuple[tuple[int, float], ...] = (
-    (32, 0.018), (64, 0.028), (128, 0.054), (256, 0.10), (512, 0.21), (1024, 0.425), (2048, 0.81),
-    (4096, 0.97), (8192, 0.98), (16384, 0.99), (32768, 1.0))
+    (32, 0.018),
+    (64, 0.028),
+    (128, 0.054),
+    (256, 0.10),
+    (512, 0.21),
+    (1024, 0.425),
+    (2048, 0.81),
+    (4096, 0.97),
+    (8192, 0.98),
+    (16384, 0.99),
+    (32768, 1.0),
+)
 
 
 def dma_efficiency(bytes_per_partition: float) -> float:
@@ -177,8 +254,9 @@ def dma_transfer_seconds(gen: Generation, nbytes: int, partitions: int) -> float
     return nbytes / (per_engine * engines * dma_efficiency(nbytes / max(1, partitions)))
 
 
-def instruction_cycles(gen: Generation, engine: str, kind: str, free: int, partitions: int = 128,
-                       itemsize: int = 4) -> float:
+def instruction_cycles(
+    gen: Generation, engine: str, kind: str, free: int, partitions: int = 128, itemsize: int = 4
+) -> float:
     """Estimated cycles of one instruction on ``engine`` (in that engine's clock).
 
     ``free`` is the number of elements per partition (for ``matmul``: N of the moving operand; for
@@ -241,21 +319,26 @@ def estimate(stats: Any, gen: str | Generation | None = None) -> CostEstimate:
     sched = getattr(stats, "schedule", None)
     if sched and g.name == stats.generation:
         crit = max(sched, key=lambda p: p["makespan"])
-        return CostEstimate(g.name, {k: v for k, v in crit["busy"].items() if k != "dma"}, crit["busy"]["dma"],
-                            crit["makespan"], len(sched))
+        return CostEstimate(
+            g.name,
+            {k: v for k, v in crit["busy"].items() if k != "dma"},
+            crit["busy"]["dma"],
+            crit["makespan"],
+            len(sched),
+        )
     clocks = {"tensor": g.tensor_ghz, "vector": g.vector_ghz, "scalar": g.scalar_ghz, "gpsimd": g.gpsimd_ghz}
     est = CostEstimate(g.name)
     for name, eng in stats.engines.items():
         if name in clocks:
             est.engine_seconds[name] = eng.cycles / (clocks[name] * 1e9)
     moved = stats.dma_bytes_hbm_to_sbuf + stats.dma_bytes_sbuf_to_hbm + stats.dma_bytes_other
-    est.dma_seconds = (moved / g.hbm_bytes_per_s_per_core
-                       + stats.dma_transfers * g.dma_fixed_us * 1e-6 / g.dma_queues)
+    est.dma_seconds = moved / g.hbm_bytes_per_s_per_core + stats.dma_transfers * g.dma_fixed_us * 1e-6 / g.dma_queues
     return est
 
 
-def roofline_seconds(flops: float, essential_bytes: float, gen: str | Generation | None = None,
-                     fp32: bool = False, cores: int = 1) -> float:
+def roofline_seconds(
+    flops: float, essential_bytes: float, gen: str | Generation | None = None, fp32: bool = False, cores: int = 1
+) -> float:
     """Ideal time on ``cores`` NeuronCores: TensorE peak for ``flops`` or HBM bandwidth for
     ``essential_bytes``, whichever is longer."""
     g = generation(gen)

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._common import P, cdiv, dtype_of, itemsize, psum, sbuf, tiles
 from .nki_api import isa as nisa
 from .nki_api import jit
 from .nki_api import language as nl
-from ._common import P, cdiv, dtype_of, itemsize, psum, sbuf, tiles
 
 KC = 1024  # columns of a row tile of ``a`` loaded per DMA (2 KiB per partition in bf16)
 KG = 4  # 128-row tiles of ``b`` per DMA: 4 x 512 bf16 columns = 4 KiB per partition, where the published
@@ -62,30 +62,34 @@ def matmul_kernel(a: Any, b: Any) -> Any:
         for mo, msz in tiles(blk_rows):
             for c0, cs in tiles(k_total, KC):
                 a_rows = sbuf((P, KC), dt, "a_rows")
-                nisa.dma_copy(dst=a_rows[:msz, :cs], src=a[m_blk + mo:m_blk + mo + msz, c0:c0 + cs])
+                nisa.dma_copy(dst=a_rows[:msz, :cs], src=a[m_blk + mo : m_blk + mo + msz, c0 : c0 + cs])
                 for k0, ksz in tiles(cs):
                     kt = (c0 + k0) // P
                     tp = psum((P, P), dt, "aT_psum")  # a PSUM tile per transpose: they pipeline with the copies
-                    nisa.nc_transpose(dst=tp[:ksz, :msz], data=a_rows[:msz, k0:k0 + ksz])
-                    nisa.tensor_copy(dst=a_t[:ksz, kt, mo:mo + msz], src=tp[:ksz, :msz], engine=nisa.engine.scalar)
+                    nisa.nc_transpose(dst=tp[:ksz, :msz], data=a_rows[:msz, k0 : k0 + ksz])
+                    nisa.tensor_copy(dst=a_t[:ksz, kt, mo : mo + msz], src=tp[:ksz, :msz], engine=nisa.engine.scalar)
         for n0, nsz in tiles(n_total, tn):
             b_t = sbuf((P, nk, tn), dt, "b_cols")  # moving: loaded once per block, reused by every row tile
             full = k_total // P
             for kt in range(0, full, KG):  # KG k-tiles per DMA: >= 2 KiB per partition per transfer
                 g = min(KG, full - kt)
-                src = b[kt * P:(kt + g) * P, n0:n0 + nsz].reshape_dim(0, (g, P)).permute((1, 0, 2))
-                nisa.dma_copy(dst=b_t[:, kt:kt + g, :nsz], src=src)
+                src = b[kt * P : (kt + g) * P, n0 : n0 + nsz].reshape_dim(0, (g, P)).permute((1, 0, 2))
+                nisa.dma_copy(dst=b_t[:, kt : kt + g, :nsz], src=src)
             if k_total % P:
                 k0, ksz = full * P, k_total % P
-                nisa.dma_copy(dst=b_t[:ksz, full, :nsz], src=b[k0:k0 + ksz, n0:n0 + nsz])
+                nisa.dma_copy(dst=b_t[:ksz, full, :nsz], src=b[k0 : k0 + ksz, n0 : n0 + nsz])
             for mo, msz in tiles(blk_rows):
                 acc = psum((P, tn), "float32", "acc")
                 for kt, (k0, ksz) in enumerate(tiles(k_total)):
-                    nisa.nc_matmul(dst=acc[:msz, :nsz], stationary=a_t[:ksz, kt, mo:mo + msz],
-                                   moving=b_t[:ksz, kt, :nsz], accumulate=kt > 0)
+                    nisa.nc_matmul(
+                        dst=acc[:msz, :nsz],
+                        stationary=a_t[:ksz, kt, mo : mo + msz],
+                        moving=b_t[:ksz, kt, :nsz],
+                        accumulate=kt > 0,
+                    )
                 res = sbuf((P, tn), dt, "res")
                 nisa.tensor_copy(dst=res[:msz, :nsz], src=acc[:msz, :nsz], engine=nisa.engine.vector)
-                nisa.dma_copy(dst=out[m_blk + mo:m_blk + mo + msz, n0:n0 + nsz], src=res[:msz, :nsz])
+                nisa.dma_copy(dst=out[m_blk + mo : m_blk + mo + msz, n0 : n0 + nsz], src=res[:msz, :nsz])
     return out
 
 

@@ -25,7 +25,7 @@ def _real_nki() -> Any | None:
         import nki as real  # the AWS package, not this module (absolute import)
         import nki.isa
         import nki.language
-    except Exception:  # noqa: BLE001 - absent, the placeholder, or broken: all mean "emulate"
+    except Exception:
         return None
     return real if hasattr(real, "jit") and hasattr(real, "simulate") else None
 
@@ -42,7 +42,7 @@ if _real is not None:
     NkiValidationError = NkiError
 else:
     EMULATED = True
-    from .emulator import (  # noqa: F401 - re-exported
+    from .emulator import (
         Kernel,
         NkiCapacityError,
         NkiError,

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._common import P, broadcast_row, dtype_of, psum, sbuf, tiles
 from .nki_api import isa as nisa
 from .nki_api import jit
 from .nki_api import language as nl
-from ._common import P, broadcast_row, dtype_of, psum, sbuf, tiles
 
 MAX_H = 8192
 F32 = "float32"
@@ -35,8 +35,8 @@ def _rows_sum_to_hbm(dst_hbm: Any, acc: Any, h: int) -> None:
     row = sbuf((1, h), dst_hbm.dtype, "row_sum")
     for c0, cs in tiles(h, 512):
         ps = psum((1, 512), F32, "row_sum_psum")
-        nisa.nc_matmul(dst=ps[:, :cs], stationary=ones, moving=acc[:, c0:c0 + cs])
-        nisa.tensor_copy(dst=row[:, c0:c0 + cs], src=ps[:, :cs])
+        nisa.nc_matmul(dst=ps[:, :cs], stationary=ones, moving=acc[:, c0 : c0 + cs])
+        nisa.tensor_copy(dst=row[:, c0 : c0 + cs], src=ps[:, :cs])
     nisa.dma_copy(dst=dst_hbm.reshape((1, h)), src=row)
 
 
@@ -50,13 +50,14 @@ def rms_norm_kernel(x: Any, w: Any, eps: float = 1e-6) -> Any:
     for r0, rs in tiles(rows):
         xt, yt = sbuf((P, h), x.dtype, "x"), sbuf((P, h), x.dtype, "y")
         ss, rstd = sbuf((P, 1), F32, "sumsq"), sbuf((P, 1), F32, "rstd")
-        nisa.dma_copy(dst=xt[:rs], src=x[r0:r0 + rs])
+        nisa.dma_copy(dst=xt[:rs], src=x[r0 : r0 + rs])
         # the squares only feed the fused fp32 row sum: yt takes them and is overwritten by the result below
         nisa.activation(dst=yt[:rs], op=nl.square, data=xt[:rs], reduce_op=nl.add, reduce_res=ss[:rs])
         _rstd(rstd, ss, rs, 1.0 / h, eps)
-        nisa.scalar_tensor_tensor(dst=yt[:rs], data=xt[:rs], op0=nl.multiply, operand0=rstd[:rs], op1=nl.multiply,
-                                  operand1=wt[:rs])
-        nisa.dma_copy(dst=out[r0:r0 + rs], src=yt[:rs])
+        nisa.scalar_tensor_tensor(
+            dst=yt[:rs], data=xt[:rs], op0=nl.multiply, operand0=rstd[:rs], op1=nl.multiply, operand1=wt[:rs]
+        )
+        nisa.dma_copy(dst=out[r0 : r0 + rs], src=yt[:rs])
         del xt, yt, ss, rstd
     return out
 
@@ -75,8 +76,8 @@ def rms_norm_bwd_kernel(dy: Any, x: Any, w: Any, eps: float = 1e-6) -> Any:
         xt, gt, out = sbuf((P, h), x.dtype, "x"), sbuf((P, h), dy.dtype, "dy"), sbuf((P, h), x.dtype, "dx")
         xhat, g, tmp = sbuf((P, h), F32, "xhat"), sbuf((P, h), F32, "g"), sbuf((P, h), F32, "tmp")
         ss, rstd, c = sbuf((P, 1), F32, "sumsq"), sbuf((P, 1), F32, "rstd"), sbuf((P, 1), F32, "c")
-        nisa.dma_copy(dst=xt[:rs], src=x[r0:r0 + rs])
-        nisa.dma_copy(dst=gt[:rs], src=dy[r0:r0 + rs])
+        nisa.dma_copy(dst=xt[:rs], src=x[r0 : r0 + rs])
+        nisa.dma_copy(dst=gt[:rs], src=dy[r0 : r0 + rs])
         nisa.activation(dst=tmp[:rs], op=nl.square, data=xt[:rs], reduce_op=nl.add, reduce_res=ss[:rs])
         _rstd(rstd, ss, rs, 1.0 / h, eps)
         nisa.tensor_scalar(dst=xhat[:rs], data=xt[:rs], op0=nl.multiply, operand0=rstd[:rs])
@@ -87,11 +88,12 @@ def rms_norm_bwd_kernel(dy: Any, x: Any, w: Any, eps: float = 1e-6) -> Any:
         # dx = rstd * (g - xhat * mean(g * xhat))
         nisa.tensor_tensor(dst=tmp[:rs], data1=g[:rs], data2=xhat[:rs], op=nl.multiply)
         nisa.tensor_reduce(dst=c[:rs], op=nl.add, data=tmp[:rs], axis=1, keepdims=True)
-        nisa.tensor_scalar(dst=tmp[:rs], data=xhat[:rs], op0=nl.multiply, operand0=c[:rs], op1=nl.multiply,
-                           operand1=1.0 / h)
+        nisa.tensor_scalar(
+            dst=tmp[:rs], data=xhat[:rs], op0=nl.multiply, operand0=c[:rs], op1=nl.multiply, operand1=1.0 / h
+        )
         nisa.tensor_tensor(dst=tmp[:rs], data1=g[:rs], data2=tmp[:rs], op=nl.subtract)
         nisa.tensor_scalar(dst=out[:rs], data=tmp[:rs], op0=nl.multiply, operand0=rstd[:rs])
-        nisa.dma_copy(dst=dx[r0:r0 + rs], src=out[:rs])
+        nisa.dma_copy(dst=dx[r0 : r0 + rs], src=out[:rs])
         del xt, gt, out, xhat, g, tmp, ss, rstd, c
     _rows_sum_to_hbm(dw, acc, h)
     return dx, dw
@@ -110,16 +112,17 @@ def layer_norm_kernel(x: Any, w: Any, b: Any, eps: float = 1e-5) -> Any:
         xt, yt, tmp = sbuf((P, h), x.dtype, "x"), sbuf((P, h), x.dtype, "y"), sbuf((P, h), F32, "xhat_w")
         stats, mv = sbuf((P, nch * 6), F32, "bn_stats"), sbuf((P, 2), F32, "mean_var")
         rstd = sbuf((P, 1), F32, "rstd")
-        nisa.dma_copy(dst=xt[:rs], src=x[r0:r0 + rs])
+        nisa.dma_copy(dst=xt[:rs], src=x[r0 : r0 + rs])
         for i, (c0, cs) in enumerate(tiles(h, 512)):
-            nisa.bn_stats(dst=stats[:rs, i * 6:(i + 1) * 6], data=xt[:rs, c0:c0 + cs])
+            nisa.bn_stats(dst=stats[:rs, i * 6 : (i + 1) * 6], data=xt[:rs, c0 : c0 + cs])
         nisa.bn_aggr(dst=mv[:rs], data=stats[:rs])
         _rstd(rstd, mv[:, 1:2], rs, 1.0, eps)
-        nisa.tensor_scalar(dst=tmp[:rs], data=xt[:rs], op0=nl.subtract, operand0=mv[:rs, 0:1], op1=nl.multiply,
-                           operand1=rstd[:rs])
+        nisa.tensor_scalar(
+            dst=tmp[:rs], data=xt[:rs], op0=nl.subtract, operand0=mv[:rs, 0:1], op1=nl.multiply, operand1=rstd[:rs]
+        )
         nisa.tensor_tensor(dst=tmp[:rs], data1=tmp[:rs], data2=wt[:rs], op=nl.multiply)
         nisa.tensor_tensor(dst=yt[:rs], data1=tmp[:rs], data2=bt[:rs], op=nl.add)
-        nisa.dma_copy(dst=out[r0:r0 + rs], src=yt[:rs])
+        nisa.dma_copy(dst=out[r0 : r0 + rs], src=yt[:rs])
         del xt, yt, tmp, stats, mv, rstd
     return out
 
@@ -142,14 +145,15 @@ def layer_norm_bwd_kernel(dy: Any, x: Any, w: Any, eps: float = 1e-5) -> Any:
         xhat, g, tmp = sbuf((P, h), F32, "xhat"), sbuf((P, h), F32, "g"), sbuf((P, h), F32, "tmp")
         stats, mv = sbuf((P, nch * 6), F32, "bn_stats"), sbuf((P, 2), F32, "mean_var")
         rstd, sg, sgx = sbuf((P, 1), F32, "rstd"), sbuf((P, 1), F32, "mean_g"), sbuf((P, 1), F32, "mean_g_xhat")
-        nisa.dma_copy(dst=xt[:rs], src=x[r0:r0 + rs])
-        nisa.dma_copy(dst=gt[:rs], src=dy[r0:r0 + rs])
+        nisa.dma_copy(dst=xt[:rs], src=x[r0 : r0 + rs])
+        nisa.dma_copy(dst=gt[:rs], src=dy[r0 : r0 + rs])
         for i, (c0, cs) in enumerate(tiles(h, 512)):
-            nisa.bn_stats(dst=stats[:rs, i * 6:(i + 1) * 6], data=xt[:rs, c0:c0 + cs])
+            nisa.bn_stats(dst=stats[:rs, i * 6 : (i + 1) * 6], data=xt[:rs, c0 : c0 + cs])
         nisa.bn_aggr(dst=mv[:rs], data=stats[:rs])
         _rstd(rstd, mv[:, 1:2], rs, 1.0, eps)
-        nisa.tensor_scalar(dst=xhat[:rs], data=xt[:rs], op0=nl.subtract, operand0=mv[:rs, 0:1], op1=nl.multiply,
-                           operand1=rstd[:rs])
+        nisa.tensor_scalar(
+            dst=xhat[:rs], data=xt[:rs], op0=nl.subtract, operand0=mv[:rs, 0:1], op1=nl.multiply, operand1=rstd[:rs]
+        )
         nisa.tensor_tensor(dst=acc_b[:rs], data1=acc_b[:rs], data2=gt[:rs], op=nl.add)
         nisa.tensor_tensor(dst=tmp[:rs], data1=gt[:rs], data2=xhat[:rs], op=nl.multiply)
         nisa.tensor_tensor(dst=acc_w[:rs], data1=acc_w[:rs], data2=tmp[:rs], op=nl.add)
@@ -160,11 +164,12 @@ def layer_norm_bwd_kernel(dy: Any, x: Any, w: Any, eps: float = 1e-5) -> Any:
         nisa.tensor_scalar(dst=sg[:rs], data=sg[:rs], op0=nl.multiply, operand0=1.0 / h)
         nisa.tensor_scalar(dst=sgx[:rs], data=sgx[:rs], op0=nl.multiply, operand0=1.0 / h)
         # dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
-        nisa.tensor_scalar(dst=tmp[:rs], data=xhat[:rs], op0=nl.multiply, operand0=sgx[:rs], op1=nl.add,
-                           operand1=sg[:rs])
+        nisa.tensor_scalar(
+            dst=tmp[:rs], data=xhat[:rs], op0=nl.multiply, operand0=sgx[:rs], op1=nl.add, operand1=sg[:rs]
+        )
         nisa.tensor_tensor(dst=tmp[:rs], data1=g[:rs], data2=tmp[:rs], op=nl.subtract)
         nisa.tensor_scalar(dst=out[:rs], data=tmp[:rs], op0=nl.multiply, operand0=rstd[:rs])
-        nisa.dma_copy(dst=dx[r0:r0 + rs], src=out[:rs])
+        nisa.dma_copy(dst=dx[r0 : r0 + rs], src=out[:rs])
         del xt, gt, out, xhat, g, tmp, stats, mv, rstd, sg, sgx
     _rows_sum_to_hbm(dw, acc_w, h)
     _rows_sum_to_hbm(db, acc_b, h)
@@ -219,8 +224,12 @@ def layer_norm_bwd_reference(dy: Any, x: Any, w: Any, eps: float = 1e-5) -> Any:
 
 
 def _rows_ok(x: Any, *vecs: Any) -> bool:
-    return (len(x.shape) == 2 and 0 < x.shape[1] <= MAX_H and dtype_of(x) in ("float32", "bfloat16", "float16")
-            and all(tuple(v.shape) == (x.shape[1],) for v in vecs))
+    return (
+        len(x.shape) == 2
+        and 0 < x.shape[1] <= MAX_H
+        and dtype_of(x) in ("float32", "bfloat16", "float16")
+        and all(tuple(v.shape) == (x.shape[1],) for v in vecs)
+    )
 
 
 def _fits(kernel: Any, *args: Any) -> bool:
@@ -230,8 +239,12 @@ def _fits(kernel: Any, *args: Any) -> bool:
 
     if not nki_api.EMULATED:
         return True
-    specs = tuple(nki_api.TensorSpec((min(a.shape[0], P), *a.shape[1:]) if len(a.shape) == 2 else tuple(a.shape),
-                                     dtype_of(a)) if hasattr(a, "shape") else a for a in args)
+    specs = tuple(
+        nki_api.TensorSpec((min(a.shape[0], P), *a.shape[1:]) if len(a.shape) == 2 else tuple(a.shape), dtype_of(a))
+        if hasattr(a, "shape")
+        else a
+        for a in args
+    )
     try:
         nki_api.infer_shapes(kernel)(*specs)
     except nki_api.NkiCapacityError:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._common import P, dtype_of, sbuf, tiles
 from .nki_api import isa as nisa
 from .nki_api import jit
 from .nki_api import language as nl
-from ._common import P, dtype_of, sbuf, tiles
 
 MAX_COLS = 8192  # fp32 row tiles: x, exp and the output stay well inside SBUF
 
@@ -24,17 +24,18 @@ def softmax_kernel(x: Any) -> Any:
     out = nl.ndarray((rows, cols), x.dtype, buffer=nl.shared_hbm, name="out")
     for r0, rs in tiles(rows):
         xt = sbuf((P, cols), x.dtype, "x")
-        nisa.dma_copy(dst=xt[:rs], src=x[r0:r0 + rs])
+        nisa.dma_copy(dst=xt[:rs], src=x[r0 : r0 + rs])
         neg_max = sbuf((P, 1), "float32", "neg_max")
         nisa.tensor_reduce(dst=neg_max[:rs], op=nl.maximum, data=xt[:rs], axis=1, negate=True, keepdims=True)
         ex = sbuf((P, cols), "float32", "exp")
         total = sbuf((P, 1), "float32", "sum")
-        nisa.activation(dst=ex[:rs], op=nl.exp, data=xt[:rs], bias=neg_max[:rs], reduce_op=nl.add,
-                        reduce_res=total[:rs])
+        nisa.activation(
+            dst=ex[:rs], op=nl.exp, data=xt[:rs], bias=neg_max[:rs], reduce_op=nl.add, reduce_res=total[:rs]
+        )
         nisa.reciprocal(dst=total[:rs], data=total[:rs])
         yt = sbuf((P, cols), x.dtype, "y")
         nisa.tensor_scalar(dst=yt[:rs], data=ex[:rs], op0=nl.multiply, operand0=total[:rs])
-        nisa.dma_copy(dst=out[r0:r0 + rs], src=yt[:rs])
+        nisa.dma_copy(dst=out[r0 : r0 + rs], src=yt[:rs])
     return out
 
 
@@ -46,8 +47,8 @@ def softmax_bwd_kernel(y: Any, dy: Any) -> Any:
     for r0, rs in tiles(rows):
         yt = sbuf((P, cols), y.dtype, "y")
         gt = sbuf((P, cols), dy.dtype, "dy")
-        nisa.dma_copy(dst=yt[:rs], src=y[r0:r0 + rs])
-        nisa.dma_copy(dst=gt[:rs], src=dy[r0:r0 + rs])
+        nisa.dma_copy(dst=yt[:rs], src=y[r0 : r0 + rs])
+        nisa.dma_copy(dst=gt[:rs], src=dy[r0 : r0 + rs])
         prod = sbuf((P, cols), "float32", "y_dy")
         nisa.tensor_tensor(dst=prod[:rs], data1=yt[:rs], data2=gt[:rs], op=nl.multiply)
         dot = sbuf((P, 1), "float32", "dot")
@@ -56,7 +57,7 @@ def softmax_bwd_kernel(y: Any, dy: Any) -> Any:
         nisa.tensor_scalar(dst=diff[:rs], data=gt[:rs], op0=nl.subtract, operand0=dot[:rs])
         res = sbuf((P, cols), dy.dtype, "dx")
         nisa.tensor_tensor(dst=res[:rs], data1=diff[:rs], data2=yt[:rs], op=nl.multiply)
-        nisa.dma_copy(dst=dx[r0:r0 + rs], src=res[:rs])
+        nisa.dma_copy(dst=dx[r0 : r0 + rs], src=res[:rs])
     return dx
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._common import P, dtype_of, sbuf, tiles
 from .nki_api import isa as nisa
 from .nki_api import jit
 from .nki_api import language as nl
-from ._common import P, dtype_of, sbuf, tiles
 
 COLS = 2048
 
@@ -25,13 +25,13 @@ def swiglu_kernel(gate: Any, up: Any) -> Any:
         for c0, cs in tiles(cols, COLS):
             g = sbuf((P, COLS), gate.dtype, "gate")
             u = sbuf((P, COLS), up.dtype, "up")
-            nisa.dma_copy(dst=g[:rs, :cs], src=gate[r0:r0 + rs, c0:c0 + cs])
-            nisa.dma_copy(dst=u[:rs, :cs], src=up[r0:r0 + rs, c0:c0 + cs])
+            nisa.dma_copy(dst=g[:rs, :cs], src=gate[r0 : r0 + rs, c0 : c0 + cs])
+            nisa.dma_copy(dst=u[:rs, :cs], src=up[r0 : r0 + rs, c0 : c0 + cs])
             act = sbuf((P, COLS), "float32", "silu")
             nisa.activation(dst=act[:rs, :cs], op=nl.silu, data=g[:rs, :cs])
             y = sbuf((P, COLS), gate.dtype, "y")
             nisa.tensor_tensor(dst=y[:rs, :cs], data1=act[:rs, :cs], data2=u[:rs, :cs], op=nl.multiply)
-            nisa.dma_copy(dst=out[r0:r0 + rs, c0:c0 + cs], src=y[:rs, :cs])
+            nisa.dma_copy(dst=out[r0 : r0 + rs, c0 : c0 + cs], src=y[:rs, :cs])
     return out
 
 
@@ -46,5 +46,9 @@ def swiglu_reference(gate: Any, up: Any) -> Any:
 
 def swiglu_supports(gate: Any, up: Any) -> bool:
     """2-D float tensors of equal shape and dtype."""
-    return (len(gate.shape) == 2 and tuple(gate.shape) == tuple(up.shape)
-            and dtype_of(gate) == dtype_of(up) and dtype_of(gate) in ("float32", "bfloat16", "float16"))
+    return (
+        len(gate.shape) == 2
+        and tuple(gate.shape) == tuple(up.shape)
+        and dtype_of(gate) == dtype_of(up)
+        and dtype_of(gate) in ("float32", "bfloat16", "float16")
+    )

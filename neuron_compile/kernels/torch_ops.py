@@ -35,7 +35,9 @@ def flash_attention(
 
 
 @flash_attention.register_fake
-def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
@@ -62,18 +64,18 @@ def flash_attention_backward(
 
 
 @flash_attention_backward.register_fake
-def _(q, k, v, o, do, lse, causal, scale):  # noqa: ANN001, ANN202 - mirrors the op's schema
+def _(q, k, v, o, do, lse, causal, scale):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
+def _setup_context(ctx, inputs, output) -> None:
     q, k, v, causal, scale = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.causal, ctx.scale = causal, scale
 
 
-def _backward(ctx, do: torch.Tensor, _dlse: torch.Tensor):  # noqa: ANN001, ANN202
+def _backward(ctx, do: torch.Tensor, _dlse: torch.Tensor):
     q, k, v, o, lse = ctx.saved_tensors
     dq, dk, dv = flash_attention_backward(q, k, v, o, do.contiguous(), lse, ctx.causal, ctx.scale)
     return dq, dk, dv, None, None

@@ -224,7 +224,6 @@ class ModuleChecker:
         if target == "AwsNeuronTopK":
             yield from self._topk_problems(op.operands[0], op.results[0])
 
-
     def _topk_problems(self, operand: ir.Value, values: ir.Value) -> Iterator[str]:
         et = element_type(operand.type)
         k = _ranked(values.type).shape[-1]

@@ -114,8 +114,7 @@ def check(lowered: Any, opts: Options) -> LegalityReport | None:
     warnings.warn(
         NeuronLegalityWarning(
             f"neuron backend: graph '{report.graph_name}' runs on the {opts.target} target because "
-            f"strict=False, but would fail on Trainium {opts.generation}:\n"
-            + "\n".join(n.describe() for n in nodes)
+            f"strict=False, but would fail on Trainium {opts.generation}:\n" + "\n".join(n.describe() for n in nodes)
         ),
         stacklevel=2,
     )

@@ -131,9 +131,27 @@ OPS: dict[str, OpRule] = {
     **{
         f"chlo.{name}": _assumed("expanded into elementwise HLO ops before neuronx-cc sees it")
         for name in (
-            "erf_inv", "erfc", "lgamma", "digamma", "polygamma", "zeta", "next_after", "sinh", "cosh", "tan",
-            "asin", "acos", "atan", "asinh", "acosh", "atanh", "is_inf", "is_pos_inf", "is_neg_inf",
-            "bessel_i1e", "square",
+            "erf_inv",
+            "erfc",
+            "lgamma",
+            "digamma",
+            "polygamma",
+            "zeta",
+            "next_after",
+            "sinh",
+            "cosh",
+            "tan",
+            "asin",
+            "acos",
+            "atan",
+            "asinh",
+            "acosh",
+            "atanh",
+            "is_inf",
+            "is_pos_inf",
+            "is_neg_inf",
+            "bessel_i1e",
+            "square",
         )
     },  # fmt: skip
     # -- structure of the module itself --------------------------------------------------------------

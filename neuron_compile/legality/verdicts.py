@@ -10,6 +10,7 @@ from .checks import ModuleChecker
 from .enforce import check_module, mlir_module
 from .locate import op_of
 
+
 @dataclass(frozen=True)
 class OpVerdict:
     """Whether a module is legal for one generation, and on what grounds."""

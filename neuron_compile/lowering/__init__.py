@@ -1,14 +1,16 @@
 """FX aten graph -> StableHLO (built with jax.lax). One module per op family registers its lowerings."""
 
-from . import (  # noqa: F401  (importing a family registers its lowerings)
+from . import (  # noqa: F401  (importing a family registers its lowerings)  # noqa: F401,E402  (pair lowerings of complex operands)
     activations,
     collectives,
+    complex_pairs,
     contractions,
     convolution,
     creation,
     distances,
     distributions,
     factorizations,
+    fft,
     fused_losses,
     grid_sample,
     histograms,
@@ -31,7 +33,6 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)
     spectral,
     views,
 )
-from . import complex_pairs, fft  # noqa: F401,E402  (pair lowerings of complex operands)
 from .interpreter import LoweredGraph, OutputSpec, TensorSpec, lower_graph
 from .registry import LOWERINGS, Unsupported, register_lowering, supported_ops
 

@@ -25,10 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
-from jax.extend.core import Primitive
-from jax.interpreters import mlir
 from jax._src.lib.mlir import ir
 from jax._src.lib.mlir.dialects import hlo
+from jax.extend.core import Primitive
+from jax.interpreters import mlir
 
 from ..distributed import parse_replica_groups, replica_groups
 from .registry import COLLECTIVE_LOWERINGS, Unsupported, current

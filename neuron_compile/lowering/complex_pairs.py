@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from .registry import LOWERINGS, RECORDS, NodeContext, Unsupported, current, lowering_context, register_complex_pair
 from .reductions import norm_of_magnitudes
+from .registry import LOWERINGS, RECORDS, NodeContext, Unsupported, current, lowering_context, register_complex_pair
 from .semantics import Promotion, is_array, jax_dtype, register_pointwise
 
 aten = torch.ops.aten
@@ -508,8 +508,13 @@ def scalar_tensor(value: Any, **_: Any) -> Pair:
 
 
 @register_complex_lowering(
-    aten.zeros.default, aten.zeros_like, aten.new_zeros, aten.empty.memory_format, aten.empty_like,
-    aten.new_empty, aten.empty_strided,
+    aten.zeros.default,
+    aten.zeros_like,
+    aten.new_zeros,
+    aten.empty.memory_format,
+    aten.empty_like,
+    aten.new_empty,
+    aten.empty_strided,
 )
 def zeros(*_: Any, **__: Any) -> Pair:
     return _filled(tuple(current().out.shape), 0.0)
@@ -552,7 +557,6 @@ def constant_pad_nd(x: Pair, pad: list[int], value: Any = 0) -> Pair:
     re = lax.pad(x.re, v.re.astype(PAIR_ELEMENT), config)
     im = lax.pad(x.im, v.im.astype(PAIR_ELEMENT), config)
     return pack(re, im)
-
 
 
 # -- elementary functions ----------------------------------------------------------------------------
@@ -620,8 +624,16 @@ def _nonzero(x: Any) -> Any:
 
 
 @register_complex_lowering(
-    aten.logical_not, aten.logical_and, aten.logical_or, aten.logical_xor, aten.any.default, aten.any.dim,
-    aten.any.dims, aten.all.default, aten.all.dim, aten.all.dims,
+    aten.logical_not,
+    aten.logical_and,
+    aten.logical_or,
+    aten.logical_xor,
+    aten.any.default,
+    aten.any.dim,
+    aten.any.dims,
+    aten.all.default,
+    aten.all.dim,
+    aten.all.dims,
 )
 def truthiness(*args: Any, **kwargs: Any) -> Any:
     """Logical ops see a complex value as true where it is nonzero: the real lowering on that mask."""
@@ -642,8 +654,10 @@ def isfinite(a: Pair) -> Any:
 def linalg_vector_norm(x: Pair, ord: Any = 2, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Any:
     """A norm of complex values is the norm of their magnitudes (a real result)."""
     a = cabs(x)
-    axes = tuple(range(a.ndim)) if dim is None or dim == [] else tuple(
-        d % a.ndim for d in ([dim] if isinstance(dim, int) else dim)
+    axes = (
+        tuple(range(a.ndim))
+        if dim is None or dim == []
+        else tuple(d % a.ndim for d in ([dim] if isinstance(dim, int) else dim))
     )
     out = norm_of_magnitudes(a, ord, axes, keepdim)
     return out.astype(jax_dtype(current().out.dtype))

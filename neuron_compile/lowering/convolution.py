@@ -127,13 +127,7 @@ def _patches_are_faster(x: Any, w: Any, groups: int) -> bool:
     """
     c_out, c_in, *kernel = w.shape
     size = math.prod(kernel)
-    return (
-        current_target() == "cpu"
-        and groups == 1
-        and size > 1
-        and max(c_in, c_out) <= 16
-        and c_in * size <= 64
-    )
+    return current_target() == "cpu" and groups == 1 and size > 1 and max(c_in, c_out) <= 16 and c_in * size <= 64
 
 
 def _conv_as_patches(x: Any, w: Any, stride, padding, dilation, acc: Any) -> Any:
@@ -182,7 +176,9 @@ def _channel_vector(v: Any, ndim: int, channels_last: bool = False) -> Any:
 
 @register_lowering(aten.convolution)
 def convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups, *, channels_last=False):
-    out = conv_core(x, weight, stride, padding, dilation, transposed, output_padding, groups, channels_last=channels_last)
+    out = conv_core(
+        x, weight, stride, padding, dilation, transposed, output_padding, groups, channels_last=channels_last
+    )
     if bias is not None:
         bias = convert(bias, out.dtype)
         out = lax.add(out, _channel_vector(bias, out.ndim, channels_last))
@@ -211,7 +207,9 @@ def convolution_backward(
             # The adjoint of a transposed convolution is the plain one with the same parameters. Its output is
             # the input's size when output_padding < stride; torch also allows output_padding < dilation, and
             # then the plain convolution reaches positions past the input's end, which are cut off.
-            grad = conv_core(grad_out, weight, stride, padding, dilation, False, (0,), groups, channels_last=channels_last)
+            grad = conv_core(
+                grad_out, weight, stride, padding, dilation, False, (0,), groups, channels_last=channels_last
+            )
             grad = lax.slice(grad, (0,) * grad.ndim, tuple(min(g, i) for g, i in zip(grad.shape, x.shape)))
         else:
             grad = conv_core(

@@ -36,7 +36,11 @@ def ones(*args, **kwargs):
 
 
 @register_lowering(
-    aten.empty.memory_format, aten.new_empty, aten.empty_like, aten.empty_strided, aten.new_empty_strided,
+    aten.empty.memory_format,
+    aten.new_empty,
+    aten.empty_like,
+    aten.empty_strided,
+    aten.new_empty_strided,
     aten.empty_permuted,
 )
 def empty(*args, **kwargs):

@@ -77,7 +77,9 @@ def device_call(
     return out
 
 
-def reference_call(target_name: str, reference: Callable[..., Any], *operands: Any, consts: tuple[Any, ...] = ()) -> Any:
+def reference_call(
+    target_name: str, reference: Callable[..., Any], *operands: Any, consts: tuple[Any, ...] = ()
+) -> Any:
     """``target_name``'s CPU-target form, ``reference(*operands, *consts)``, typed by the reference itself.
 
     ``reference`` must be a module-level function of jax values and ``consts`` (Python values): the jitted
@@ -180,9 +182,7 @@ def softmax_backward(grad: Any, out: Any, axis: int, reference: Callable[[Any, A
     """softmax backward as AwsNeuronSoftmaxBackward, operands (grad, softmax output)."""
     axis %= grad.ndim
     g, y = _to_last(grad, axis), _to_last(out, axis)
-    res = device_call(
-        "AwsNeuronSoftmaxBackward", lambda a, b: reference(a, b, a.ndim - 1), g, y, results=_like(g)
-    )
+    res = device_call("AwsNeuronSoftmaxBackward", lambda a, b: reference(a, b, a.ndim - 1), g, y, results=_like(g))
     return _from_last(res, axis)
 
 

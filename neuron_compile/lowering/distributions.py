@@ -30,9 +30,9 @@ import torch
 from jax import lax
 
 from .random import box_muller, random_bits, uniform01
-from .stable_forms import bd0, log1p_deficit, log1p_remainder, stirling_error
 from .registry import Unsupported, register_lowering
 from .semantics import convert, is_float, out_dtype
+from .stable_forms import bd0, log1p_deficit, log1p_remainder, stirling_error
 
 aten = torch.ops.aten
 _F32 = jnp.float32
@@ -125,6 +125,7 @@ def sample_dirichlet(alpha, generator=None):
 
 # ---------------------------------------------------------------------------------------------------------
 # Reparameterized gradients: d sample / d concentration, from eager's approximations.
+
 
 def _gamma_grad_small_x(alpha: Any, x: Any) -> Any:
     """``-(dF/dalpha) / pdf`` from the Taylor series of the lower incomplete gamma (x < 0.8). The series'
@@ -257,9 +258,13 @@ def _beta_grad_alpha_mid(x: Any, alpha: Any, beta: Any) -> Any:
     std = lax.sqrt(alpha * beta / (total + 1)) / total
     b2 = beta * beta
     poly = 47 * x * b2 * b2 + alpha * (
-        (43 + 20 * (16 + 27 * beta) * x) * b2 * beta + alpha * (
-            3 * (59 + 180 * beta - 90 * x) * b2 + alpha * (
-                (453 + 1620 * beta * (1 - x) - 455 * x) * beta + alpha * (8 * (1 - x) * (135 * beta - 11)))))
+        (43 + 20 * (16 + 27 * beta) * x) * b2 * beta
+        + alpha
+        * (
+            3 * (59 + 180 * beta - 90 * x) * b2
+            + alpha * ((453 + 1620 * beta * (1 - x) - 455 * x) * beta + alpha * (8 * (1 - x) * (135 * beta - 11)))
+        )
+    )
     prefactor_num = (1 + 12 * alpha) * (1 + 12 * beta) / (total * total)
     prefactor_den = 12960 * alpha * alpha * alpha * b2 * (1 + 12 * total)
     near = prefactor_num / (1 - x) * poly / prefactor_den
@@ -335,6 +340,7 @@ def dirichlet_grad(x, alpha, total):
 # ---------------------------------------------------------------------------------------------------------
 # Poisson: eager's two methods (numpy's): a product of uniforms below rate 10, Hormann's transformed
 # rejection (PTRS) from 10 on.
+
 
 def _count_by_inversion(pmf: list[Any], u: Any) -> Any:
     """``#{k : u < P(X > k)}`` for a count X with ``P(X = k) = pmf[k - 1]`` (k >= 1) and ``u`` uniform in

@@ -207,5 +207,7 @@ def unfold(x: Any, dimension: int, size: int, step: int) -> Any:
     axis = canonical_dim(dimension, x.ndim)
     frames = (x.shape[axis] - size) // step + 1
     index = np.arange(frames)[:, None] * step + np.arange(size)[None, :]
-    out = jnp.take(x, jnp.asarray(index, jnp.int32), axis=axis, mode="clip")  # in range: no fill masks; dims: ..., frames, size, ...
+    out = jnp.take(
+        x, jnp.asarray(index, jnp.int32), axis=axis, mode="clip"
+    )  # in range: no fill masks; dims: ..., frames, size, ...
     return jnp.moveaxis(out, axis + 1, -1)

@@ -31,7 +31,7 @@ def _f32(value: float) -> Any:
     return jnp.asarray(value, _F32)
 
 
-def _loss_terms(input: Any, linear_weight: Any, target: Any, linear_bias: Any, weight: Any, ignore_index: int):  # noqa: A002
+def _loss_terms(input: Any, linear_weight: Any, target: Any, linear_bias: Any, weight: Any, ignore_index: int):
     """(logits - rowmax, softmax denominators, one-hot target mask, per-row class weight (0 where ignored))."""
     if input.ndim != 2 or linear_weight.ndim != 2:
         raise Unsupported(f"linear_cross_entropy with input {input.shape} and weight {linear_weight.shape} (2-d only)")
@@ -60,7 +60,7 @@ def _per_row_loss(shifted: Any, denom: Any, onehot: Any, row_weight: Any) -> Any
     return lax.mul(row_weight, lax.sub(jnp.log(denom), target_logit))
 
 
-def _grads(input: Any, linear_weight: Any, shifted: Any, denom: Any, onehot: Any, coef: Any) -> tuple[Any, Any, Any]:  # noqa: A002
+def _grads(input: Any, linear_weight: Any, shifted: Any, denom: Any, onehot: Any, coef: Any) -> tuple[Any, Any, Any]:
     """(d input, d linear weight, d bias) for per-row loss coefficients ``coef`` (d loss / d row loss)."""
     softmax = lax.div(jnp.exp(shifted), denom[:, None])
     dlogits = lax.mul(coef[:, None], lax.sub(softmax, convert(onehot, _F32)))
@@ -77,7 +77,7 @@ def _output(index: int, value: Any, wanted: bool) -> Any:
 
 
 def linear_cross_entropy_batch_chunked(
-    input, linear_weight, target, linear_bias, weight, reduction, ignore_index, label_smoothing,  # noqa: A002
+    input, linear_weight, target, linear_bias, weight, reduction, ignore_index, label_smoothing,
     batch_chunk_size, acc_policy, acc_dtype, allow_retain_graph,
     compute_input_grad, compute_linear_weight_grad, compute_linear_bias_grad,
 ):  # fmt: skip
@@ -104,7 +104,7 @@ def linear_cross_entropy_batch_chunked(
 
 
 def linear_cross_entropy_batch_chunked_no_reduction(
-    input, linear_weight, target, linear_bias, weight, ignore_index, batch_chunk_size, acc_policy, acc_dtype,  # noqa: A002
+    input, linear_weight, target, linear_bias, weight, ignore_index, batch_chunk_size, acc_policy, acc_dtype,
 ):  # fmt: skip
     """Per-sample losses (N,) for reduction="none"."""
     terms = _loss_terms(input, linear_weight, target, linear_bias, weight, ignore_index)

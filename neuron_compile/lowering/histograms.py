@@ -34,7 +34,7 @@ def bin_counts(bin_ids: Any, valid: Any, bins: int, weights: Any, dtype: Any) ->
 
 
 @register_lowering(aten.histc.default)
-def histc(x: Any, bins: int = 100, min: float = 0, max: float = 0) -> Any:  # noqa: A002 (torch's names)
+def histc(x: Any, bins: int = 100, min: float = 0, max: float = 0) -> Any:
     """``torch.histc``: ``bins`` equal-width bins over [min, max] (both ends inclusive, ``max`` in the
     last bin); elements outside, and NaN, are not counted. ``min == max`` takes the data's own range
     (widened by 1 on each side when that is empty too), as eager does.

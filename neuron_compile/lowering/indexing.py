@@ -115,8 +115,14 @@ def _scatter(x, dim, index, src, how: str) -> Any:
     return jnp.reshape(_write(xs, coords, _src_window(src, index.shape, xs.dtype), how), x.shape)
 
 
-_TORCH_SCATTER_REDUCE = {"add": "add", "multiply": "multiply", "sum": "add", "prod": "multiply",
-                         "amax": "max", "amin": "min"}
+_TORCH_SCATTER_REDUCE = {
+    "add": "add",
+    "multiply": "multiply",
+    "sum": "add",
+    "prod": "multiply",
+    "amax": "max",
+    "amin": "min",
+}
 
 
 @register_lowering(aten.scatter.src, aten.scatter.value)
@@ -197,16 +203,16 @@ def _mask_index_put(x, indices, values, accumulate):
     while indices[lead] is None:
         lead += 1
     mask = indices[lead]
-    if any(i is not None for i in indices[lead + 1:]):
+    if any(i is not None for i in indices[lead + 1 :]):
         raise Unsupported("index_put mixing a boolean mask with other index tensors")
     mask = convert(mask, jnp.bool_)
-    rest = x.shape[lead + mask.ndim:]
+    rest = x.shape[lead + mask.ndim :]
     if values.ndim > len(rest) and not all(s == 1 for s in values.shape[: values.ndim - len(rest)]):
         raise Unsupported(
             "index_put with a boolean mask and one value per selected element: "
             "the number of selected elements is data-dependent; use torch.where instead"
         )
-    values = jnp.reshape(values, values.shape[max(values.ndim - len(rest), 0):])
+    values = jnp.reshape(values, values.shape[max(values.ndim - len(rest), 0) :])
     mask = jnp.reshape(mask, (1,) * lead + mask.shape + (1,) * len(rest))
     values = convert(values, x.dtype)
     new = x + values if accumulate else values

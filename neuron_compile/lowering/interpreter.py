@@ -39,6 +39,7 @@ from .kernel_routing import neuron_sites_are_references
 from .registry import NodeContext, Unsupported, lowering_context
 from .semantics import jax_dtype
 
+
 @dataclass
 class LoweredGraph:
     """The StableHLO module of one FX graph plus what the runtime needs to call it."""
@@ -179,9 +180,7 @@ class _GraphTracer:
             self.fail(node, reason, follows=root)
         return _meta_structs(node.meta.get("val"))
 
-    def run(
-        self, gm: torch.fx.GraphModule, args: list[Any], extra: list[torch.fx.Node] | tuple = ()
-    ) -> list[Any]:
+    def run(self, gm: torch.fx.GraphModule, args: list[Any], extra: list[torch.fx.Node] | tuple = ()) -> list[Any]:
         """The graph's outputs (in torch's layout), then the values of the ``extra`` nodes (storage owners
         of outputs; channels-last where they are, see ``lower_graph``)."""
         env: dict[torch.fx.Node, Any] = {}
@@ -363,7 +362,9 @@ def lower_graph(
             if target == "cpu" and perm is not None and perm == layout.channels_last_order(arr.ndim):
                 arr = layout.ChannelsLast(arr)  # e.g. a forward's channels-last activation (see below)
             elif perm is not None:  # fed in memory order: back to torch's dim order (a complex pair dim stays last)
-                arr = jnp.transpose(arr, tuple(perm.index(d) for d in range(len(perm))) + tuple(range(len(perm), arr.ndim)))
+                arr = jnp.transpose(
+                    arr, tuple(perm.index(d) for d in range(len(perm))) + tuple(range(len(perm), arr.ndim))
+                )
             full_args[pos] = arr
         values = tracer.run(gm, full_args, [b.node for b in buffers])
         if tracer.failures:  # refused after the walk (lower_graph): no output plan is needed
@@ -373,7 +374,10 @@ def lower_graph(
         output_specs[:] = plan  # the module's outputs are arrays only: the plan leaves the trace through here
         return tuple(tensors)
 
-    structs = [jax.ShapeDtypeStruct(*device_struct(input_specs[i].device_shape, input_specs[i].dtype)) for i in tensor_positions]
+    structs = [
+        jax.ShapeDtypeStruct(*device_struct(input_specs[i].device_shape, input_specs[i].dtype))
+        for i in tensor_positions
+    ]
     structs.append(jax.ShapeDtypeStruct((2,), jnp.int32))  # the per-call RNG seed
     with jax.enable_x64(True), warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # jax's own dtype-truncation chatter
@@ -414,4 +418,3 @@ def lower_graph(
         kernel_sites=tracer.kernel_sites,
         kernel_sites_as_reference=target == "neuron" and bool(tracer.kernel_sites) and neuron_sites_are_references(),
     )
-

@@ -40,8 +40,11 @@ import numpy as np
 import torch
 
 from ..errors import NeuronCompileError
-from ..kernels import KERNELS, nki_compiled
-from ..kernels import torch_ops  # noqa: F401  (defines torch.ops.neuron.*)
+from ..kernels import (
+    KERNELS,
+    nki_compiled,
+    torch_ops,  # noqa: F401  (defines torch.ops.neuron.*)
+)
 from . import device_calls
 from .registry import Unsupported, current, register_kernel_route, register_lowering
 from .semantics import canonical_dim, convert, is_array, jax_dtype, out_dtype
@@ -252,7 +255,6 @@ def _user_kernel_site(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict
     """One call of a user kernel. ``bases``: mutated argument name -> index of its value in the node's
     results after the op's own outputs (auto_functionalized's convention)."""
     from torch.utils import _pytree as pytree
-
 
     ctx = current()
     meta = ctx.out

@@ -100,7 +100,9 @@ Handler = LayoutHandler
 _handles = register_layout_handler
 
 
-def handler_for(record: DispatchRecord | None, lowering: Callable[..., Any], args: tuple, kwargs: dict) -> Handler | None:
+def handler_for(
+    record: DispatchRecord | None, lowering: Callable[..., Any], args: tuple, kwargs: dict
+) -> Handler | None:
     """The channels-last handler of a node with these arguments, when it has one and it applies: the op's
     own (``record``), or the generic one of an elementwise lowering."""
     if record is not None and record.layout_handler is not None and (record.layout_source or has_channels_last(args)):

@@ -168,13 +168,13 @@ def _result_dtype() -> Any:
     return out_dtype()
 
 
-def transformers_grouped_mm_fallback(input, weight, offs):  # noqa: A002 (the op's schema names)
+def transformers_grouped_mm_fallback(input, weight, offs):
     """``transformers::grouped_mm_fallback`` (transformers' MoE experts, non-bf16 under torch.compile):
     rows of ``input`` grouped by ``offs`` times their expert's ``weight`` [G, K, N]."""
     return convert(grouped_mm_static(input, weight, offs), _result_dtype())
 
 
-def transformers_grouped_mm_fallback_backward(input, weight, offs, grad_output):  # noqa: A002
+def transformers_grouped_mm_fallback_backward(input, weight, offs, grad_output):
     """``transformers::grouped_mm_fallback_backward``: (grad_input, grad_weight) of the op above."""
     grad_input = grouped_mm_static(grad_output, jnp.swapaxes(weight, 1, 2), offs)
     grad_weight = grouped_mm_static(jnp.swapaxes(input, 0, 1), grad_output, offs)

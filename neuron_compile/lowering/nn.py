@@ -113,7 +113,9 @@ def softmax_backward(grad, output, dim, input_dtype):
 @_backward_with_rank
 def log_softmax_backward(grad, output, dim, input_dtype):
     g, y = _up(grad), _up(output)
-    return convert(lax.sub(g, lax.mul(jnp.exp(y), jnp.sum(g, axis=canonical_dim(dim, g.ndim), keepdims=True))), out_dtype())
+    return convert(
+        lax.sub(g, lax.mul(jnp.exp(y), jnp.sum(g, axis=canonical_dim(dim, g.ndim), keepdims=True))), out_dtype()
+    )
 
 
 # ---- layer norm ------------------------------------------------------------------------------------
@@ -372,7 +374,7 @@ def _fractional_max_pool(x: Any, nd: int, kernel_size: Any, samples: Any) -> tup
     # Sample j of a plane drives the j-th spatial dim counted from the last (2-d: W then H; 3-d: T, H, W).
     order = list(reversed(range(nd))) if nd == 2 else list(range(nd))
     starts = [_fractional_starts(s[:, order[d]], in_spatial[d], out_spatial[d], pool[d]) for d in range(nd)]
-    place = [math.prod(in_spatial[d + 1:]) for d in range(nd)]
+    place = [math.prod(in_spatial[d + 1 :]) for d in range(nd)]
     # Flat index of each window's first cell, over (planes, *out_spatial).
     base = sum(
         jnp.reshape(starts[d] * place[d], (planes,) + tuple(out_spatial[d] if e == d else 1 for e in range(nd)))

@@ -10,12 +10,11 @@ import math
 
 import jax.numpy as jnp
 import torch
-import torch._inductor.inductor_prims  # noqa: F401  registers prims.fma, which Dynamo emits
+import torch._inductor.inductor_prims
 from jax import lax
 
 from . import device_calls
 from .registry import Unsupported, register_lowering
-from .special import hurwitz_zeta
 from .semantics import (
     Promotion,
     broadcast,
@@ -27,6 +26,7 @@ from .semantics import (
     promote_types,
     register_pointwise,
 )
+from .special import hurwitz_zeta
 
 aten = torch.ops.aten
 INT_TO_FLOAT = Promotion.INT_TO_FLOAT
@@ -594,7 +594,9 @@ def sign(a):
         return a
     if is_float(a.dtype):  # (0 < a) - (a < 0): NaN gives 0 in eager, not NaN
         zero = jnp.zeros_like(a)
-        return lax.sub(lax.convert_element_type(lax.lt(zero, a), a.dtype), lax.convert_element_type(lax.lt(a, zero), a.dtype))
+        return lax.sub(
+            lax.convert_element_type(lax.lt(zero, a), a.dtype), lax.convert_element_type(lax.lt(a, zero), a.dtype)
+        )
     return lax.sign(a)
 
 

@@ -80,7 +80,7 @@ def _max_pool(x, nd, kernel_size, stride, padding, dilation, out_spatial):
         for i in range(nd)
     ]
     valid = [(c >= 0) & (c < in_spatial[i]) for i, c in enumerate(coords)]
-    place = [int(np.prod(in_spatial[i + 1:])) for i in range(nd)]
+    place = [int(np.prod(in_spatial[i + 1 :])) for i in range(nd)]
     # Eager starts from the first in-bounds position of each window.
     first = [np.take_along_axis(c, np.argmax(v, axis=1)[:, None], 1)[:, 0] for c, v in zip(coords, valid)]
 
@@ -95,7 +95,7 @@ def _max_pool(x, nd, kernel_size, stride, padding, dilation, out_spatial):
     where = _const(_outer([f * p for f, p in zip(first, place)], np.add), jnp.int32, out_full)
     for offs in itertools.product(*[range(k) for k in kernel]):
         start = (0,) * len(lead) + tuple(o * d for o, d in zip(offs, dilation))
-        limit = tuple(lead) + tuple(st + (n - 1) * s + 1 for st, n, s in zip(start[len(lead):], out_spatial, stride))
+        limit = tuple(lead) + tuple(st + (n - 1) * s + 1 for st, n, s in zip(start[len(lead) :], out_spatial, stride))
         v = lax.slice(xp, start, limit, (1,) * len(lead) + stride)
         inside = _const(_outer([valid[i][:, offs[i]] for i in range(nd)], np.logical_and), jnp.bool_, out_full)
         flat = _outer([coords[i][:, offs[i]] * place[i] for i in range(nd)], np.add)
@@ -158,7 +158,11 @@ def _window_sum(x, nd, kernel, stride, pads):
     lead = x.ndim - nd
     # A concrete zero init (not a traced one) makes this jax's differentiable window-sum primitive.
     return lax.reduce_window(
-        x, np.zeros((), x.dtype), lax.add, (1,) * lead + kernel, (1,) * lead + stride,
+        x,
+        np.zeros((), x.dtype),
+        lax.add,
+        (1,) * lead + kernel,
+        (1,) * lead + stride,
         [(0, 0)] * lead + list(pads),
     )
 
@@ -167,15 +171,15 @@ def _avg_setup(x, nd, kernel_size, stride, padding, count_include_pad, divisor_o
     kernel = _params(kernel_size, nd)
     stride = _params(stride, nd, kernel)
     padding = _params(padding, nd)
-    pads, div = _avg_geometry(x.shape[-nd:], out_spatial, kernel, stride, padding, count_include_pad,
-                              divisor_override)
+    pads, div = _avg_geometry(x.shape[-nd:], out_spatial, kernel, stride, padding, count_include_pad, divisor_override)
     return kernel, stride, pads, div
 
 
 def _avg_pool(x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
     out_spatial = out_shape()[-nd:]
-    kernel, stride, pads, div = _avg_setup(x, nd, kernel_size, stride, padding, count_include_pad,
-                                           divisor_override, out_spatial)
+    kernel, stride, pads, div = _avg_setup(
+        x, nd, kernel_size, stride, padding, count_include_pad, divisor_override, out_spatial
+    )
     acc = opmath_dtype(x.dtype)
     total = _window_sum(convert(x, acc), nd, kernel, stride, pads)
     if not is_float(acc):
@@ -185,11 +189,11 @@ def _avg_pool(x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad,
     return convert(total / jnp.asarray(div, acc), out_dtype())
 
 
-def _avg_pool_backward(grad, x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                       divisor_override):
+def _avg_pool_backward(grad, x, nd, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
     out_spatial = grad.shape[-nd:]
-    kernel, stride, pads, div = _avg_setup(x, nd, kernel_size, stride, padding, count_include_pad,
-                                           divisor_override, out_spatial)
+    kernel, stride, pads, div = _avg_setup(
+        x, nd, kernel_size, stride, padding, count_include_pad, divisor_override, out_spatial
+    )
     acc = opmath_dtype(x.dtype)
     g = convert(grad, acc) / jnp.asarray(div, acc)
     zeros = jnp.zeros(x.shape, acc)
@@ -199,27 +203,23 @@ def _avg_pool_backward(grad, x, nd, kernel_size, stride, padding, ceil_mode, cou
 
 
 @register_lowering(aten.avg_pool2d)
-def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
-               divisor_override=None):
+def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
     return _avg_pool(x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
 @register_lowering(aten.avg_pool3d)
-def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
-               divisor_override=None):
+def avg_pool3d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
     return _avg_pool(x, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
 @register_lowering(aten.avg_pool2d_backward)
 def avg_pool2d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
-    return _avg_pool_backward(grad, x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                              divisor_override)
+    return _avg_pool_backward(grad, x, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
 @register_lowering(aten.avg_pool3d_backward)
 def avg_pool3d_backward(grad, x, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
-    return _avg_pool_backward(grad, x, 3, kernel_size, stride, padding, ceil_mode, count_include_pad,
-                              divisor_override)
+    return _avg_pool_backward(grad, x, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
 # ---- adaptive pooling ------------------------------------------------------------------------------------
@@ -286,7 +286,7 @@ def _adaptive_max(x, nd):
     in_spatial = x.shape[-nd:]
     windows = [_adaptive_windows(n, o) for n, o in zip(in_spatial, out_spatial)]
     longest = [int((e - s).max()) for s, e in windows]
-    place = [int(np.prod(in_spatial[i + 1:])) for i in range(nd)]
+    place = [int(np.prod(in_spatial[i + 1 :])) for i in range(nd)]
     out_full = tuple(lead) + tuple(out_spatial)
     best = jnp.full(out_full, _lowest(x.dtype), x.dtype)
     where = _const(_outer([s * p for (s, _), p in zip(windows, place)], np.add), jnp.int32, out_full)
@@ -298,8 +298,9 @@ def _adaptive_max(x, nd):
         # Windows shorter than the longest would revisit their last element: skip those offsets.
         inside = _outer([s + k < e for (s, e), k in zip(windows, offs)], np.logical_and)
         position = _outer([r * p for r, p in zip(rows, place)], np.add)
-        best, where = _fold_max(best, where, v, _const(inside, jnp.bool_, out_full),
-                                _const(position, jnp.int32, out_full))
+        best, where = _fold_max(
+            best, where, v, _const(inside, jnp.bool_, out_full), _const(position, jnp.int32, out_full)
+        )
     return best, convert(where, jnp.int64)
 
 
@@ -321,4 +322,3 @@ def adaptive_max_pool2d_backward(grad, x, indices):
 @register_lowering(aten.adaptive_max_pool3d_backward)
 def adaptive_max_pool3d_backward(grad, x, indices):
     return _scatter_at_indices(grad, indices, x.shape, 3)
-

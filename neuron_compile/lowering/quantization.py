@@ -26,7 +26,6 @@ aten = torch.ops.aten
 _F32 = jnp.float32
 
 
-
 def exact_terms(a_dtype: Any, b_dtype: Any) -> int:
     """How many products of two 8-bit integers of these types a float32 sum holds exactly: the largest power
     of two n with n * max|a| * max|b| <= 2**24 (1,024 for int8 x int8: 1,024 * 128 * 128 = 2**24)."""

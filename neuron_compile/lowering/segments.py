@@ -171,7 +171,7 @@ def _histogram(x: Any, edges: Any, weight: Any, density: bool) -> Any:
 
 
 @register_lowering(aten.histogram.bin_ct)
-def histogram(x, bins=100, *, range=None, weight=None, density=False):  # noqa: A002 (torch's names)
+def histogram(x, bins=100, *, range=None, weight=None, density=False):
     """``torch.histogram(x, bins)``: ``bins`` equal bins over ``range`` (default the data's min and max, or
     [0, 1] for no data; an empty range widened by 0.5 on each side), edges as eager's linspace computes
     them."""

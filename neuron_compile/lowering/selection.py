@@ -18,7 +18,7 @@ from jax import lax
 from .registry import Unsupported, register_lowering
 from .scan import associative_scan
 from .semantics import canonical_dim, convert, is_float, out_shape
-from .sorting import take_at, order_statistic, sort_along
+from .sorting import order_statistic, sort_along, take_at
 
 aten = torch.ops.aten
 

@@ -37,9 +37,7 @@ _TORCH_TO_JAX: dict[torch.dtype, Any] = {
     torch.float8_e5m2: jnp.float8_e5m2,
 }
 assert set(_TORCH_TO_JAX) == DEVICE_DTYPES, "dtypes.DEVICE_DTYPES and this table must list the same dtypes"
-_JAX_TO_TORCH: dict[Any, torch.dtype] = {
-    np.dtype(v): k for k, v in _TORCH_TO_JAX.items() if k is not torch.float64
-}
+_JAX_TO_TORCH: dict[Any, torch.dtype] = {np.dtype(v): k for k, v in _TORCH_TO_JAX.items() if k is not torch.float64}
 
 
 def jax_dtype(dtype: torch.dtype) -> Any:
@@ -165,7 +163,7 @@ def pointwise(
 def elementwise(lowering: Callable[..., Any]) -> Callable[..., Any]:
     """Mark ``lowering`` as elementwise with torch's broadcasting and nothing else shape-dependent: it
     computes the same on its arguments' dims in any order (lowering/layout.py relies on that)."""
-    lowering.elementwise = True  # type: ignore[attr-defined]
+    lowering.elementwise = True
     return lowering
 
 

@@ -828,10 +828,15 @@ def _hermite(x: Any, n: Any, stop: int, physicists: bool) -> Any:
     one = jnp.ones_like(x)
     if physicists:  # H_j = 2x H_{j-1} - 2(j-1) H_{j-2}
         second = x + x
-        step = lambda j, q, p: (x + x) * q - (2.0 * (j - 1.0)) * p
+
+        def step(j, q, p):
+            return (x + x) * q - (2.0 * (j - 1.0)) * p
     else:  # He_j = x He_{j-1} - (j-1) He_{j-2}
         second = x
-        step = lambda j, q, p: x * q - (j - 1.0) * p
+
+        def step(j, q, p):
+            return x * q - (j - 1.0) * p
+
     recurrence = _recurrence(one, second, d, stop, step)
     return _where(d < 0.0, 0.0, d == 0.0, one, d == 1.0, second, d > _HERMITE_MAX_DEGREE, jnp.nan, recurrence)
 
@@ -857,8 +862,11 @@ def special_hermite_polynomial_he(x, n):
 def _laguerre(x: Any, n: Any, stop: int) -> Any:
     d = _degree(n)
     one = jnp.ones_like(x)
+
     # L_j = ((2(j-1) + 1 - x) L_{j-1} - (j-1) L_{j-2}) / j, in eager's order
-    step = lambda j, q, p: ((2.0 * (j - 1.0) + (1.0 - x)) * q - (j - 1.0) * p) / j
+    def step(j, q, p):
+        return ((2.0 * (j - 1.0) + (1.0 - x)) * q - (j - 1.0) * p) / j
+
     recurrence = _recurrence(one, 1.0 - x, d, stop, step)
     return _where(
         d < 0.0, 0.0,
@@ -878,8 +886,11 @@ def special_laguerre_polynomial_l(x, n):
 def _legendre(x: Any, n: Any, stop: int) -> Any:
     d = _degree(n)
     one = jnp.ones_like(x)
+
     # P_j = ((2j - 1) x P_{j-1} - (j-1) P_{j-2}) / j, in eager's order
-    step = lambda j, q, p: ((2.0 * j - 1.0) * x * q - (j - 1.0) * p) / j
+    def step(j, q, p):
+        return ((2.0 * j - 1.0) * x * q - (j - 1.0) * p) / j
+
     recurrence = _recurrence(one, x, d, stop, step)
     at_ends = _select((x > 0.0) | (_parity_sign(d) > 0.0), jnp.ones_like(x), -1.0)
     return _where(

@@ -21,14 +21,13 @@ try:  # private: the low-overhead DLPack import (~4 us; jax.dlpack.from_dlpack t
     _DLPACK_TO_BUFFER = getattr(_jaxlib_ext, "dlpack_managed_tensor_to_buffer", None)
     _BUFFER_TO_DLPACK = getattr(_jaxlib_ext, "buffer_to_dlpack_managed_tensor", None)
     _TRACEBACK_SCOPE = getattr(_jaxlib_ext, "TracebackScope", contextlib.nullcontext)
-except ImportError:  # pragma: no cover - depends on the jaxlib version
+except ImportError:  # depends on the jaxlib version
     _DLPACK_TO_BUFFER = _BUFFER_TO_DLPACK = None
     _TRACEBACK_SCOPE = contextlib.nullcontext
 
+from jax._src.lib import xla_client
 from torch.utils.dlpack import from_dlpack as _torch_from_capsule
 from torch.utils.dlpack import to_dlpack as _torch_to_capsule
-
-from jax._src.lib import xla_client
 
 from ..errors import NeuronForkedProcessError
 
@@ -190,7 +189,7 @@ def torch_to_device(t: torch.Tensor) -> Any:
     The capsule comes from ``torch.utils.dlpack.to_dlpack`` (~0.3 us), not ``t.__dlpack__()`` (~2-4 us of
     Python checks, and a refusal of tensors that require grad: the buffer is only read, so that is moot).
     """
-    if _DLPACK_TO_BUFFER is None:  # pragma: no cover - depends on the jaxlib version
+    if _DLPACK_TO_BUFFER is None:  # depends on the jaxlib version
         # jax.dlpack's public import would place the buffer on jax's client, not on this package's.
         import jaxlib
 
@@ -223,7 +222,7 @@ def execute(executable: Any, buffers: list[Any]) -> list[Any]:
     check_not_forked()
     with traceback_scope():  # results that hold no frame of the caller's (Dynamo's transformed code)
         run = getattr(executable, "execute_sharded", None)
-        if run is None:  # pragma: no cover - depends on the jaxlib version
+        if run is None:  # depends on the jaxlib version
             return executable.execute(buffers)
         return [r[0] for r in run(buffers).disassemble_into_single_device_arrays()]
 
@@ -237,7 +236,9 @@ _MLIR_DTYPES = {
 }  # fmt: skip
 
 
-def main_signature(module_text: str) -> tuple[list[tuple[tuple[int, ...], torch.dtype]], list[tuple[tuple[int, ...], torch.dtype]]]:
+def main_signature(
+    module_text: str,
+) -> tuple[list[tuple[tuple[int, ...], torch.dtype]], list[tuple[tuple[int, ...], torch.dtype]]]:
     """(shape, dtype) of each parameter and each result of the module's ``main`` function."""
     from jax._src.interpreters import mlir
     from jax._src.lib.mlir import ir

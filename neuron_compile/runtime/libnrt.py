@@ -50,38 +50,66 @@ NRT_TENSOR_USAGE_OUTPUT = 1
 STATUS: dict[int, tuple[str, str]] = {
     0: ("NRT_SUCCESS", ""),
     1: ("NRT_FAILURE", "the runtime failed; its log (NEURON_RT_LOG_LEVEL=INFO) says why"),
-    2: ("NRT_INVALID", "the NEFF or a tensor given to the runtime was refused (a name or byte size that does not "
+    2: (
+        "NRT_INVALID",
+        "the NEFF or a tensor given to the runtime was refused (a name or byte size that does not "
         "match the NEFF, a read or write out of a tensor's bounds, a NEFF compiled for another logical-core "
         "setting: the compiler's --lnc must equal NEURON_LOGICAL_NC_CONFIG); clear the compile cache entry "
-        "(neuron-compile cache clear) and report it with `neuron-compile doctor --bundle`"),
+        "(neuron-compile cache clear) and report it with `neuron-compile doctor --bundle`",
+    ),
     3: ("NRT_INVALID_HANDLE", "a model or tensor handle was used after it was freed: report it as a bug"),
-    4: ("NRT_RESOURCE", "the NeuronCore is out of a resource (device memory or DMA rings): a smaller batch, "
-        "fewer models loaded on this core, or another core (option neuron_core)"),
-    5: ("NRT_TIMEOUT", "the execution timed out (NEURON_RT_EXEC_TIMEOUT); a hung core may need "
-        "`neuron-top`/a reboot of the instance"),
+    4: (
+        "NRT_RESOURCE",
+        "the NeuronCore is out of a resource (device memory or DMA rings): a smaller batch, "
+        "fewer models loaded on this core, or another core (option neuron_core)",
+    ),
+    5: (
+        "NRT_TIMEOUT",
+        "the execution timed out (NEURON_RT_EXEC_TIMEOUT); a hung core may need `neuron-top`/a reboot of the instance",
+    ),
     6: ("NRT_HW_ERROR", "the hardware reported an error: check `neuron-ls` and the instance's health"),
     7: ("NRT_QUEUE_FULL", "the core's execution queue is full: retry, or call from fewer threads"),
-    9: ("NRT_LOAD_NOT_ENOUGH_NC", "not enough NeuronCores are visible to this process: check "
-        "NEURON_RT_VISIBLE_CORES / NEURON_RT_NUM_CORES and the option neuron_core (under torchrun, LOCAL_RANK)"),
-    10: ("NRT_UNSUPPORTED_NEFF_VERSION", "the NEFF was made by a neuronx-cc newer than this runtime accepts: "
-         "install matching Neuron SDK versions of aws-neuronx-cc and aws-neuronx-runtime-lib"),
+    9: (
+        "NRT_LOAD_NOT_ENOUGH_NC",
+        "not enough NeuronCores are visible to this process: check "
+        "NEURON_RT_VISIBLE_CORES / NEURON_RT_NUM_CORES and the option neuron_core (under torchrun, LOCAL_RANK)",
+    ),
+    10: (
+        "NRT_UNSUPPORTED_NEFF_VERSION",
+        "the NEFF was made by a neuronx-cc newer than this runtime accepts: "
+        "install matching Neuron SDK versions of aws-neuronx-cc and aws-neuronx-runtime-lib",
+    ),
     11: ("NRT_FAIL_HOST_MEM_ALLOC", "the host is out of memory for the runtime's buffers"),
     13: ("NRT_UNINITIALIZED", "the runtime was not initialized (a call before nrt_init): report it as a bug"),
     14: ("NRT_CLOSED", "the runtime was already closed (a call at interpreter exit): report it as a bug"),
-    1002: ("NRT_EXEC_BAD_INPUT", "the runtime refused an input of the execution; check the graph's inputs "
-           "for out-of-range indices"),
-    1003: ("NRT_EXEC_COMPLETED_WITH_NUM_ERR", "the execution produced NaN or Inf (a numerical error): run the "
-           "graph with options={'target': 'cpu'} to see where"),
+    1002: (
+        "NRT_EXEC_BAD_INPUT",
+        "the runtime refused an input of the execution; check the graph's inputs for out-of-range indices",
+    ),
+    1003: (
+        "NRT_EXEC_COMPLETED_WITH_NUM_ERR",
+        "the execution produced NaN or Inf (a numerical error): run the "
+        "graph with options={'target': 'cpu'} to see where",
+    ),
     1004: ("NRT_EXEC_COMPLETED_WITH_ERR", "the execution completed with an error: its log says which"),
-    1005: ("NRT_EXEC_NC_BUSY", "the NeuronCore is in use by another process: give each process its own cores "
-           "with NEURON_RT_VISIBLE_CORES (torchrun: one per LOCAL_RANK), or stop the other process (neuron-top "
-           "shows it)"),
-    1006: ("NRT_EXEC_OOB", "an indirect load or store (a gather, scatter or embedding index) was out of "
-           "bounds: check the indices (options={'target': 'cpu'} raises eager's index error)"),
+    1005: (
+        "NRT_EXEC_NC_BUSY",
+        "the NeuronCore is in use by another process: give each process its own cores "
+        "with NEURON_RT_VISIBLE_CORES (torchrun: one per LOCAL_RANK), or stop the other process (neuron-top "
+        "shows it)",
+    ),
+    1006: (
+        "NRT_EXEC_OOB",
+        "an indirect load or store (a gather, scatter or embedding index) was out of "
+        "bounds: check the indices (options={'target': 'cpu'} raises eager's index error)",
+    ),
 }
 for _code in range(1200, 1207):
-    STATUS[_code] = (f"NRT_EXEC_HW_ERR ({_code})", "the NeuronCore reported a hardware error during the "
-                     "execution: check `neuron-ls`, the instance's health, and retry on another core")
+    STATUS[_code] = (
+        f"NRT_EXEC_HW_ERR ({_code})",
+        "the NeuronCore reported a hardware error during the "
+        "execution: check `neuron-ls`, the instance's health, and retry on another core",
+    )
 
 
 def status_name(status: int) -> str:
@@ -140,7 +168,10 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "nrt_allocate_tensor_set": (ctypes.c_int, [ctypes.POINTER(_P)]),
     "nrt_destroy_tensor_set": (None, [ctypes.POINTER(_P)]),
     "nrt_add_tensor_to_tensor_set": (ctypes.c_int, [_P, ctypes.c_char_p, _P]),
-    "nrt_tensor_allocate": (ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_char_p, ctypes.POINTER(_P)]),
+    "nrt_tensor_allocate": (
+        ctypes.c_int,
+        [ctypes.c_int, ctypes.c_int, ctypes.c_size_t, ctypes.c_char_p, ctypes.POINTER(_P)],
+    ),
     "nrt_tensor_free": (None, [ctypes.POINTER(_P)]),
     "nrt_tensor_write": (ctypes.c_int, [_P, _P, ctypes.c_size_t, ctypes.c_size_t]),
     "nrt_tensor_read": (ctypes.c_int, [_P, _P, ctypes.c_size_t, ctypes.c_size_t]),
@@ -157,7 +188,9 @@ def _bind_library(path: str) -> ctypes.CDLL:
     except OSError as e:
         raise NeuronRuntimeError(
             f"neuron runtime: cannot load {path}: {e}. Install the Neuron runtime (aws-neuronx-runtime-lib) "
-            f"or point {LIBRARY_ENV} at libnrt.so.1", -1, "dlopen"
+            f"or point {LIBRARY_ENV} at libnrt.so.1",
+            -1,
+            "dlopen",
         ) from e
     for name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, name)
@@ -223,8 +256,9 @@ class ModuleTensor:
         return f"{kind} {self.name} {self.size} bytes {list(self.shape)} {self.dtype}"
 
 
-def module_tensors(params: Sequence[tuple[tuple[int, ...], torch.dtype]],
-                   results: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> list[ModuleTensor]:
+def module_tensors(
+    params: Sequence[tuple[tuple[int, ...], torch.dtype]], results: Sequence[tuple[tuple[int, ...], torch.dtype]]
+) -> list[ModuleTensor]:
     """The tensors a NEFF compiled from the module should have, named as TorchNeuron's NEFFs name them:
     ``input{i}`` per parameter and ``output{i}`` per result, by position."""
     return [ModuleTensor(f"input{i}", NRT_TENSOR_USAGE_INPUT, tuple(s), d) for i, (s, d) in enumerate(params)] + [
@@ -248,7 +282,8 @@ class Runtime:
                 "'NeuronCore(s) not available'). Give each process its own cores with NEURON_RT_VISIBLE_CORES "
                 "(e.g. NEURON_RT_VISIBLE_CORES=1; torchrun: one per LOCAL_RANK), or stop the other process "
                 "(neuron-top shows it); otherwise the runtime's log (NEURON_RT_LOG_LEVEL=INFO) says why",
-                status, "nrt_init",
+                status,
+                "nrt_init",
             )
         check(status, "nrt_init")
         atexit.register(self.close)
@@ -284,10 +319,14 @@ def runtime() -> Runtime:
             path = library_path()
             if path is None:
                 raise NeuronRuntimeError(
-                    "neuron runtime: libnrt.so.1 was not found (looked at $" + LIBRARY_ENV + ", " + DEFAULT_LIBRARY
+                    "neuron runtime: libnrt.so.1 was not found (looked at $"
+                    + LIBRARY_ENV
+                    + ", "
+                    + DEFAULT_LIBRARY
                     + " and the loader's path). Install the Neuron runtime (aws-neuronx-runtime-lib) on a Trn2/Trn3 "
                     "instance, or use options={'target': 'cpu'}; `neuron-compile doctor` checks the setup.",
-                    -1, "dlopen",
+                    -1,
+                    "dlopen",
                 )
             _own_core_under_torchrun()
             _RUNTIME = Runtime(path)
@@ -333,8 +372,9 @@ class LoadedModel:
 
     def __post_init__(self) -> None:
         # per call, the inputs in parameter order and the outputs in result order
-        self._by_usage = tuple([t for t in self.tensors if t.usage == usage]
-                               for usage in (NRT_TENSOR_USAGE_INPUT, NRT_TENSOR_USAGE_OUTPUT))
+        self._by_usage = tuple(
+            [t for t in self.tensors if t.usage == usage] for usage in (NRT_TENSOR_USAGE_INPUT, NRT_TENSOR_USAGE_OUTPUT)
+        )
 
     def execute(self, inputs: Sequence[torch.Tensor], resident: bool = True) -> list[torch.Tensor]:
         """Run on ``inputs`` (contiguous CPU tensors, one per module parameter); the results as new tensors.
@@ -346,17 +386,26 @@ class LoadedModel:
             for spec, t in zip(ins, inputs):
                 if resident and self._is_resident(spec.name, t):
                     continue
-                check(lib.nrt_tensor_write(self.device_tensors[spec.name], t.data_ptr(), 0, spec.size),
-                      "nrt_tensor_write", spec.name)
+                check(
+                    lib.nrt_tensor_write(self.device_tensors[spec.name], t.data_ptr(), 0, spec.size),
+                    "nrt_tensor_write",
+                    spec.name,
+                )
                 self._remember(spec.name, t)
                 written += spec.size
-            check(lib.nrt_execute(self.handle, self.input_set, self.output_set), "nrt_execute",
-                  f"NEFF {self.key[0][:12]} on NeuronCore {self.vnc}")
+            check(
+                lib.nrt_execute(self.handle, self.input_set, self.output_set),
+                "nrt_execute",
+                f"NEFF {self.key[0][:12]} on NeuronCore {self.vnc}",
+            )
             results = []
             for spec in outs:
                 out = torch.empty(spec.shape, dtype=spec.dtype)
-                check(lib.nrt_tensor_read(self.device_tensors[spec.name], out.data_ptr(), 0, spec.size),
-                      "nrt_tensor_read", spec.name)
+                check(
+                    lib.nrt_tensor_read(self.device_tensors[spec.name], out.data_ptr(), 0, spec.size),
+                    "nrt_tensor_read",
+                    spec.name,
+                )
                 read += spec.size
                 results.append(out)
             self.bytes_written += written
@@ -406,8 +455,9 @@ _MODELS: dict[tuple[str, int, tuple[int, int] | None], LoadedModel] = {}
 _MODELS_LOCK = threading.Lock()
 
 
-def acquire_model(neff: bytes, vnc: int, expected: list[ModuleTensor],
-                  collectives: tuple[int, int] | None = None) -> LoadedModel:
+def acquire_model(
+    neff: bytes, vnc: int, expected: list[ModuleTensor], collectives: tuple[int, int] | None = None
+) -> LoadedModel:
     """The NEFF loaded on logical NeuronCore ``vnc`` (of those visible to the process), loading it at the first use and
     sharing it after; ``release_model`` gives it back. ``collectives`` = (global device id, device count)
     loads it with ``nrt_load_collectives``. Raises when the NEFF's tensors are not ``expected``."""
@@ -432,19 +482,26 @@ def release_model(model: LoadedModel) -> None:
         model.unload()
 
 
-def _load(neff: bytes, digest: str, vnc: int, expected: list[ModuleTensor],
-          collectives: tuple[int, int] | None) -> LoadedModel:
+def _load(
+    neff: bytes, digest: str, vnc: int, expected: list[ModuleTensor], collectives: tuple[int, int] | None
+) -> LoadedModel:
     rt = runtime()
     lib = rt.lib
     handle = ctypes.c_void_p()
     buf = ctypes.create_string_buffer(neff, len(neff))
     if collectives is None:
-        check(lib.nrt_load(buf, len(neff), vnc, -1, ctypes.byref(handle)), "nrt_load",
-              f"NEFF {digest[:12]}, {len(neff)} bytes, NeuronCore {vnc}")
+        check(
+            lib.nrt_load(buf, len(neff), vnc, -1, ctypes.byref(handle)),
+            "nrt_load",
+            f"NEFF {digest[:12]}, {len(neff)} bytes, NeuronCore {vnc}",
+        )
     else:
         rank, count = collectives
-        check(lib.nrt_load_collectives(buf, len(neff), vnc, -1, rank, count, ctypes.byref(handle)),
-              "nrt_load_collectives", f"NEFF {digest[:12]}, NeuronCore {vnc}, device {rank} of {count}")
+        check(
+            lib.nrt_load_collectives(buf, len(neff), vnc, -1, rank, count, ctypes.byref(handle)),
+            "nrt_load_collectives",
+            f"NEFF {digest[:12]}, NeuronCore {vnc}, device {rank} of {count}",
+        )
     try:
         reported = _tensor_info(lib, handle)
         _check_tensors(reported, expected, digest)
@@ -478,16 +535,20 @@ def _check_tensors(reported: list[TensorInfo], expected: list[ModuleTensor], dig
         return
     raise NeuronRuntimeError(
         f"neuron runtime: the NEFF {digest[:12]} does not have the tensors its module declares, so its inputs "
-        "cannot be bound. The runtime reports:\n  " + "\n  ".join(t.describe() for t in reported)
-        + "\nThe module declares:\n  " + "\n  ".join(t.describe() for t in expected)
+        "cannot be bound. The runtime reports:\n  "
+        + "\n  ".join(t.describe() for t in reported)
+        + "\nThe module declares:\n  "
+        + "\n  ".join(t.describe() for t in expected)
         + "\nReport this with `neuron-compile doctor --bundle report.tar.gz` (it is how neuronx-cc names "
         "tensors that is not known here).",
-        2, "nrt_get_model_tensor_info",
+        2,
+        "nrt_get_model_tensor_info",
     )
 
 
-def _bind(lib: Any, handle: Any, digest: str, vnc: int, expected: list[ModuleTensor],
-          collectives: tuple[int, int] | None) -> LoadedModel:
+def _bind(
+    lib: Any, handle: Any, digest: str, vnc: int, expected: list[ModuleTensor], collectives: tuple[int, int] | None
+) -> LoadedModel:
     sets = {}
     for usage in (NRT_TENSOR_USAGE_INPUT, NRT_TENSOR_USAGE_OUTPUT):
         tensor_set = ctypes.c_void_p()
@@ -498,8 +559,11 @@ def _bind(lib: Any, handle: Any, digest: str, vnc: int, expected: list[ModuleTen
         for t in expected:
             ptr = ctypes.c_void_p()
             name = t.name.encode()
-            check(lib.nrt_tensor_allocate(NRT_TENSOR_PLACEMENT_DEVICE, vnc, t.size,
-                                          name, ctypes.byref(ptr)), "nrt_tensor_allocate", t.describe())
+            check(
+                lib.nrt_tensor_allocate(NRT_TENSOR_PLACEMENT_DEVICE, vnc, t.size, name, ctypes.byref(ptr)),
+                "nrt_tensor_allocate",
+                t.describe(),
+            )
             device_tensors[t.name] = ptr
             check(lib.nrt_add_tensor_to_tensor_set(sets[t.usage], name, ptr), "nrt_add_tensor_to_tensor_set", t.name)
     except BaseException:
@@ -508,5 +572,12 @@ def _bind(lib: Any, handle: Any, digest: str, vnc: int, expected: list[ModuleTen
         for tensor_set in sets.values():
             lib.nrt_destroy_tensor_set(ctypes.byref(tensor_set))
         raise
-    return LoadedModel((digest, vnc, collectives), handle, vnc, expected, device_tensors,
-                       sets[NRT_TENSOR_USAGE_INPUT], sets[NRT_TENSOR_USAGE_OUTPUT])
+    return LoadedModel(
+        (digest, vnc, collectives),
+        handle,
+        vnc,
+        expected,
+        device_tensors,
+        sets[NRT_TENSOR_USAGE_INPUT],
+        sets[NRT_TENSOR_USAGE_OUTPUT],
+    )

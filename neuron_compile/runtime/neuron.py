@@ -30,8 +30,14 @@ from . import libnrt
 #: First bytes of a serialized neuron executable: the module's signature (JSON) then the NEFF.
 _MAGIC = b"NEURON_COMPILE_NEFF\n"
 #: StableHLO ops that make a NEFF one of a group of devices, loaded with ``nrt_load_collectives``.
-_COLLECTIVE_OPS = ("stablehlo.all_reduce", "stablehlo.all_gather", "stablehlo.reduce_scatter",
-                   "stablehlo.all_to_all", "stablehlo.collective_permute", "stablehlo.collective_broadcast")
+_COLLECTIVE_OPS = (
+    "stablehlo.all_reduce",
+    "stablehlo.all_gather",
+    "stablehlo.reduce_scatter",
+    "stablehlo.all_to_all",
+    "stablehlo.collective_permute",
+    "stablehlo.collective_broadcast",
+)
 
 
 @dataclass(frozen=True)
@@ -55,8 +61,13 @@ class NeuronExecutable:
     """A NEFF and the signature of the module it was compiled from; loaded on a NeuronCore at its first run
     (once per NEFF and core, whatever number of graphs share it), unloaded when the last of them is gone."""
 
-    def __init__(self, neff: bytes, params: list[tuple[tuple[int, ...], torch.dtype]],
-                 results: list[tuple[tuple[int, ...], torch.dtype]], collectives: bool) -> None:
+    def __init__(
+        self,
+        neff: bytes,
+        params: list[tuple[tuple[int, ...], torch.dtype]],
+        results: list[tuple[tuple[int, ...], torch.dtype]],
+        collectives: bool,
+    ) -> None:
         self.neff = neff
         self.params = params
         self.results = results
@@ -66,11 +77,13 @@ class NeuronExecutable:
         self._lock = threading.Lock()
 
     def to_bytes(self) -> bytes:
-        header = json.dumps({
-            "params": [[list(s), str(d).removeprefix("torch.")] for s, d in self.params],
-            "results": [[list(s), str(d).removeprefix("torch.")] for s, d in self.results],
-            "collectives": self.collectives,
-        }).encode()
+        header = json.dumps(
+            {
+                "params": [[list(s), str(d).removeprefix("torch.")] for s, d in self.params],
+                "results": [[list(s), str(d).removeprefix("torch.")] for s, d in self.results],
+                "collectives": self.collectives,
+            }
+        ).encode()
         return _MAGIC + len(header).to_bytes(8, "little") + header + self.neff
 
     @classmethod
@@ -78,10 +91,10 @@ class NeuronExecutable:
         if not blob.startswith(_MAGIC):
             raise ValueError("not a neuron executable (no header): an entry of another target or version")
         start = len(_MAGIC) + 8
-        size = int.from_bytes(blob[len(_MAGIC):start], "little")
-        header = json.loads(blob[start:start + size])
+        size = int.from_bytes(blob[len(_MAGIC) : start], "little")
+        header = json.loads(blob[start : start + size])
         sig = lambda rows: [(tuple(s), getattr(torch, d)) for s, d in rows]  # noqa: E731
-        return cls(blob[start + size:], sig(header["params"]), sig(header["results"]), header["collectives"])
+        return cls(blob[start + size :], sig(header["params"]), sig(header["results"]), header["collectives"])
 
     def model(self, core: int) -> libnrt.LoadedModel:
         with self._lock:
@@ -110,8 +123,14 @@ def _collective_group() -> tuple[int, int]:
 class NeuronTarget:
     name = "neuron"
 
-    def __init__(self, generation: str = "trn2", flags: tuple[str, ...] = (), opt_level: int = 2,
-                 lnc: int = 2, core: int | None = None) -> None:
+    def __init__(
+        self,
+        generation: str = "trn2",
+        flags: tuple[str, ...] = (),
+        opt_level: int = 2,
+        lnc: int = 2,
+        core: int | None = None,
+    ) -> None:
         self.generation = generation
         self.flags = flags
         self.opt_level = opt_level

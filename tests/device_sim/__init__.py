@@ -125,7 +125,9 @@ def default_state_dir() -> Path:
 
 def environment(state_dir: str | os.PathLike[str] | None = None) -> dict[str, str]:
     """The environment variables that switch the simulator on for a process (merge into its environment)."""
-    state = Path(state_dir) if state_dir is not None else Path(os.environ.get("NRTSIM_STATE_DIR") or default_state_dir())
+    state = (
+        Path(state_dir) if state_dir is not None else Path(os.environ.get("NRTSIM_STATE_DIR") or default_state_dir())
+    )
     state.mkdir(parents=True, exist_ok=True)
     path = os.environ.get("PATH", "")
     pythonpath = os.environ.get("PYTHONPATH", "")
@@ -192,7 +194,9 @@ def clear_injections() -> None:
 
 def compiler_invocations(state_dir: str | os.PathLike[str] | None = None) -> int:
     """Successful compiles of the fake ``neuronx-cc``: lines of ``$NRTSIM_STATE_DIR/compiles.log``."""
-    state = Path(state_dir) if state_dir is not None else Path(os.environ.get("NRTSIM_STATE_DIR") or default_state_dir())
+    state = (
+        Path(state_dir) if state_dir is not None else Path(os.environ.get("NRTSIM_STATE_DIR") or default_state_dir())
+    )
     try:
         with open(state / "compiles.log", "rb") as f:
             return sum(1 for _ in f)

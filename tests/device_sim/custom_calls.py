@@ -140,7 +140,9 @@ def _softmax(target: str, config: str, operands: Sequence[Struct], results: Sequ
     return fn
 
 
-def _softmax_grad(target: str, config: str, operands: Sequence[Struct], results: Sequence[Struct]) -> Callable[..., Any]:
+def _softmax_grad(
+    target: str, config: str, operands: Sequence[Struct], results: Sequence[Struct]
+) -> Callable[..., Any]:
     """Operands (grad, softmax output y): y * (grad - sum(grad * y)) over the last axis."""
     _expect(target, operands, results, 2, 1)
     _same_as_first(target, operands, results)
@@ -250,7 +252,9 @@ _BUILDERS: dict[str, Callable[..., Callable[..., Any]]] = {
 IMPLEMENTED = frozenset(_BUILDERS)
 
 
-def implementation(target: str, backend_config: str, operands: Sequence[Struct], results: Sequence[Struct]) -> Callable[..., tuple]:
+def implementation(
+    target: str, backend_config: str, operands: Sequence[Struct], results: Sequence[Struct]
+) -> Callable[..., tuple]:
     """A jax function of the call's operands returning a tuple of its results (exactly their shapes and
     dtypes). Raises KeyError for a target the simulator does not implement, CustomCallError for a call it
     cannot take as written."""

@@ -89,7 +89,9 @@ class _Parser(argparse.ArgumentParser):
 
 class _Version(argparse.Action):
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="Print version information and exit")
+        super().__init__(
+            option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="Print version information and exit"
+        )
 
     def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
         import numpy
@@ -115,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--auto-cast", choices=("none", "matmult", "all"), default="none")
     c.add_argument("--auto-cast-type", choices=("bf16", "fp16", "tf32", "fp8_e4m3"), default="bf16")
     # The CLI reference gives it a mode; the data-types page writes it bare (= enabled).
-    c.add_argument("--native-int64", nargs="?", const="enabled", default="default", choices=("default", "enabled", "disabled"))
+    c.add_argument(
+        "--native-int64", nargs="?", const="enabled", default="default", choices=("default", "enabled", "disabled")
+    )
     c.add_argument("--implicit-integer-downcast", default="default")
     c.add_argument("--distribution-strategy", choices=("llm-training", "fsdp", "nemo", "NEMO"))
     c.add_argument("--logical-nc-config", "--lnc", "-lnc", dest="lnc", type=int, choices=(1, 2))
@@ -204,7 +208,9 @@ def check_types(module: Any, target: str) -> None:
     found: set[str] = set()
 
     def visit(op: Any) -> Any:
-        for value in list(op.operation.results) + [a for r in op.operation.regions for b in r.blocks for a in b.arguments]:
+        for value in list(op.operation.results) + [
+            a for r in op.operation.regions for b in r.blocks for a in b.arguments
+        ]:
             if isinstance(value.type, ir.ShapedType):
                 found.add(str(ir.ShapedType(value.type).element_type))
         return ir.WalkResult.ADVANCE
@@ -212,7 +218,9 @@ def check_types(module: Any, target: str) -> None:
     module.operation.walk(visit)
     fnuz = sorted(e for e in found if e.endswith("FNUZ"))
     if fnuz:
-        raise CompileError("NCC_EVRF005", f"The compiler found usage of {', '.join(fnuz)} data type which is not supported.")
+        raise CompileError(
+            "NCC_EVRF005", f"The compiler found usage of {', '.join(fnuz)} data type which is not supported."
+        )
     if "f8E4M3FN" in found and target in ("trn1", "trn1n", "trn2", "trn2n", "inf2"):
         raise CompileError(
             "NCC_EVRF051",
@@ -343,11 +351,14 @@ def _splice(module: Any, sub: Any, name: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------- the NEFF
-def make_neff(*, lnc: int, table: list[dict[str, Any]], files: dict[str, bytes], version: int = NEFF_FORMAT_VERSION) -> bytes:
+def make_neff(
+    *, lnc: int, table: list[dict[str, Any]], files: dict[str, bytes], version: int = NEFF_FORMAT_VERSION
+) -> bytes:
     """The simulator's NEFF: a 1,024-byte header, the ASCII tensor table, a gzip tar of ``files``."""
     lines = "".join(
         f"{t['usage']} {t['name']} {t['size']} {t['nrt_dtype']} {len(t['shape'])}"
-        + "".join(f" {d}" for d in t["shape"]) + "\n"
+        + "".join(f" {d}" for d in t["shape"])
+        + "\n"
         for t in table
     ).encode()
     raw = io.BytesIO()

@@ -44,9 +44,21 @@ from .core import (
 )
 
 __all__ = [
-    "Kernel", "NkiCapacityError", "NkiError", "NkiOutOfBoundsError", "NkiTensor", "NkiUnsupportedError",
+    "Kernel",
+    "NkiCapacityError",
+    "NkiError",
+    "NkiOutOfBoundsError",
+    "NkiTensor",
+    "NkiUnsupportedError",
     "NkiValidationError",
-    "RunStats", "TensorSpec", "infer_shapes", "isa", "jit", "language", "last_run_stats", "simulate",
+    "RunStats",
+    "TensorSpec",
+    "infer_shapes",
+    "isa",
+    "jit",
+    "language",
+    "last_run_stats",
+    "simulate",
 ]
 
 
@@ -60,9 +72,17 @@ class TensorSpec:
     def torch_dtype(self) -> Any:
         import torch
 
-        return {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16,
-                "int32": torch.int32, "int8": torch.int8, "int16": torch.int16, "uint8": torch.uint8,
-                "bool_": torch.bool, "tfloat32": torch.float32}[self.dtype]
+        return {
+            "bfloat16": torch.bfloat16,
+            "float32": torch.float32,
+            "float16": torch.float16,
+            "int32": torch.int32,
+            "int8": torch.int8,
+            "int16": torch.int16,
+            "uint8": torch.uint8,
+            "bool_": torch.bool,
+            "tfloat32": torch.float32,
+        }[self.dtype]
 
 
 class Kernel:
@@ -102,8 +122,10 @@ class Kernel:
 def jit(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
     """Decorate an NKI kernel (``@nki.jit`` or ``@nki.jit(...)``); ``mode=`` is accepted and ignored."""
     if "platform_target" in options:
-        raise NkiError("nki.jit(platform_target=...) is an error in current NKI; set "
-                       "NEURON_PLATFORM_TARGET_OVERRIDE or pass target= to nki.simulate")
+        raise NkiError(
+            "nki.jit(platform_target=...) is an error in current NKI; set "
+            "NEURON_PLATFORM_TARGET_OVERRIDE or pass target= to nki.simulate"
+        )
     if fn is None:
         return lambda f: Kernel(f, **options)
     if isinstance(fn, Kernel):
@@ -190,7 +212,8 @@ def _from_out(x: Any, as_torch: bool, shape_only: bool, inputs: dict[int, Any]) 
         if x.buffer.on_chip or x.buffer == "hbm" and id(x) not in inputs:
             raise NkiValidationError(
                 f"kernel output {x!r} is in {x.buffer}; outputs must be allocated with "
-                "nl.ndarray(..., buffer=nl.shared_hbm), filled by DMA and returned")
+                "nl.ndarray(..., buffer=nl.shared_hbm), filled by DMA and returned"
+            )
         if shape_only:
             return TensorSpec(x.shape, x.dtype)
         if id(x) in inputs:
@@ -210,11 +233,11 @@ def _run(kernel: Any, args: tuple, kwargs: dict, *, shape_only: bool, target: st
     run = Run(target, shape_only=shape_only)
     push_run(run)
     try:
-        nargs = tuple(_to_arg(a, params[i] if i < len(params) else f"arg{i}", shape_only)
-                      for i, a in enumerate(args))
+        nargs = tuple(_to_arg(a, params[i] if i < len(params) else f"arg{i}", shape_only) for i, a in enumerate(args))
         nkw = {k: _to_arg(v, k, shape_only) for k, v in kwargs.items()}
-        inputs = {id(n): o for n, o in zip((*nargs, *nkw.values()), (*args, *kwargs.values()))
-                  if isinstance(n, NkiTensor)}
+        inputs = {
+            id(n): o for n, o in zip((*nargs, *nkw.values()), (*args, *kwargs.values())) if isinstance(n, NkiTensor)
+        }
         grid = kern.grid or ()
         ids = list(np.ndindex(*grid)) if grid else [()]
         run.grid = grid

@@ -52,11 +52,13 @@ def unsupported(qualname: str, why: str = "") -> Any:
     def refused(*_: Any, **__: Any) -> Any:
         raise NkiUnsupportedError(
             f"{qualname} is documented NKI but not implemented by the neuron_compile emulator"
-            + (f" ({why})" if why else "") + "; see docs/nki.md, 'API coverage'")
+            + (f" ({why})" if why else "")
+            + "; see docs/nki.md, 'API coverage'"
+        )
 
     refused.__name__ = qualname.rsplit(".", 1)[-1]
     refused.__qualname__ = qualname
-    refused.__nki_unsupported__ = why or "not implemented"  # type: ignore[attr-defined]
+    refused.__nki_unsupported__ = why or "not implemented"
     refused.__doc__ = f"Refused: {qualname} raises NkiUnsupportedError here ({why or 'not implemented'})."
     return refused
 
@@ -69,15 +71,34 @@ def _tf32_round(x: np.ndarray) -> np.ndarray:
 
 
 _NP_DTYPES: dict[str, Any] = {
-    "float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16, "tfloat32": np.float32,
-    "float8_e4m3": ml_dtypes.float8_e4m3, "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
-    "float8_e5m2": ml_dtypes.float8_e5m2, "float8_e8m0fnu": ml_dtypes.float8_e8m0fnu,
-    "int8": np.int8, "int16": np.int16, "int32": np.int32, "uint8": np.uint8, "uint16": np.uint16,
-    "uint32": np.uint32, "bool_": np.bool_,
+    "float32": np.float32,
+    "bfloat16": ml_dtypes.bfloat16,
+    "float16": np.float16,
+    "tfloat32": np.float32,
+    "float8_e4m3": ml_dtypes.float8_e4m3,
+    "float8_e4m3fn": ml_dtypes.float8_e4m3fn,
+    "float8_e5m2": ml_dtypes.float8_e5m2,
+    "float8_e8m0fnu": ml_dtypes.float8_e8m0fnu,
+    "int8": np.int8,
+    "int16": np.int16,
+    "int32": np.int32,
+    "uint8": np.uint8,
+    "uint16": np.uint16,
+    "uint32": np.uint32,
+    "bool_": np.bool_,
 }
 _NP_TO_NAME = {np.dtype(v): k for k, v in _NP_DTYPES.items() if k != "tfloat32"}
-_TORCH_NAMES = {"float": "float32", "half": "float16", "int": "int32", "short": "int16", "bool": "bool_",
-                "float64": "float32", "double": "float32", "int64": "int32", "long": "int32"}
+_TORCH_NAMES = {
+    "float": "float32",
+    "half": "float16",
+    "int": "int32",
+    "short": "int16",
+    "bool": "bool_",
+    "float64": "float32",
+    "double": "float32",
+    "int64": "int32",
+    "long": "int32",
+}
 
 
 def dtype_name(dtype: Any) -> str:
@@ -85,8 +106,10 @@ def dtype_name(dtype: Any) -> str:
     if isinstance(dtype, str):
         name = {"bool": "bool_", "float": "float32"}.get(dtype, dtype)
         if name in ("int64", "float8_e5m2_x4", "float8_e4m3fn_x4", "float4_e2m1fn_x4"):
-            raise NkiUnsupportedError(f"NKI dtype {name} is not emulated for tensors (int64 exists only as an "
-                                      "NkiScalar; the x4-packed MX types belong to nc_matmul_mx)")
+            raise NkiUnsupportedError(
+                f"NKI dtype {name} is not emulated for tensors (int64 exists only as an "
+                "NkiScalar; the x4-packed MX types belong to nc_matmul_mx)"
+            )
         if name in _NP_DTYPES:
             return name
         raise NkiError(f"unknown NKI dtype {dtype!r}; use one of {sorted(_NP_DTYPES)}")
@@ -171,7 +194,8 @@ class RunStats:
 
     generation: str = "trn2"
     engines: dict[str, EngineStats] = field(
-        default_factory=lambda: {e: EngineStats() for e in ("tensor", "vector", "scalar", "gpsimd", "dma")})
+        default_factory=lambda: {e: EngineStats() for e in ("tensor", "vector", "scalar", "gpsimd", "dma")}
+    )
     dma_bytes_hbm_to_sbuf: int = 0
     dma_bytes_sbuf_to_hbm: int = 0
     dma_bytes_other: int = 0
@@ -193,9 +217,11 @@ class RunStats:
 
     def summary(self) -> str:
         eng = ", ".join(f"{k}={v.instructions}" for k, v in self.engines.items())
-        return (f"instructions [{eng}]; HBM->SBUF {self.dma_bytes_hbm_to_sbuf} B, SBUF->HBM "
-                f"{self.dma_bytes_sbuf_to_hbm} B in {self.dma_transfers} DMAs; peak SBUF "
-                f"{self.sbuf_peak_bytes_per_partition} B/partition, PSUM {self.psum_peak_bytes_per_partition} B")
+        return (
+            f"instructions [{eng}]; HBM->SBUF {self.dma_bytes_hbm_to_sbuf} B, SBUF->HBM "
+            f"{self.dma_bytes_sbuf_to_hbm} B in {self.dma_transfers} DMAs; peak SBUF "
+            f"{self.sbuf_peak_bytes_per_partition} B/partition, PSUM {self.psum_peak_bytes_per_partition} B"
+        )
 
 
 def _default_generation() -> str:
@@ -240,28 +266,29 @@ class Run:
                     f"SBUF capacity exceeded on {self.gen.name}: {what} needs {per_partition} B per partition "
                     f"with {self.sbuf_used} B already live, of {cap} B usable per partition "
                     f"({self.gen.sbuf_bytes_per_partition} minus {self.gen.sbuf_reserved_bytes_per_partition} "
-                    "reserved for the compiler). Use smaller tiles or let earlier tiles go out of scope.")
+                    "reserved for the compiler). Use smaller tiles or let earlier tiles go out of scope."
+                )
             self.sbuf_used += per_partition
-            self.stats.sbuf_peak_bytes_per_partition = max(self.stats.sbuf_peak_bytes_per_partition,
-                                                           self.sbuf_used)
+            self.stats.sbuf_peak_bytes_per_partition = max(self.stats.sbuf_peak_bytes_per_partition, self.sbuf_used)
             return ("sbuf", per_partition)
         if buffer == "psum":
             bank = self.gen.psum_bytes_per_partition // self.gen.psum_banks
             if per_partition > bank:
                 raise NkiValidationError(
                     f"PSUM tensor {what} takes {per_partition} B per partition, more than one PSUM bank "
-                    f"({bank} B = {bank // 4} fp32 elements, nl.tile_size.psum_fmax); split its free dim")
+                    f"({bank} B = {bank // 4} fp32 elements, nl.tile_size.psum_fmax); split its free dim"
+                )
             for i, used in enumerate(self.psum_banks):
                 if used + per_partition <= bank:
                     self.psum_banks[i] += per_partition
                     live = sum(self.psum_banks)
-                    self.stats.psum_peak_bytes_per_partition = max(self.stats.psum_peak_bytes_per_partition,
-                                                                   live)
+                    self.stats.psum_peak_bytes_per_partition = max(self.stats.psum_peak_bytes_per_partition, live)
                     return ("psum", i * 1_000_000 + per_partition)
             raise NkiCapacityError(
                 f"PSUM capacity exceeded on {self.gen.name}: {what} needs {per_partition} B per partition but "
                 f"all {self.gen.psum_banks} banks of {bank} B are taken (used per bank: {self.psum_banks}). "
-                "Reuse PSUM tiles across loop iterations or let earlier ones go out of scope (del).")
+                "Reuse PSUM tiles across loop iterations or let earlier ones go out of scope (del)."
+            )
         return None
 
     def release(self, token: tuple[str, int]) -> None:
@@ -272,8 +299,16 @@ class Run:
             self.psum_banks[val // 1_000_000] -= val % 1_000_000
 
     # ---- counters
-    def count(self, engine: str, kind: str, partitions: int, free: int, itemsize_: int = 4,
-              reads: tuple = (), writes: tuple = ()) -> None:
+    def count(
+        self,
+        engine: str,
+        kind: str,
+        partitions: int,
+        free: int,
+        itemsize_: int = 4,
+        reads: tuple = (),
+        writes: tuple = (),
+    ) -> None:
         """Count one compute instruction and schedule it (``reads``/``writes``: its operand tensors)."""
         e = self.stats.engines[engine]
         e.instructions += 1
@@ -306,8 +341,8 @@ def run_rng() -> np.random.Generator:
     """The current run's generator for nl.rand / dropout (seeded by nl.random_seed; not the device's stream)."""
     run = current_run()
     if not hasattr(run, "rng"):
-        run.rng = np.random.default_rng(0)  # type: ignore[attr-defined]
-    return run.rng  # type: ignore[attr-defined]
+        run.rng = np.random.default_rng(0)
+    return run.rng
 
 
 def in_kernel() -> bool:
@@ -368,9 +403,18 @@ class NkiTensor:
 
     __slots__ = ("_alloc", "_arr", "_root", "_written", "buffer", "dtype", "name", "p0", "pstep")
 
-    def __init__(self, arr: np.ndarray, dtype: str, buffer: Buffer, alloc: Any = None, name: str = "",
-                 written: np.ndarray | None = None, p0: int = 0, pstep: int = 1,
-                 root: tuple[np.ndarray, np.ndarray | None] | None = None):
+    def __init__(
+        self,
+        arr: np.ndarray,
+        dtype: str,
+        buffer: Buffer,
+        alloc: Any = None,
+        name: str = "",
+        written: np.ndarray | None = None,
+        p0: int = 0,
+        pstep: int = 1,
+        root: tuple[np.ndarray, np.ndarray | None] | None = None,
+    ):
         self.p0 = p0  # first partition of this view in its allocation (on chip)
         self.pstep = pstep  # partition stride of this view (compute engines need 1)
         self._arr = arr
@@ -412,17 +456,27 @@ class NkiTensor:
         return f"NkiTensor({_fmt_shape(self)})"
 
     # ---- views
-    def _view(self, arr: np.ndarray, written: np.ndarray | None = None, p0: int | None = None,
-              pstep: int | None = None) -> NkiTensor:
-        return NkiTensor(arr, self.dtype, self.buffer, self._alloc, self.name, written,
-                         self.p0 if p0 is None else p0, self.pstep if pstep is None else pstep, self._root)
+    def _view(
+        self, arr: np.ndarray, written: np.ndarray | None = None, p0: int | None = None, pstep: int | None = None
+    ) -> NkiTensor:
+        return NkiTensor(
+            arr,
+            self.dtype,
+            self.buffer,
+            self._alloc,
+            self.name,
+            written,
+            self.p0 if p0 is None else p0,
+            self.pstep if pstep is None else pstep,
+            self._root,
+        )
 
     def _normalize_key(self, key: Any) -> tuple:
         key = key if isinstance(key, tuple) else (key,)
         if any(k is Ellipsis for k in key):
             i = next(i for i, k in enumerate(key) if k is Ellipsis)
             fill = self.ndim - (len(key) - 1)
-            key = key[:i] + (slice(None),) * fill + key[i + 1:]
+            key = key[:i] + (slice(None),) * fill + key[i + 1 :]
         if len(key) > self.ndim:
             raise NkiOutOfBoundsError(f"too many indices ({len(key)}) for {_fmt_shape(self)}")
         out = []
@@ -438,13 +492,15 @@ class NkiTensor:
                 stop = n if k.stop is None else int(k.stop)
                 if start < 0 or stop > n or start > stop:
                     raise NkiOutOfBoundsError(
-                        f"access out of bound: [{start}:{stop}] on dim {d} (size {n}) of {_fmt_shape(self)}")
+                        f"access out of bound: [{start}:{stop}] on dim {d} (size {n}) of {_fmt_shape(self)}"
+                    )
                 out.append(slice(start, stop, step))
             elif isinstance(k, (int, np.integer)):
                 k = int(k)
                 if not -n <= k < n:
                     raise NkiOutOfBoundsError(
-                        f"access out of bound: index {k} on dim {d} (size {n}) of {_fmt_shape(self)}")
+                        f"access out of bound: index {k} on dim {d} (size {n}) of {_fmt_shape(self)}"
+                    )
                 out.append(k % n)
             else:
                 raise NkiError(f"unsupported index {k!r} on {_fmt_shape(self)}: use ints, slices or nl.ds")
@@ -468,7 +524,8 @@ class NkiTensor:
     def __setitem__(self, key: Any, value: Any) -> None:
         raise NkiError(
             f"assigning into {_fmt_shape(self)} with [...] = is not an NKI operation; write with "
-            "nisa.tensor_copy / nisa.dma_copy (or nl.store for HBM)")
+            "nisa.tensor_copy / nisa.dma_copy (or nl.store for HBM)"
+        )
 
     def reshape(self, shape: Any) -> NkiTensor:
         """A view with another shape and the same element count (storage must be contiguous)."""
@@ -476,7 +533,8 @@ class NkiTensor:
         if math.prod(shape) != self.size:
             raise NkiValidationError(
                 f"reshape of {_fmt_shape(self)} to {list(shape)} changes the element count "
-                f"({self.size} -> {math.prod(shape)})")
+                f"({self.size} -> {math.prod(shape)})"
+            )
         _check_partitions(shape, self.buffer, "reshape")
         if current_run().shape_only:
             w = None if self._written is None else np.broadcast_to(np.zeros((), bool), shape)
@@ -490,8 +548,10 @@ class NkiTensor:
         """A read-only view repeating size-1 dim ``dim`` ``size`` times (not dim 0 on chip)."""
         n = size
         if self.buffer.on_chip and dim == 0:
-            raise NkiValidationError(f"broadcast along the partition dim of on-chip {_fmt_shape(self)} "
-                                     "is not a view; copy per partition instead")
+            raise NkiValidationError(
+                f"broadcast along the partition dim of on-chip {_fmt_shape(self)} "
+                "is not a view; copy per partition instead"
+            )
         shape = list(self.shape)
         if shape[dim] != 1:
             raise NkiError(f"broadcast needs dim {dim} of {_fmt_shape(self)} to be 1")
@@ -511,16 +571,26 @@ class NkiTensor:
             root = (self._root[0].view(np_dtype(name)), self._root[1])
         except ValueError:
             root = None
-        return NkiTensor(self._arr.view(np_dtype(name)), name, self.buffer, self._alloc, self.name,
-                         p0=self.p0, pstep=self.pstep, root=root)
+        return NkiTensor(
+            self._arr.view(np_dtype(name)),
+            name,
+            self.buffer,
+            self._alloc,
+            self.name,
+            p0=self.p0,
+            pstep=self.pstep,
+            root=root,
+        )
 
     reinterpret_cast = view
 
     # ---- the documented view primitives of NkiTensor (NKI 0.6): metadata only, storage shared
     def _no_partition_dim(self, dim: int, what: str) -> None:
         if self.buffer.on_chip and dim == 0:
-            raise NkiValidationError(f"NkiTensor.{what}: dim 0 of on-chip {_fmt_shape(self)} is the partition "
-                                     "dim, which this view cannot change")
+            raise NkiValidationError(
+                f"NkiTensor.{what}: dim 0 of on-chip {_fmt_shape(self)} is the partition "
+                "dim, which this view cannot change"
+            )
 
     def _dim(self, dim: int, what: str, extra: int = 0) -> int:
         n = self.ndim + extra
@@ -535,11 +605,14 @@ class NkiTensor:
         """Reorder the dims (a view); on chip ``dims[0]`` must be 0."""
         dims = tuple(self._dim(d, "permute") for d in dims)
         if sorted(dims) != list(range(self.ndim)):
-            raise NkiValidationError(f"NkiTensor.permute: {tuple(dims)} is not a permutation of range({self.ndim}) "
-                                     f"for {_fmt_shape(self)}")
+            raise NkiValidationError(
+                f"NkiTensor.permute: {tuple(dims)} is not a permutation of range({self.ndim}) for {_fmt_shape(self)}"
+            )
         if self.buffer.on_chip and dims[0] != 0:
-            raise NkiValidationError(f"NkiTensor.permute: on-chip {_fmt_shape(self)} keeps the partition dim "
-                                     f"first; dims[0] must be 0, got {tuple(dims)}")
+            raise NkiValidationError(
+                f"NkiTensor.permute: on-chip {_fmt_shape(self)} keeps the partition dim "
+                f"first; dims[0] must be 0, got {tuple(dims)}"
+            )
         return self._mapped(lambda a: a.transpose(dims))
 
     def expand_dim(self, dim: int) -> NkiTensor:
@@ -564,22 +637,25 @@ class NkiTensor:
             known = math.prod(s for s in shape if s != -1)
             shape[shape.index(-1)] = self.shape[d] // known if known else 0
         if math.prod(shape) != self.shape[d]:
-            raise NkiValidationError(f"NkiTensor.reshape_dim: {shape} does not multiply to dim {d} "
-                                     f"({self.shape[d]}) of {_fmt_shape(self)}")
+            raise NkiValidationError(
+                f"NkiTensor.reshape_dim: {shape} does not multiply to dim {d} ({self.shape[d]}) of {_fmt_shape(self)}"
+            )
         if len(shape) > 1:
             self._no_partition_dim(d, "reshape_dim")
-        new = (*self.shape[:d], *shape, *self.shape[d + 1:])
-        return self._mapped(lambda a: a.reshape(new) if current_run().shape_only
-                            else _reshape_view(a, new, self, "reshape_dim"))
+        new = (*self.shape[:d], *shape, *self.shape[d + 1 :])
+        return self._mapped(
+            lambda a: a.reshape(new) if current_run().shape_only else _reshape_view(a, new, self, "reshape_dim")
+        )
 
     def flatten_dims(self, start_dim: int, end_dim: int) -> NkiTensor:
         """Merge dims ``start_dim..end_dim`` (inclusive; contiguous in storage; start > 0 on chip)."""
         a, b = self._dim(start_dim, "flatten_dims"), self._dim(end_dim, "flatten_dims")
         if self.buffer.on_chip and a == 0:
             raise NkiValidationError(f"NkiTensor.flatten_dims: start_dim must be > 0 for on-chip {_fmt_shape(self)}")
-        new = (*self.shape[:a], math.prod(self.shape[a:b + 1]), *self.shape[b + 1:])
-        return self._mapped(lambda x: x.reshape(new) if current_run().shape_only
-                            else _reshape_view(x, new, self, "flatten_dims"))
+        new = (*self.shape[:a], math.prod(self.shape[a : b + 1]), *self.shape[b + 1 :])
+        return self._mapped(
+            lambda x: x.reshape(new) if current_run().shape_only else _reshape_view(x, new, self, "flatten_dims")
+        )
 
     def slice(self, dim: int, start: int, end: int, step: int = 1) -> NkiTensor:
         """``t[..., start:end:step, ...]`` on dim ``dim``."""
@@ -592,8 +668,9 @@ class NkiTensor:
         self._no_partition_dim(d, "select")
         i = _runtime_int(index, "NkiTensor.select")
         if not 0 <= i < self.shape[d]:
-            raise NkiOutOfBoundsError(f"NkiTensor.select: index {i} on dim {d} (size {self.shape[d]}) of "
-                                      f"{_fmt_shape(self)}")
+            raise NkiOutOfBoundsError(
+                f"NkiTensor.select: index {i} on dim {d} (size {self.shape[d]}) of {_fmt_shape(self)}"
+            )
         key = (slice(None),) * d + (i,)
         return self._view(self._arr[key], None if self._written is None else self._written[key])
 
@@ -623,7 +700,7 @@ class NkiTensor:
         return [[st, n] for st, n in zip(self.strides, self.shape)]
 
     def is_contiguous(self) -> bool:
-        dims = list(zip(self.shape, self.strides))[1 if self.buffer.on_chip else 0:]
+        dims = list(zip(self.shape, self.strides))[1 if self.buffer.on_chip else 0 :]
         expect = 1
         for n, st in reversed(dims):
             if n != 1 and st != expect:
@@ -631,8 +708,15 @@ class NkiTensor:
             expect *= n
         return True
 
-    def ap(self, pattern: Any, offset: int = 0, scalar_offset: Any = None, vector_offset: Any = None,
-           indirect_dim: int = 0, dtype: Any = None) -> NkiTensor:
+    def ap(
+        self,
+        pattern: Any,
+        offset: int = 0,
+        scalar_offset: Any = None,
+        vector_offset: Any = None,
+        indirect_dim: int = 0,
+        dtype: Any = None,
+    ) -> NkiTensor:
         """A hardware access pattern: element ``[i0, i1, ...]`` of the result is element
         ``offset + sum(step_k * i_k)`` of this tensor's allocation flattened, counted from this view's first
         element, with ``pattern = [[step_0, count_0], ...]``. On chip the first pair is the partition access
@@ -640,8 +724,10 @@ class NkiTensor:
         NkiScalar) moves the start by that many steps of dim ``indirect_dim``; ``dtype`` reinterprets the
         storage (pattern and offset then count elements of that dtype)."""
         if vector_offset is not None:
-            raise NkiUnsupportedError("NkiTensor.ap(vector_offset=...) (per-partition indirect addressing) is "
-                                      "not implemented by the emulator; use nl.load per index or a static pattern")
+            raise NkiUnsupportedError(
+                "NkiTensor.ap(vector_offset=...) (per-partition indirect addressing) is "
+                "not implemented by the emulator; use nl.load per index or a static pattern"
+            )
         pat = [(int(st), int(n)) for st, n in pattern]
         if not pat or any(n <= 0 for _, n in pat):
             raise NkiValidationError(f"NkiTensor.ap: pattern {pattern} needs [step, count] pairs with count > 0")
@@ -660,24 +746,30 @@ class NkiTensor:
             if pat[0][1] > 1 and pat[0][0] != free:
                 raise NkiValidationError(
                     f"NkiTensor.ap: on-chip pattern {pattern} must start with the partition access [{free}, P] "
-                    f"(step = the allocation's {free} elements per partition; partitions are contiguous)")
+                    f"(step = the allocation's {free} elements per partition; partitions are contiguous)"
+                )
             if pat[0][1] > PMAX:
-                raise NkiValidationError(f"NkiTensor.ap: Size of partition dimension {pat[0][1]} exceeds "
-                                         f"maximum {PMAX}")
+                raise NkiValidationError(
+                    f"NkiTensor.ap: Size of partition dimension {pat[0][1]} exceeds maximum {PMAX}"
+                )
             p0 = start // free
         lo = start + sum(min(0, (n - 1) * st) for st, n in pat)
         hi = start + sum(max(0, (n - 1) * st) for st, n in pat)
         if lo < 0 or hi >= total:
-            raise NkiOutOfBoundsError(f"NkiTensor.ap: pattern {pattern} at offset {start} reaches elements "
-                                      f"[{lo}, {hi}] of {_fmt_shape(self)}'s allocation of {total} elements")
+            raise NkiOutOfBoundsError(
+                f"NkiTensor.ap: pattern {pattern} at offset {start} reaches elements "
+                f"[{lo}, {hi}] of {_fmt_shape(self)}'s allocation of {total} elements"
+            )
         shape = tuple(n for _, n in pat)
         if current_run().shape_only or root.strides == (0,) * root.ndim:
             arr = np.broadcast_to(np.zeros((), np_dtype(name)), shape)
             w = None if root_w is None else np.broadcast_to(np.zeros((), bool), shape)
             return NkiTensor(arr, name, self.buffer, self._alloc, self.name, w, p0, 1, self._root)
         if not root.flags.c_contiguous:
-            raise NkiUnsupportedError(f"NkiTensor.ap on {_fmt_shape(self)}: its storage is a non-contiguous "
-                                      "array (pass a contiguous tensor to the kernel)")
+            raise NkiUnsupportedError(
+                f"NkiTensor.ap on {_fmt_shape(self)}: its storage is a non-contiguous "
+                "array (pass a contiguous tensor to the kernel)"
+            )
         flat = root.reshape(-1).view(np_dtype(name)) if name != self.dtype else root.reshape(-1)
         isz = flat.itemsize
         arr = np.lib.stride_tricks.as_strided(flat[start:], shape, tuple(st * isz for st, _ in pat))
@@ -692,13 +784,14 @@ class NkiTensor:
     def indirect(self, index: Any, num_elem: Any = None) -> NkiTensor:
         raise NkiUnsupportedError("NkiTensor.indirect (tensor indirection, NC-v4) is not implemented by the emulator")
 
-    indirect.__nki_unsupported__ = "tensor indirection (NC-v4) is not emulated"  # type: ignore[attr-defined]
+    indirect.__nki_unsupported__ = "tensor indirection (NC-v4) is not emulated"
 
     def vector_select(self, dim: int, vector_offset: Any) -> NkiTensor:
-        raise NkiUnsupportedError("NkiTensor.vector_select (per-partition indirect addressing) is not implemented "
-                                  "by the emulator")
+        raise NkiUnsupportedError(
+            "NkiTensor.vector_select (per-partition indirect addressing) is not implemented by the emulator"
+        )
 
-    vector_select.__nki_unsupported__ = "per-partition indirect addressing is not emulated"  # type: ignore[attr-defined]
+    vector_select.__nki_unsupported__ = "per-partition indirect addressing is not emulated"
 
     def rearrange(self, src_pattern: tuple, dst_pattern: tuple, fixed_sizes: dict[str, int] | None = None) -> NkiTensor:
         """einops-style split / reorder / merge of dims, as a view (built from reshape_dim/permute/flatten)."""
@@ -738,8 +831,10 @@ class NkiTensor:
 def _reshape_view(a: np.ndarray, shape: tuple[int, ...], t: NkiTensor, what: str) -> np.ndarray:
     out = a.reshape(shape)
     if a.size and not np.shares_memory(out, a):
-        raise NkiValidationError(f"NkiTensor.{what} of {_fmt_shape(t)}: its layout is not contiguous across the "
-                                 "merged/split dims (after a permute or a strided slice), so no view exists")
+        raise NkiValidationError(
+            f"NkiTensor.{what} of {_fmt_shape(t)}: its layout is not contiguous across the "
+            "merged/split dims (after a permute or a strided slice), so no view exists"
+        )
     return out
 
 
@@ -764,11 +859,11 @@ def _check_partitions(shape: tuple[int, ...], buffer: Buffer, what: str) -> None
         if shape[0] > PMAX:
             raise NkiValidationError(
                 f"{what}: Size of partition dimension {shape[0]} exceeds maximum {PMAX} "
-                f"(nl.tile_size.pmax) for {buffer} tensor of shape {list(shape)}")
+                f"(nl.tile_size.pmax) for {buffer} tensor of shape {list(shape)}"
+            )
 
 
-def new_tensor(shape: Any, dtype: Any, buffer: Buffer | str = sbuf, name: str = "",
-               fill: Any = None) -> NkiTensor:
+def new_tensor(shape: Any, dtype: Any, buffer: Buffer | str = sbuf, name: str = "", fill: Any = None) -> NkiTensor:
     """Allocate a tensor in the current run (filled with NaN / 4 unless ``fill`` is given)."""
     run = current_run()
     shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
@@ -782,8 +877,7 @@ def new_tensor(shape: Any, dtype: Any, buffer: Buffer | str = sbuf, name: str = 
     if buffer == "psum" and is_float(name_) is False:
         raise NkiValidationError(f"PSUM tensor {name!r} must have a float dtype, got {name_}")
     per_part = int(math.prod(shape[1:])) * itemsize(name_) if buffer.on_chip else 0
-    alloc = _Alloc(run, buffer, per_part, f"{name or 'tensor'}{list(shape)}:{name_}") \
-        if buffer.on_chip else None
+    alloc = _Alloc(run, buffer, per_part, f"{name or 'tensor'}{list(shape)}:{name_}") if buffer.on_chip else None
     if buffer == "shared_hbm" and len(run.grid_ids) > 1:
         # SPMD/LNC programs share shared_hbm: the k-th such allocation of every program is the same tensor
         k = run.shared_next
@@ -794,15 +888,15 @@ def new_tensor(shape: Any, dtype: Any, buffer: Buffer | str = sbuf, name: str = 
                 raise NkiValidationError(
                     f"nl.ndarray {name!r}: shared_hbm allocation #{k} is {list(prev.shape)}:{prev.dtype} in program 0 "
                     f"but {list(shape)}:{name_} in program {run.program_id}; every program must allocate the same "
-                    "shared tensors (control flow must be the same on every core)")
+                    "shared tensors (control flow must be the same on every core)"
+                )
             return prev
     value = fill_value(name_) if fill is None else fill
     if run.shape_only:
         arr = np.broadcast_to(np.zeros((), np_dtype(name_)), shape)
         written = np.broadcast_to(np.zeros((), bool), shape) if buffer == "psum" else None
     else:
-        arr = np.full(shape, value, dtype=np_dtype(name_)) if name_ != "tfloat32" else \
-            np.full(shape, value, np.float32)
+        arr = np.full(shape, value, dtype=np_dtype(name_)) if name_ != "tfloat32" else np.full(shape, value, np.float32)
         written = np.zeros(shape, bool) if buffer == "psum" else None
     t = NkiTensor(arr, name_, buffer, alloc, name, written)
     if buffer == "shared_hbm" and len(run.grid_ids) > 1:
@@ -851,35 +945,79 @@ class NkiScalar:
         dt = "int64" if "int64" in (self.dtype, getattr(other, "dtype", "")) else self.dtype
         return NkiScalar(fn(a, b), dt)
 
-    def __add__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a + b)
-    def __radd__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a + b, True)
-    def __sub__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a - b)
-    def __rsub__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a - b, True)
-    def __mul__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a * b)
-    def __rmul__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a * b, True)
-    def __floordiv__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a // b, allowed64=False)
-    def __mod__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a % b, allowed64=False)
-    def __and__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a & b, allowed64=False)
-    def __or__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a | b, allowed64=False)
-    def __xor__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a ^ b, allowed64=False)
-    def __lshift__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a << b, allowed64=False)
-    def __rshift__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: a >> b, allowed64=False)
-    def __lt__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: int(a < b))  # type: ignore[override]
-    def __le__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: int(a <= b))  # type: ignore[override]
-    def __gt__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: int(a > b))  # type: ignore[override]
-    def __ge__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: int(a >= b))  # type: ignore[override]
-    def __eq__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: int(a == b))  # type: ignore[override]
-    def __ne__(self, o: Any) -> NkiScalar: return self._bin(o, lambda a, b: int(a != b))  # type: ignore[override]
-    def __neg__(self) -> NkiScalar: return NkiScalar(-self._v, self.dtype)
+    def __add__(self, o: Any) -> NkiScalar:
+        return self._bin(o, lambda a, b: a + b)
+
+    def __radd__(self, o: Any) -> NkiScalar:
+        return self._bin(o, lambda a, b: a + b, True)
+
+    def __sub__(self, o: Any) -> NkiScalar:
+        return self._bin(o, lambda a, b: a - b)
+
+    def __rsub__(self, o: Any) -> NkiScalar:
+        return self._bin(o, lambda a, b: a - b, True)
+
+    def __mul__(self, o: Any) -> NkiScalar:
+        return self._bin(o, lambda a, b: a * b)
+
+    def __rmul__(self, o: Any) -> NkiScalar:
+        return self._bin(o, lambda a, b: a * b, True)
+
+    def __floordiv__(self, o: Any) -> NkiScalar:
+        return self._bin(o, lambda a, b: a // b, allowed64=False)
+
+    def __mod__(self, o: Any) -> NkiScalar:
+        return self._bin(o, lambda a, b: a % b, allowed64=False)
+
+    def __and__(self, o: Any) -> NkiScalar:
+        return self._bin(o, lambda a, b: a & b, allowed64=False)
+
+    def __or__(self, o: Any) -> NkiScalar:
+        return self._bin(o, lambda a, b: a | b, allowed64=False)
+
+    def __xor__(self, o: Any) -> NkiScalar:
+        return self._bin(o, lambda a, b: a ^ b, allowed64=False)
+
+    def __lshift__(self, o: Any) -> NkiScalar:
+        return self._bin(o, lambda a, b: a << b, allowed64=False)
+
+    def __rshift__(self, o: Any) -> NkiScalar:
+        return self._bin(o, lambda a, b: a >> b, allowed64=False)
+
+    def __lt__(self, o: Any) -> NkiScalar:
+        return self._bin(o, lambda a, b: int(a < b))
+
+    def __le__(self, o: Any) -> NkiScalar:
+        return self._bin(o, lambda a, b: int(a <= b))
+
+    def __gt__(self, o: Any) -> NkiScalar:
+        return self._bin(o, lambda a, b: int(a > b))
+
+    def __ge__(self, o: Any) -> NkiScalar:
+        return self._bin(o, lambda a, b: int(a >= b))
+
+    def __eq__(self, o: Any) -> NkiScalar:
+        return self._bin(o, lambda a, b: int(a == b))
+
+    def __ne__(self, o: Any) -> NkiScalar:
+        return self._bin(o, lambda a, b: int(a != b))
+
+    def __neg__(self) -> NkiScalar:
+        return NkiScalar(-self._v, self.dtype)
+
     __hash__ = object.__hash__
 
     def __bool__(self) -> bool:
-        raise NkiError("an NkiScalar is a run-time value: it cannot decide a Python `if`/`while` at trace time; "
-                       "use nl.if_else / nl.while_loop")
+        raise NkiError(
+            "an NkiScalar is a run-time value: it cannot decide a Python `if`/`while` at trace time; "
+            "use nl.if_else / nl.while_loop"
+        )
 
     def __index__(self) -> int:
-        raise NkiError("an NkiScalar is a run-time value: it cannot index with [...]; use "
-                       "tensor.ap(..., scalar_offset=s) or tensor.select(dim, s)")
+        raise NkiError(
+            "an NkiScalar is a run-time value: it cannot index with [...]; use "
+            "tensor.ap(..., scalar_offset=s) or tensor.select(dim, s)"
+        )
 
     def __repr__(self) -> str:
         return f"NkiScalar({self._v}, {self.dtype})"

@@ -23,9 +23,17 @@ from .core import Buffer, NkiError, NkiTensor, NkiValidationError, new_tensor
 class NkiGrid:
     """Base of :class:`NkiTileGrid` and :class:`NkiBlockGrid` (see the module docstring)."""
 
-    def __init__(self, src: NkiTensor, logical: tuple[int, ...], tile_shape: tuple[int, ...],
-                 block_shape: tuple[int, ...] | None, region: list[tuple[int, int]], dropped: frozenset[int],
-                 gdims: tuple[int, ...], row_split: int | None):
+    def __init__(
+        self,
+        src: NkiTensor,
+        logical: tuple[int, ...],
+        tile_shape: tuple[int, ...],
+        block_shape: tuple[int, ...] | None,
+        region: list[tuple[int, int]],
+        dropped: frozenset[int],
+        gdims: tuple[int, ...],
+        row_split: int | None,
+    ):
         self._src, self._logical, self._row_split = src, logical, row_split
         self.tile_shape = tuple(tile_shape)
         self._block = None if block_shape is None else tuple(block_shape)
@@ -82,7 +90,8 @@ class NkiGrid:
         if not self.is_data_representable:
             raise NkiValidationError(
                 f"{type(self).__name__}.data: the selection spans rows {self._region[0]} of on-chip tile storage "
-                f"with {self._row_split}-row tiles, which is not one tensor operand; select one row of tiles")
+                f"with {self._row_split}-row tiles, which is not one tensor operand; select one row of tiles"
+            )
         key: list[Any] = []
         for d, (a, b) in enumerate(self._region):
             if d == 0 and self._row_split is not None:
@@ -122,8 +131,16 @@ class NkiGrid:
                 region[d] = (a + j * st, min(b, a + (j + 1) * st))
                 if d < self._prefix():
                     dropped.add(d)
-        return type(self)(self._src, self._logical, self.tile_shape, self._block, region, frozenset(dropped),
-                          tuple(gdims), self._row_split)
+        return type(self)(
+            self._src,
+            self._logical,
+            self.tile_shape,
+            self._block,
+            region,
+            frozenset(dropped),
+            tuple(gdims),
+            self._row_split,
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(shape={self.shape}, tile_shape={self.tile_shape}, element_shape={self.element_shape})"
@@ -155,8 +172,9 @@ def _from(source: Any, tile_shape: Any, block_shape: Any, cls: type) -> NkiGrid:
         if len(ts) != len(source.tile_shape):
             raise NkiValidationError(f"tile_shape {ts} must have the rank of the grid's {source.tile_shape}")
         gd = tuple(d for d in range(len(source._logical)) if d not in source._dropped)
-        return cls(source._src, source._logical, ts, block_shape, list(source._region), source._dropped, gd,
-                   source._row_split)
+        return cls(
+            source._src, source._logical, ts, block_shape, list(source._region), source._dropped, gd, source._row_split
+        )
     if not isinstance(source, NkiTensor):
         raise NkiError(f"nl.tiles/nl.blocks take an NkiTensor or a grid, got {type(source).__name__}")
     shape = source.shape
@@ -173,20 +191,20 @@ def _from(source: Any, tile_shape: Any, block_shape: Any, cls: type) -> NkiGrid:
 
 def tiles(source: Any, *, tile_shape: tuple[int, ...] | None = None) -> NkiTileGrid:
     """``source`` (a tensor or grid) as a grid of ``tile_shape`` tiles over its trailing dims."""
-    return _from(source, tile_shape, None, NkiTileGrid)  # type: ignore[return-value]
+    return _from(source, tile_shape, None, NkiTileGrid)
 
 
-def blocks(source: Any, *, tile_shape: tuple[int, ...] | None = None,
-           block_shape: tuple[int, ...]) -> NkiBlockGrid:
+def blocks(source: Any, *, tile_shape: tuple[int, ...] | None = None, block_shape: tuple[int, ...]) -> NkiBlockGrid:
     """``source`` as a grid of blocks of ``block_shape`` tiles of ``tile_shape``."""
     g = _from(source, tile_shape, _check_shape(tuple(block_shape), "block_shape"), NkiBlockGrid)
-    if len(g._block) != len(g.tile_shape):  # type: ignore[arg-type]
+    if len(g._block) != len(g.tile_shape):
         raise NkiValidationError(f"block_shape {block_shape} must have the rank of tile_shape {g.tile_shape}")
-    return g  # type: ignore[return-value]
+    return g
 
 
-def _alloc(tile_shape: Any, element_shape: Any, buffer: Any, dtype: Any, name: str, block_shape: Any,
-           cls: type) -> NkiGrid:
+def _alloc(
+    tile_shape: Any, element_shape: Any, buffer: Any, dtype: Any, name: str, block_shape: Any, cls: type
+) -> NkiGrid:
     ts = _check_shape(tuple(tile_shape), "tile_shape", 2)
     es = _check_shape(tuple(element_shape), "element_shape", len(ts))
     buf = Buffer(buffer)
@@ -202,16 +220,31 @@ def _alloc(tile_shape: Any, element_shape: Any, buffer: Any, dtype: Any, name: s
     return cls(src, es, ts, bs, [(0, s) for s in es], frozenset(), tuple(range(len(es))), row_split)
 
 
-def alloc_tiles(*, tile_shape: tuple[int, ...], element_shape: tuple[int, ...], buffer: Any, dtype: Any,
-                address: Any = None, name: str = "") -> NkiTileGrid:
+def alloc_tiles(
+    *,
+    tile_shape: tuple[int, ...],
+    element_shape: tuple[int, ...],
+    buffer: Any,
+    dtype: Any,
+    address: Any = None,
+    name: str = "",
+) -> NkiTileGrid:
     """New uninitialized storage of ``element_shape`` organized as ``tile_shape`` tiles."""
-    return _alloc(tile_shape, element_shape, buffer, dtype, name, None, NkiTileGrid)  # type: ignore[return-value]
+    return _alloc(tile_shape, element_shape, buffer, dtype, name, None, NkiTileGrid)
 
 
-def alloc_blocks(*, tile_shape: tuple[int, ...], block_shape: tuple[int, ...], element_shape: tuple[int, ...],
-                 buffer: Any, dtype: Any, address: Any = None, name: str = "") -> NkiBlockGrid:
+def alloc_blocks(
+    *,
+    tile_shape: tuple[int, ...],
+    block_shape: tuple[int, ...],
+    element_shape: tuple[int, ...],
+    buffer: Any,
+    dtype: Any,
+    address: Any = None,
+    name: str = "",
+) -> NkiBlockGrid:
     """New uninitialized storage organized as blocks of ``block_shape`` tiles."""
-    return _alloc(tile_shape, element_shape, buffer, dtype, name, block_shape, NkiBlockGrid)  # type: ignore[return-value]
+    return _alloc(tile_shape, element_shape, buffer, dtype, name, block_shape, NkiBlockGrid)
 
 
 __all__ = ["NkiBlockGrid", "NkiGrid", "NkiTileGrid", "alloc_blocks", "alloc_tiles", "blocks", "tiles"]

@@ -18,16 +18,16 @@ from .core import (
     PMAX,
     NkiError,
     NkiScalar,
-    NkiUnsupportedError,
-    _runtime_int,
-    run_rng,
-    unsupported,
     NkiTensor,
+    NkiUnsupportedError,
     NkiValidationError,
     _fmt_shape,
+    _runtime_int,
     cast,
     current_run,
     is_float,
+    run_rng,
+    unsupported,
 )
 
 __all__ = [
@@ -60,7 +60,8 @@ __all__ = [
     "vector_engine",
 ]
 
-class engine:  # noqa: N801 - the NKI enum's name
+
+class engine:
     """``nisa.engine``: which engine runs an instruction (``unknown`` lets the instruction pick its default)."""
 
     unknown = None
@@ -77,7 +78,7 @@ tensor_engine, vector_engine, scalar_engine, gpsimd_engine = engine.tensor, engi
 unknown_engine = engine.unknown
 
 
-class reduce_cmd:  # noqa: N801
+class reduce_cmd:
     idle = "idle"
     reset = "reset"
     reduce = "reduce"
@@ -85,17 +86,17 @@ class reduce_cmd:  # noqa: N801
     load_reduce = "load_reduce"
 
 
-class matmul_perf_mode:  # noqa: N801
+class matmul_perf_mode:
     none = None
     double_row = "double_row"
 
 
-class dma_engine:  # noqa: N801
+class dma_engine:
     dma = "dma"
     gpsimd_dma = "gpsimd_dma"
 
 
-class nc_version:  # noqa: N801
+class nc_version:
     gen2 = "gen2"
     gen3 = "gen3"
     gen4 = "gen4"
@@ -110,8 +111,10 @@ def _need_gen(op: str, minimum: str, what: str = "") -> None:
     order = ("trn1", "trn2", "trn3")
     gen = current_run().gen.name
     if order.index(gen) < order.index(minimum):
-        raise NkiValidationError(f"nisa.{op}{(' ' + what) if what else ''} needs {minimum} or later "
-                                 f"(NeuronCore-v{order.index(minimum) + 2}); this run targets {gen}")
+        raise NkiValidationError(
+            f"nisa.{op}{(' ' + what) if what else ''} needs {minimum} or later "
+            f"(NeuronCore-v{order.index(minimum) + 2}); this run targets {gen}"
+        )
 
 
 class dge_mode:
@@ -140,14 +143,16 @@ def _buf(t: NkiTensor, allowed: Sequence[str], op: str, role: str) -> None:
     if t.buffer not in allowed and not (t.buffer == "shared_hbm" and "hbm" in allowed):
         raise NkiValidationError(
             f"nisa.{op}: {role} {_fmt_shape(t)} is in {t.buffer}, but {op} takes its {role} from "
-            f"{' or '.join(allowed)} (unsupported memory)")
+            f"{' or '.join(allowed)} (unsupported memory)"
+        )
 
 
 def _same_partitions(op: str, *ts: NkiTensor) -> None:
     ps = {t.partitions for t in ts}
     if len(ps) > 1:
         raise NkiValidationError(
-            f"nisa.{op}: partition counts differ: {', '.join(_fmt_shape(t) for t in ts)} (num partition mismatch)")
+            f"nisa.{op}: partition counts differ: {', '.join(_fmt_shape(t) for t in ts)} (num partition mismatch)"
+        )
 
 
 def _same_free(op: str, dst: NkiTensor, *srcs: NkiTensor) -> None:
@@ -155,7 +160,8 @@ def _same_free(op: str, dst: NkiTensor, *srcs: NkiTensor) -> None:
         if s.free_size != dst.free_size:
             raise NkiValidationError(
                 f"nisa.{op}: {_fmt_shape(s)} has {s.free_size} elements per partition but dst "
-                f"{_fmt_shape(dst)} has {dst.free_size}")
+                f"{_fmt_shape(dst)} has {dst.free_size}"
+            )
 
 
 def _free_limit(op: str, *ts: NkiTensor) -> None:
@@ -164,20 +170,24 @@ def _free_limit(op: str, *ts: NkiTensor) -> None:
         if lim is not None and t.free_size > lim:
             raise NkiValidationError(
                 f"nisa.{op}: {_fmt_shape(t)} has {t.free_size} elements per partition, above the "
-                f"{lim} limit for {t.buffer} operands of Vector/Scalar/GpSimd instructions")
+                f"{lim} limit for {t.buffer} operands of Vector/Scalar/GpSimd instructions"
+            )
 
 
 def _partition_start(op: str, t: NkiTensor) -> None:
     """Compute engines access contiguous partitions starting at an aligned quadrant (A2 guide)."""
     n = t.partitions
     if t.pstep != 1 and n > 1:
-        raise NkiValidationError(f"nisa.{op}: {_fmt_shape(t)} takes every {t.pstep}th partition; compute "
-                                 "engines access contiguous partitions only")
+        raise NkiValidationError(
+            f"nisa.{op}: {_fmt_shape(t)} takes every {t.pstep}th partition; compute "
+            "engines access contiguous partitions only"
+        )
     allowed = (0,) if n > 64 else (0, 64) if n > 32 else (0, 32, 64, 96)
     if t.p0 not in allowed:
         raise NkiValidationError(
             f"nisa.{op}: {_fmt_shape(t)} starts at partition {t.p0}; an access of {n} partitions must start "
-            f"at partition {' or '.join(map(str, allowed))}")
+            f"at partition {' or '.join(map(str, allowed))}"
+        )
 
 
 def _on_chip(op: str, *ts: NkiTensor) -> None:
@@ -187,7 +197,8 @@ def _on_chip(op: str, *ts: NkiTensor) -> None:
         if not t.buffer.on_chip:
             raise NkiValidationError(
                 f"nisa.{op}: {_fmt_shape(t)} is in {t.buffer}; compute engines read and write SBUF/PSUM "
-                "only — move it with nisa.dma_copy first")
+                "only — move it with nisa.dma_copy first"
+            )
         if t.partitions > PMAX:
             raise NkiValidationError(f"nisa.{op}: Size of partition dimension {t.partitions} exceeds maximum {PMAX}")
 
@@ -210,8 +221,9 @@ _ENGINES = {"tensor", "vector", "scalar", "gpsimd"}
 def _engine(engine: Any, default: str, op: str, *ts: NkiTensor, allowed: tuple[str, ...] | None = None) -> str:
     eng = engine or default
     if eng not in _ENGINES:
-        raise NkiValidationError(f"nisa.{op}: engine {engine!r} is not a compute engine; use nisa.engine.vector, "
-                                 ".scalar, .gpsimd or .tensor")
+        raise NkiValidationError(
+            f"nisa.{op}: engine {engine!r} is not a compute engine; use nisa.engine.vector, .scalar, .gpsimd or .tensor"
+        )
     if allowed is not None and eng not in allowed:
         raise NkiValidationError(f"nisa.{op} runs on {' or '.join(allowed)}, not on the {eng} engine")
     if eng == "gpsimd" and any(t.buffer == "psum" for t in ts):
@@ -223,12 +235,20 @@ def _tensors(*xs: Any) -> tuple[NkiTensor, ...]:
     return tuple(x for x in xs if isinstance(x, NkiTensor))
 
 
-def _count(engine: str, kind: str, dst: NkiTensor, *srcs: NkiTensor, also_reads: tuple = (),
-           also_writes: tuple = ()) -> None:
+def _count(
+    engine: str, kind: str, dst: NkiTensor, *srcs: NkiTensor, also_reads: tuple = (), also_writes: tuple = ()
+) -> None:
     small = min([t.itemsize for t in (dst, *srcs)])
     big = max([t.itemsize for t in (dst, *srcs)])
-    current_run().count(engine, kind, dst.partitions, max([dst.free_size, *(s.free_size for s in srcs)]),
-                        small if big <= 2 else 4, reads=srcs + also_reads, writes=(dst, *also_writes))
+    current_run().count(
+        engine,
+        kind,
+        dst.partitions,
+        max([dst.free_size, *(s.free_size for s in srcs)]),
+        small if big <= 2 else 4,
+        reads=srcs + also_reads,
+        writes=(dst, *also_writes),
+    )
 
 
 def _operand(x: Any, dst: NkiTensor, op: str, role: str) -> np.ndarray | float:
@@ -238,7 +258,8 @@ def _operand(x: Any, dst: NkiTensor, op: str, role: str) -> np.ndarray | float:
         if x.partitions != dst.partitions or x.free_size != 1:
             raise NkiValidationError(
                 f"nisa.{op}: {role} {_fmt_shape(x)} must be a scalar or a ({dst.partitions}, 1) vector "
-                f"to go with dst {_fmt_shape(dst)}")
+                f"to go with dst {_fmt_shape(dst)}"
+            )
         return None if current_run().shape_only else _f32(x)
     if isinstance(x, (int, float, np.number, bool)):
         return np.float32(x)
@@ -250,20 +271,29 @@ def _shape_only() -> bool:
 
 
 # ----------------------------------------------------------------------------------------- data motion
-def dma_copy(dst: NkiTensor, src: NkiTensor, priority: Any = None, oob_mode: Any = None,
-             dge_mode: Any = None, engine: Any = None, name: str = "") -> None:
+def dma_copy(
+    dst: NkiTensor,
+    src: NkiTensor,
+    priority: Any = None,
+    oob_mode: Any = None,
+    dge_mode: Any = None,
+    engine: Any = None,
+    name: str = "",
+) -> None:
     """Copy ``src`` to ``dst`` (HBM<->SBUF any direction; never from PSUM); dtypes cast through fp32."""
     dst, src = _t(dst, "dma_copy", "dst"), _t(src, "dma_copy", "src")
     if src.buffer == "psum":
         raise NkiValidationError(
             f"nisa.dma_copy: src {_fmt_shape(src)} is in PSUM; DMA cannot read PSUM — copy it to SBUF "
-            "with nisa.tensor_copy first")
+            "with nisa.tensor_copy first"
+        )
     if dst.buffer == "psum":
         raise NkiValidationError(f"nisa.dma_copy: dst {_fmt_shape(dst)} is in PSUM; DMA writes HBM or SBUF")
     if src.size != dst.size:
         raise NkiValidationError(
             f"nisa.dma_copy: element counts differ: dst {_fmt_shape(dst)} has {dst.size}, src "
-            f"{_fmt_shape(src)} has {src.size}")
+            f"{_fmt_shape(src)} has {src.size}"
+        )
     if dge_mode == "hwdge" and src.dtype != dst.dtype:
         raise NkiValidationError(f"nisa.dma_copy: hwdge needs equal dtypes, got {src.dtype} -> {dst.dtype}")
     run = current_run()
@@ -302,21 +332,32 @@ def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: Any = None, name: str = 
     _free_limit("tensor_copy", dst, src)
     eng = _engine(engine, "vector", "tensor_copy", dst, src)
     if eng == "scalar" and current_run().gen.name == "trn1":
-        raise NkiValidationError("nisa.tensor_copy on the Scalar engine needs trn2 or later (NeuronCore-v2 has no "
-                                 "Scalar-engine copy); use engine=nisa.engine.vector or gpsimd on trn1")
+        raise NkiValidationError(
+            "nisa.tensor_copy on the Scalar engine needs trn2 or later (NeuronCore-v2 has no "
+            "Scalar-engine copy); use engine=nisa.engine.vector or gpsimd on trn1"
+        )
     _count(eng, "copy", dst, src)
     if not _shape_only():
-        _write(dst, _f32(src) if src.dtype != dst.dtype else np.asarray(src._arr).reshape(dst.shape),
-               "tensor_copy")
+        _write(dst, _f32(src) if src.dtype != dst.dtype else np.asarray(src._arr).reshape(dst.shape), "tensor_copy")
 
 
 # ---------------------------------------------------------------------------------------------- tensor
 _MATMUL_IN = {"float8_e4m3", "float8_e5m2", "float8_e4m3fn", "bfloat16", "float16", "tfloat32", "float32"}
 
 
-def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stationary_onezero: bool = False,
-              is_moving_onezero: bool = False, is_transpose: bool = False, accumulate: bool | None = None,
-              tile_position: Any = (), tile_size: Any = (), perf_mode: Any = None, name: str = "") -> None:
+def nc_matmul(
+    dst: NkiTensor,
+    stationary: NkiTensor,
+    moving: NkiTensor,
+    is_stationary_onezero: bool = False,
+    is_moving_onezero: bool = False,
+    is_transpose: bool = False,
+    accumulate: bool | None = None,
+    tile_position: Any = (),
+    tile_size: Any = (),
+    perf_mode: Any = None,
+    name: str = "",
+) -> None:
     """``dst[M,N] (+)= stationary[K,M].T @ moving[K,N]`` on TensorE: SBUF operands, PSUM dst, fp32 accumulation.
 
     ``accumulate``: False overwrites, True adds, None overwrites where dst was never written and adds elsewhere.
@@ -337,40 +378,59 @@ def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stati
     if perf_mode == "double_row":
         _need_gen(op, "trn2", "perf_mode=double_row")
         if not (st.dtype.startswith("float8") and mv.dtype.startswith("float8")):
-            raise NkiValidationError(f"nisa.{op}: perf_mode=double_row takes fp8 operands, got {st.dtype} and "
-                                     f"{mv.dtype}")
+            raise NkiValidationError(
+                f"nisa.{op}: perf_mode=double_row takes fp8 operands, got {st.dtype} and {mv.dtype}"
+            )
     if "float8_e4m3fn" in (st.dtype, mv.dtype):
         _need_gen(op, "trn3", "with float8_e4m3fn operands")
     kmax = 256 if perf_mode == "double_row" else PMAX
     if k != k2:
-        raise NkiValidationError(f"nisa.{op}: contraction dims differ: stationary {_fmt_shape(st)} has K={k}, "
-                                 f"moving {_fmt_shape(mv)} has K={k2} (K is the partition dim of both)")
+        raise NkiValidationError(
+            f"nisa.{op}: contraction dims differ: stationary {_fmt_shape(st)} has K={k}, "
+            f"moving {_fmt_shape(mv)} has K={k2} (K is the partition dim of both)"
+        )
     if k > kmax:
         raise NkiValidationError(f"nisa.{op}: Size of partition dimension {k} (K) exceeds maximum {kmax}")
     if m > 128:
-        raise NkiValidationError(f"nisa.{op}: stationary free size M={m} exceeds maximum 128 "
-                                 "(nl.tile_size.gemm_stationary_fmax)")
+        raise NkiValidationError(
+            f"nisa.{op}: stationary free size M={m} exceeds maximum 128 (nl.tile_size.gemm_stationary_fmax)"
+        )
     nmax = 512 if run.gen.name != "trn3" else (4096 if dst.dtype == "float32" else 8192)
     if n > nmax:
-        raise NkiValidationError(f"nisa.{op}: moving free size N={n} exceeds maximum {nmax} "
-                                 f"(nl.tile_size.gemm_moving_fmax on {run.gen.name})")
+        raise NkiValidationError(
+            f"nisa.{op}: moving free size N={n} exceeds maximum {nmax} "
+            f"(nl.tile_size.gemm_moving_fmax on {run.gen.name})"
+        )
     if dst.shape != (m, n):
-        raise NkiValidationError(f"nisa.{op}: dst {_fmt_shape(dst)} must have shape [M={m}, N={n}] "
-                                 f"for stationary {_fmt_shape(st)} and moving {_fmt_shape(mv)}")
+        raise NkiValidationError(
+            f"nisa.{op}: dst {_fmt_shape(dst)} must have shape [M={m}, N={n}] "
+            f"for stationary {_fmt_shape(st)} and moving {_fmt_shape(mv)}"
+        )
     for t, role in ((st, "stationary"), (mv, "moving")):
         if t.dtype not in _MATMUL_IN:
-            raise NkiValidationError(f"nisa.{op}: {role} dtype {t.dtype} is not a matmul input dtype "
-                                     f"({sorted(_MATMUL_IN)})")
+            raise NkiValidationError(
+                f"nisa.{op}: {role} dtype {t.dtype} is not a matmul input dtype ({sorted(_MATMUL_IN)})"
+            )
     fp32ish = {"float32", "tfloat32"}
     if (st.dtype in fp32ish) != (mv.dtype in fp32ish):
-        raise NkiValidationError(f"nisa.{op}: fp32/tf32 operands must be paired with each other, got "
-                                 f"stationary {st.dtype} and moving {mv.dtype}")
+        raise NkiValidationError(
+            f"nisa.{op}: fp32/tf32 operands must be paired with each other, got "
+            f"stationary {st.dtype} and moving {mv.dtype}"
+        )
     allowed_dst = {"float32"} if run.gen.name != "trn3" else {"float32", "bfloat16"}
     if dst.dtype not in allowed_dst:
-        raise NkiValidationError(f"nisa.{op}: dst dtype must be {' or '.join(sorted(allowed_dst))} on "
-                                 f"{run.gen.name}, got {dst.dtype}")
-    run.count("tensor", "matmul", m, n, max(st.itemsize, mv.itemsize),
-              reads=(st, mv) if accumulate is False else (st, mv, dst), writes=(dst,))
+        raise NkiValidationError(
+            f"nisa.{op}: dst dtype must be {' or '.join(sorted(allowed_dst))} on {run.gen.name}, got {dst.dtype}"
+        )
+    run.count(
+        "tensor",
+        "matmul",
+        m,
+        n,
+        max(st.itemsize, mv.itemsize),
+        reads=(st, mv) if accumulate is False else (st, mv, dst),
+        writes=(dst,),
+    )
     run.stats.matmul_flops += 2 * k * m * n
     if run.shape_only:
         return
@@ -411,9 +471,18 @@ def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: Any = None, name: str 
 
 
 # --------------------------------------------------------------------------------------------- scalar
-def activation(dst: NkiTensor, op: Any, data: NkiTensor, bias: Any = None, scale: Any = 1.0,
-               reduce_op: Any = None, reduce_res: NkiTensor | None = None, reduce_cmd: Any = "idle",
-               engine: Any = None, name: str = "") -> None:
+def activation(
+    dst: NkiTensor,
+    op: Any,
+    data: NkiTensor,
+    bias: Any = None,
+    scale: Any = 1.0,
+    reduce_op: Any = None,
+    reduce_res: NkiTensor | None = None,
+    reduce_cmd: Any = "idle",
+    engine: Any = None,
+    name: str = "",
+) -> None:
     """``dst = op(data * scale + bias)`` on ScalarE; optionally ``reduce_res[P,1] = sum(result, free axes)``.
 
     ``engine`` (NKI 0.7): Scalar by default; GpSimd on trn3 (NeuronCore-v4) only."""
@@ -435,8 +504,7 @@ def activation(dst: NkiTensor, op: Any, data: NkiTensor, bias: Any = None, scale
         reduce_res = _t(reduce_res, where, "reduce_res")
         _on_chip(where, reduce_res)
         if reduce_res.partitions != dst.partitions or reduce_res.free_size != 1:
-            raise NkiValidationError(f"nisa.{where}: reduce_res {_fmt_shape(reduce_res)} must be "
-                                     f"({dst.partitions}, 1)")
+            raise NkiValidationError(f"nisa.{where}: reduce_res {_fmt_shape(reduce_res)} must be ({dst.partitions}, 1)")
         if reduce_op is not None and _ops.op_name(reduce_op) != "add":
             raise NkiValidationError(f"nisa.{where}: reduce_op must be nl.add, got {_ops.op_name(reduce_op)}")
     _count(act_engine, "activation", dst, data, also_reads=_tensors(bias, scale), also_writes=_tensors(reduce_res))
@@ -454,22 +522,33 @@ def activation(dst: NkiTensor, op: Any, data: NkiTensor, bias: Any = None, scale
         _write(reduce_res, y.sum(axis=1, keepdims=True, dtype=np.float32), where)
 
 
-def activation_reduce(dst: NkiTensor, op: Any, data: NkiTensor, reduce_op: Any, reduce_res: NkiTensor,
-                      bias: Any = None, scale: Any = 1.0, name: str = "") -> None:
+def activation_reduce(
+    dst: NkiTensor,
+    op: Any,
+    data: NkiTensor,
+    reduce_op: Any,
+    reduce_res: NkiTensor,
+    bias: Any = None,
+    scale: Any = 1.0,
+    name: str = "",
+) -> None:
     """:func:`activation` with its free-axis sum read out to ``reduce_res`` (the reset_reduce form)."""
-    activation(dst, op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res,
-               reduce_cmd="reset_reduce")
+    activation(
+        dst, op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res, reduce_cmd="reset_reduce"
+    )
 
 
 # --------------------------------------------------------------------------------------------- vector
 def _ensure_not_both_psum(op: str, a: NkiTensor, b: NkiTensor) -> None:
     if a.buffer == "psum" and b.buffer == "psum":
-        raise NkiValidationError(f"nisa.{op}: both inputs {_fmt_shape(a)} and {_fmt_shape(b)} are in PSUM; "
-                                 "copy one to SBUF first")
+        raise NkiValidationError(
+            f"nisa.{op}: both inputs {_fmt_shape(a)} and {_fmt_shape(b)} are in PSUM; copy one to SBUF first"
+        )
 
 
-def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op: Any, engine: Any = None,
-                  name: str = "") -> None:
+def tensor_tensor(
+    dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op: Any, engine: Any = None, name: str = ""
+) -> None:
     """``dst = data1 op data2`` elementwise (same partitions and elements per partition; no broadcast)."""
     where = "tensor_tensor"
     dst, a, b = _t(dst, where, "dst"), _t(data1, where, "data1"), _t(data2, where, "data2")
@@ -479,8 +558,7 @@ def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op: Any, e
     _same_free(where, dst, a, b)
     _free_limit(where, dst, a, b)
     _ensure_not_both_psum(where, a, b)
-    default = "gpsimd" if (_ops.op_name(op) == "power" or all(t.dtype == "int32" for t in (dst, a, b))) \
-        else "vector"
+    default = "gpsimd" if (_ops.op_name(op) == "power" or all(t.dtype == "int32" for t in (dst, a, b))) else "vector"
     eng = _engine(engine, default, where, dst, a, b)
     _count(eng, "tensor_tensor", dst, a, b)
     if not _shape_only():
@@ -488,9 +566,18 @@ def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op: Any, e
             _write(dst, fn(_f32(a), _f32(b)), where)
 
 
-def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: Any, reverse0: bool = False,
-                  op1: Any = None, operand1: Any = None, reverse1: bool = False, engine: Any = None,
-                  name: str = "") -> None:
+def tensor_scalar(
+    dst: NkiTensor,
+    data: NkiTensor,
+    op0: Any,
+    operand0: Any,
+    reverse0: bool = False,
+    op1: Any = None,
+    operand1: Any = None,
+    reverse1: bool = False,
+    engine: Any = None,
+    name: str = "",
+) -> None:
     """``dst = (data op0 operand0) op1 operand1``; operands are scalars or (P,1) vectors."""
     where = "tensor_scalar"
     dst, data = _t(dst, where, "dst"), _t(data, where, "data")
@@ -514,9 +601,19 @@ def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: Any, reve
     _write(dst, x, where)
 
 
-def scalar_tensor_tensor(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: Any = None, op1: Any = None,
-                         operand1: NkiTensor | None = None, reverse0: bool = False, reverse1: bool = False,
-                         name: str = "", engine: Any = None, **legacy: Any) -> None:
+def scalar_tensor_tensor(
+    dst: NkiTensor,
+    data: NkiTensor,
+    op0: Any,
+    operand0: Any = None,
+    op1: Any = None,
+    operand1: NkiTensor | None = None,
+    reverse0: bool = False,
+    reverse1: bool = False,
+    name: str = "",
+    engine: Any = None,
+    **legacy: Any,
+) -> None:
     """``dst = (data op0 operand0) op1 operand1``: ``operand0`` is a number or a (P,1) vector, ``operand1`` a tile.
 
     ``scalar=``/``data1=`` (this emulator's earlier names for operand0/operand1) are still accepted.
@@ -524,8 +621,10 @@ def scalar_tensor_tensor(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: An
     where = "scalar_tensor_tensor"
     unknown = set(legacy) - {"scalar", "data1"}
     if unknown:
-        raise NkiError(f"nisa.{where}: unexpected keyword(s) {sorted(unknown)}; the documented ones are dst, data, "
-                       "op0, operand0, op1, operand1, reverse0, reverse1, name")
+        raise NkiError(
+            f"nisa.{where}: unexpected keyword(s) {sorted(unknown)}; the documented ones are dst, data, "
+            "op0, operand0, op1, operand1, reverse0, reverse1, name"
+        )
     operand0 = legacy.get("scalar", operand0)
     operand1 = legacy.get("data1", operand1)
     if operand0 is None or op1 is None or operand1 is None:
@@ -549,8 +648,9 @@ def scalar_tensor_tensor(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: An
         _write(dst, f1(y, x) if reverse1 else f1(x, y), where)
 
 
-def tensor_reduce(dst: NkiTensor, op: Any, data: NkiTensor, axis: Any, negate: bool = False,
-                  keepdims: bool = False, name: str = "") -> None:
+def tensor_reduce(
+    dst: NkiTensor, op: Any, data: NkiTensor, axis: Any, negate: bool = False, keepdims: bool = False, name: str = ""
+) -> None:
     """Reduce the trailing contiguous free axes of ``data`` (never axis 0) into ``dst``."""
     where = "tensor_reduce"
     dst, data = _t(dst, where, "dst"), _t(data, where, "data")
@@ -562,15 +662,20 @@ def tensor_reduce(dst: NkiTensor, op: Any, data: NkiTensor, axis: Any, negate: b
         raise NkiValidationError(
             f"nisa.{where}: axis {axis} of {_fmt_shape(data)} must be trailing contiguous free axes "
             f"(e.g. {data.ndim - 1} or {tuple(range(1, data.ndim))}); the partition axis 0 is never reduced here "
-            "(use a transpose or nisa.tensor_partition_reduce)")
-    out_shape = tuple(1 if i in axes else s for i, s in enumerate(data.shape)) if keepdims else \
-        tuple(s for i, s in enumerate(data.shape) if i not in axes)
+            "(use a transpose or nisa.tensor_partition_reduce)"
+        )
+    out_shape = (
+        tuple(1 if i in axes else s for i, s in enumerate(data.shape))
+        if keepdims
+        else tuple(s for i, s in enumerate(data.shape) if i not in axes)
+    )
     if math.prod(out_shape) != dst.size or dst.partitions != data.partitions:
-        raise NkiValidationError(f"nisa.{where}: dst {_fmt_shape(dst)} must hold the reduced shape "
-                                 f"{list(out_shape)} of {_fmt_shape(data)} over axis {axis}")
+        raise NkiValidationError(
+            f"nisa.{where}: dst {_fmt_shape(dst)} must hold the reduced shape "
+            f"{list(out_shape)} of {_fmt_shape(data)} over axis {axis}"
+        )
     kind = "reduce_bf16" if data.itemsize <= 2 else "reduce"
-    current_run().count("vector", kind, data.partitions, data.free_size, data.itemsize, reads=(data,),
-                        writes=(dst,))
+    current_run().count("vector", kind, data.partitions, data.free_size, data.itemsize, reads=(data,), writes=(dst,))
     if _shape_only():
         return
     x = np.asarray(data._arr, np.float32)
@@ -589,8 +694,9 @@ def tensor_partition_reduce(dst: NkiTensor, op: Any, data: NkiTensor, name: str 
     _partition_start(where, dst)
     if dst.partitions != 1 or dst.free_size != data.free_size:
         raise NkiValidationError(f"nisa.{where}: dst {_fmt_shape(dst)} must be [1, {data.free_size}]")
-    current_run().count("gpsimd", "partition_reduce", data.partitions, data.free_size, data.itemsize,
-                        reads=(data,), writes=(dst,))
+    current_run().count(
+        "gpsimd", "partition_reduce", data.partitions, data.free_size, data.itemsize, reads=(data,), writes=(dst,)
+    )
     if not _shape_only():
         _write(dst, fn(_f32(data), axis=0, keepdims=True), where)
 
@@ -625,8 +731,10 @@ def _affine(dst: NkiTensor, pattern: Any, offset: int, channel_multiplier: int, 
     pat = [tuple(int(v) for v in p) for p in pattern]
     counts = [c for _, c in pat]
     if math.prod(counts) != dst.free_size:
-        raise NkiValidationError(f"nisa.{op}: pattern {pattern} covers {math.prod(counts)} elements per "
-                                 f"partition but dst {_fmt_shape(dst)} has {dst.free_size}")
+        raise NkiValidationError(
+            f"nisa.{op}: pattern {pattern} covers {math.prod(counts)} elements per "
+            f"partition but dst {_fmt_shape(dst)} has {dst.free_size}"
+        )
     if _shape_only():
         return None
     val = np.full((dst.partitions, *counts), float(offset), np.float64)
@@ -649,8 +757,16 @@ def iota(dst: NkiTensor, pattern: Any, offset: int = 0, channel_multiplier: int 
         _write(dst, val.astype(np.float32), "iota")
 
 
-def affine_select(dst: NkiTensor, pattern: Any, channel_multiplier: int, on_true_tile: NkiTensor,
-                  on_false_value: Any, cmp_op: Any = "equal", offset: int = 0, name: str = "") -> None:
+def affine_select(
+    dst: NkiTensor,
+    pattern: Any,
+    channel_multiplier: int,
+    on_true_tile: NkiTensor,
+    on_false_value: Any,
+    cmp_op: Any = "equal",
+    offset: int = 0,
+    name: str = "",
+) -> None:
     """``dst = where(cmp_op(affine(p, i), 0), on_true_tile, on_false_value)`` on GpSimd (the causal mask op).
 
     ``affine(p, i) = offset + channel_multiplier*p + sum(step_k*i_k)`` with ``pattern=[[step, count], ...]``.
@@ -664,8 +780,9 @@ def affine_select(dst: NkiTensor, pattern: Any, channel_multiplier: int, on_true
     _same_partitions(where, dst, src)
     _same_free(where, dst, src)
     cmp = _ops.binary(cmp_op, f"nisa.{where}")
-    current_run().count("gpsimd", "affine_select", dst.partitions, dst.free_size, dst.itemsize,
-                        reads=(src,), writes=(dst,))
+    current_run().count(
+        "gpsimd", "affine_select", dst.partitions, dst.free_size, dst.itemsize, reads=(src,), writes=(dst,)
+    )
     val = _affine(dst, pattern, offset, channel_multiplier, where)
     if val is not None:
         keep = cmp(val, np.zeros((), np.float64)) != 0
@@ -682,8 +799,10 @@ def bn_stats(dst: NkiTensor, data: NkiTensor, name: str = "") -> None:
     _on_chip(where, dst, data)
     _same_partitions(where, dst, data)
     if data.free_size > 512:
-        raise NkiValidationError(f"nisa.{where}: data {_fmt_shape(data)} has {data.free_size} elements per "
-                                 "partition, above nl.tile_size.bn_stats_fmax = 512")
+        raise NkiValidationError(
+            f"nisa.{where}: data {_fmt_shape(data)} has {data.free_size} elements per "
+            "partition, above nl.tile_size.bn_stats_fmax = 512"
+        )
     if dst.free_size != 6:
         raise NkiValidationError(f"nisa.{where}: dst {_fmt_shape(dst)} must have 6 elements per partition")
     _count("vector", "bn_stats", dst, data)
@@ -702,8 +821,10 @@ def bn_aggr(dst: NkiTensor, data: NkiTensor, name: str = "") -> None:
     _on_chip(where, dst, data)
     _same_partitions(where, dst, data)
     if data.free_size % 6 or dst.free_size != 2:
-        raise NkiValidationError(f"nisa.{where}: data {_fmt_shape(data)} must hold 6*k stats and dst "
-                                 f"{_fmt_shape(dst)} 2 values per partition")
+        raise NkiValidationError(
+            f"nisa.{where}: data {_fmt_shape(data)} must hold 6*k stats and dst "
+            f"{_fmt_shape(dst)} 2 values per partition"
+        )
     _count("vector", "bn_aggr", dst, data)
     if _shape_only():
         return
@@ -716,8 +837,17 @@ def bn_aggr(dst: NkiTensor, data: NkiTensor, name: str = "") -> None:
 
 
 # ------------------------------------------------------------------------ 0.6/0.7 additions (issue 40)
-def tensor_tensor_scan(dst: NkiTensor, data0: NkiTensor, data1: NkiTensor, initial: Any, op0: Any, op1: Any,
-                       reverse0: bool = False, reverse1: bool = False, name: str = "") -> None:
+def tensor_tensor_scan(
+    dst: NkiTensor,
+    data0: NkiTensor,
+    data1: NkiTensor,
+    initial: Any,
+    op0: Any,
+    op1: Any,
+    reverse0: bool = False,
+    reverse1: bool = False,
+    name: str = "",
+) -> None:
     """A scan along the free elements of each partition on VectorE:
     ``r[0] = (data0[0] op0 initial) op1 data1[0]``, ``r[i] = (data0[i] op0 r[i-1]) op1 data1[i]``.
 
@@ -747,9 +877,19 @@ def tensor_tensor_scan(dst: NkiTensor, data0: NkiTensor, data1: NkiTensor, initi
     _write(dst, out, where)
 
 
-def tensor_scalar_reduce(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: Any, reduce_op: Any,
-                         reduce_res: NkiTensor, reverse0: bool = False, reduce_cmd: Any = "reset_reduce",
-                         reduce_init: Any = None, reduce_res_negate: bool = False, name: str = "") -> None:
+def tensor_scalar_reduce(
+    dst: NkiTensor,
+    data: NkiTensor,
+    op0: Any,
+    operand0: Any,
+    reduce_op: Any,
+    reduce_res: NkiTensor,
+    reverse0: bool = False,
+    reduce_cmd: Any = "reset_reduce",
+    reduce_init: Any = None,
+    reduce_res_negate: bool = False,
+    name: str = "",
+) -> None:
     """``dst = data op0 operand0`` and ``reduce_res[P,1] = reduce_op`` over its free elements (VectorE)."""
     where = "tensor_scalar_reduce"
     tensor_scalar(dst, data, op0, operand0, reverse0=reverse0)
@@ -766,8 +906,15 @@ def tensor_scalar_reduce(dst: NkiTensor, data: NkiTensor, op0: Any, operand0: An
     _write(reduce_res, -r if reduce_res_negate else r, where)
 
 
-def exponential(dst: NkiTensor, src: NkiTensor, max_value: Any = 0.0, reduce_res: NkiTensor | None = None,
-                reduce_cmd: Any = "idle", reduce_init: Any = 0.0, name: str = "") -> None:
+def exponential(
+    dst: NkiTensor,
+    src: NkiTensor,
+    max_value: Any = 0.0,
+    reduce_res: NkiTensor | None = None,
+    reduce_cmd: Any = "idle",
+    reduce_init: Any = 0.0,
+    name: str = "",
+) -> None:
     """``dst = exp(src - max_value)`` with an optional running sum into ``reduce_res`` (VectorE, trn3 only)."""
     where = "exponential"
     _need_gen(where, "trn3")
@@ -794,8 +941,9 @@ def max8(dst: NkiTensor, src: NkiTensor, name: str = "") -> None:
     _on_chip(where, dst, src)
     _same_partitions(where, dst, src)
     if dst.free_size != 8 or src.free_size < 8:
-        raise NkiValidationError(f"nisa.{where}: dst {_fmt_shape(dst)} must hold 8 values per partition and src "
-                                 f"{_fmt_shape(src)} at least 8")
+        raise NkiValidationError(
+            f"nisa.{where}: dst {_fmt_shape(dst)} must hold 8 values per partition and src {_fmt_shape(src)} at least 8"
+        )
     _count("vector", "reduce", src, src)
     if not _shape_only():
         _write(dst, -np.sort(-_f32(src), axis=1)[:, :8], where)
@@ -818,8 +966,9 @@ def nc_find_index8(dst: NkiTensor, data: NkiTensor, vals: NkiTensor, name: str =
     _write(dst, idx.astype(np.float64), where)
 
 
-def nc_match_replace8(dst: NkiTensor, data: NkiTensor, vals: NkiTensor, imm: float,
-                      dst_idx: NkiTensor | None = None, name: str = "") -> None:
+def nc_match_replace8(
+    dst: NkiTensor, data: NkiTensor, vals: NkiTensor, imm: float, dst_idx: NkiTensor | None = None, name: str = ""
+) -> None:
     """``dst`` = ``data`` with the first element equal to each of the 8 ``vals`` replaced by ``imm``."""
     where = "nc_match_replace8"
     if dst_idx is not None:
@@ -847,10 +996,13 @@ def topk(val_dst: NkiTensor, idx_dst: NkiTensor, src: NkiTensor, n: int, name: s
         _buf(t, ("sbuf",), where, "operand")
     _same_partitions(where, val_dst, idx_dst, src)
     if val_dst.free_size != n or idx_dst.free_size != n or not 0 < n <= src.free_size:
-        raise NkiValidationError(f"nisa.{where}: val_dst and idx_dst must hold n={n} values per partition and "
-                                 f"src {_fmt_shape(src)} at least n")
-    current_run().count("gpsimd", "topk", src.partitions, 4 * src.free_size + n, src.itemsize, reads=(src,),
-                        writes=(val_dst, idx_dst))
+        raise NkiValidationError(
+            f"nisa.{where}: val_dst and idx_dst must hold n={n} values per partition and "
+            f"src {_fmt_shape(src)} at least n"
+        )
+    current_run().count(
+        "gpsimd", "topk", src.partitions, 4 * src.free_size + n, src.itemsize, reads=(src,), writes=(val_dst, idx_dst)
+    )
     if _shape_only():
         return
     x = _f32(src)
@@ -862,8 +1014,15 @@ def topk(val_dst: NkiTensor, idx_dst: NkiTensor, src: NkiTensor, n: int, name: s
 _DMA_T_AXES = {2: ((1, 0),), 3: ((2, 1, 0),), 4: ((3, 1, 2, 0),)}
 
 
-def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: Any = None, priority: Any = None, dge_mode: Any = None,
-                  oob_mode: Any = None, name: str = "") -> None:
+def dma_transpose(
+    dst: NkiTensor,
+    src: NkiTensor,
+    axes: Any = None,
+    priority: Any = None,
+    dge_mode: Any = None,
+    oob_mode: Any = None,
+    name: str = "",
+) -> None:
     """Transpose ``src`` into SBUF ``dst`` on the DMA engines (2-byte dtypes; ``src.shape[-1] <= 128``)."""
     where = "dma_transpose"
     dst, src = _t(dst, where, "dst"), _t(src, where, "src")
@@ -873,8 +1032,9 @@ def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: Any = None, priority: An
         raise NkiValidationError(f"nisa.{where}: src {_fmt_shape(src)} is in PSUM; DMA cannot read PSUM")
     axes = tuple(axes) if axes is not None else tuple(reversed(range(src.ndim)))
     if axes not in _DMA_T_AXES.get(src.ndim, ()):
-        raise NkiValidationError(f"nisa.{where}: axes {axes} for a {src.ndim}-D src must be one of "
-                                 f"{_DMA_T_AXES.get(src.ndim, ())}")
+        raise NkiValidationError(
+            f"nisa.{where}: axes {axes} for a {src.ndim}-D src must be one of {_DMA_T_AXES.get(src.ndim, ())}"
+        )
     if src.itemsize != 2 or dst.dtype != src.dtype:
         raise NkiValidationError(f"nisa.{where}: needs equal 2-byte dtypes, got {src.dtype} -> {dst.dtype}")
     if src.shape[-1] > PMAX:
@@ -896,8 +1056,9 @@ def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: Any = None, priority: An
         dst._arr[...] = np.transpose(np.asarray(src._arr), axes)
 
 
-def tensor_copy_predicated(dst: NkiTensor, src: NkiTensor, predicate: NkiTensor, reverse_pred: bool = False,
-                           name: str = "") -> None:
+def tensor_copy_predicated(
+    dst: NkiTensor, src: NkiTensor, predicate: NkiTensor, reverse_pred: bool = False, name: str = ""
+) -> None:
     """``dst = src`` where ``predicate`` is nonzero (zero with ``reverse_pred``); other elements untouched."""
     where = "tensor_copy_predicated"
     dst, src, pred = _t(dst, where, "dst"), _t(src, where, "src"), _t(predicate, where, "predicate")
@@ -1008,9 +1169,29 @@ class NkiInstruction:
 
 
 __all__ += [
-    "NkiInstruction", "NkiScalar", "VirtualRegister", "dma_engine", "dma_transpose", "dropout", "engine",
-    "exponential", "get_nc_version", "matmul_perf_mode", "max8", "nc_find_index8", "nc_match_replace8",
-    "nc_version", "register_alloc", "register_load", "register_move", "register_store", "scalar_load",
-    "scalar_store", "tensor_copy_predicated", "tensor_scalar_reduce", "tensor_tensor_scan", "topk",
+    "NkiInstruction",
+    "NkiScalar",
+    "VirtualRegister",
+    "dma_engine",
+    "dma_transpose",
+    "dropout",
+    "engine",
+    "exponential",
+    "get_nc_version",
+    "matmul_perf_mode",
+    "max8",
+    "nc_find_index8",
+    "nc_match_replace8",
+    "nc_version",
+    "register_alloc",
+    "register_load",
+    "register_move",
+    "register_store",
+    "scalar_load",
+    "scalar_store",
+    "tensor_copy_predicated",
+    "tensor_scalar_reduce",
+    "tensor_tensor_scan",
+    "topk",
     *_REFUSED,
 ]

@@ -14,20 +14,18 @@ from typing import Any
 
 import numpy as np
 
+from . import grids as _grids
 from . import isa as _isa
 from . import ops as _ops
-from . import grids as _grids
 from .core import (
     PMAX,
     NkiError,
     NkiScalar,
-    NkiUnsupportedError,
-    _runtime_int,
-    run_rng,
-    unsupported,
     NkiTensor,
+    NkiUnsupportedError,
     NkiValidationError,
     _fmt_shape,
+    _runtime_int,
     cast,
     current_run,
     ds,
@@ -38,8 +36,10 @@ from .core import (
     new_tensor,
     private_hbm,
     psum,
+    run_rng,
     sbuf,
     shared_hbm,
+    unsupported,
 )
 
 __all__ = [
@@ -95,8 +95,12 @@ __all__ = [
 
 # dtypes are strings in the current API
 float32, bfloat16, float16, tfloat32 = "float32", "bfloat16", "float16", "tfloat32"
-float8_e4m3, float8_e5m2, float8_e4m3fn, float8_e8m0fnu = "float8_e4m3", "float8_e5m2", "float8_e4m3fn", \
-    "float8_e8m0fnu"
+float8_e4m3, float8_e5m2, float8_e4m3fn, float8_e8m0fnu = (
+    "float8_e4m3",
+    "float8_e5m2",
+    "float8_e4m3fn",
+    "float8_e8m0fnu",
+)
 int8, int16, int32, uint8, uint16, uint32, bool_ = "int8", "int16", "int32", "uint8", "uint16", "uint32", "bool_"
 int64 = "int64"  # only as an NkiScalar dtype (0.7); tensors of it are refused
 # MX packed types of nc_matmul_mx (NC-v4): named so kernels import, refused when a tensor is made of them
@@ -317,8 +321,15 @@ class MathOp:
         out_dt = dtype_name(dtype) if dtype is not None else _promote(tensors)
         out = new_tensor(shape, out_dt, sbuf, self.nki_name)
         run = current_run()
-        run.count(self.engine, "tensor_tensor" if len(tensors) > 1 else self.nki_name, out.partitions,
-                  out.free_size, out.itemsize, reads=tuple(tensors), writes=(out,))
+        run.count(
+            self.engine,
+            "tensor_tensor" if len(tensors) > 1 else self.nki_name,
+            out.partitions,
+            out.free_size,
+            out.itemsize,
+            reads=tuple(tensors),
+            writes=(out,),
+        )
         if run.shape_only:
             return out
         with np.errstate(all="ignore"):
@@ -345,11 +356,15 @@ def _promote(ts: list[NkiTensor]) -> str:
     return builtins.max(floats, key=itemsize)
 
 
-def _reduce_wrapper(op: MathOp, x: NkiTensor, axis: Any, dtype: Any = None, keepdims: bool = False,
-                    **_: Any) -> NkiTensor:
+def _reduce_wrapper(
+    op: MathOp, x: NkiTensor, axis: Any, dtype: Any = None, keepdims: bool = False, **_: Any
+) -> NkiTensor:
     axes = tuple(a % x.ndim for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
-    shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape)) if keepdims else \
-        tuple(s for i, s in enumerate(x.shape) if i not in axes)
+    shape = (
+        tuple(1 if i in axes else s for i, s in enumerate(x.shape))
+        if keepdims
+        else tuple(s for i, s in enumerate(x.shape) if i not in axes)
+    )
     if len(shape) < 2:
         shape = tuple(shape) + (1,) * (2 - len(shape))
     out = new_tensor(shape, dtype or x.dtype, sbuf, op.nki_name)
@@ -362,9 +377,19 @@ def _reduce_wrapper(op: MathOp, x: NkiTensor, axis: Any, dtype: Any = None, keep
 
 
 # nl.copy is the "copy" op below: an SBUF copy made on the Vector engine (documented engine)
-_UNARY_ENGINE = {"copy": "vector", "rsqrt": "gpsimd", "reciprocal": "vector", "abs": "vector",
-                 "negative": "vector", "relu": "vector", "sign": "vector", "floor": "vector", "ceil": "vector",
-                 "trunc": "vector", "logical_not": "vector"}
+_UNARY_ENGINE = {
+    "copy": "vector",
+    "rsqrt": "gpsimd",
+    "reciprocal": "vector",
+    "abs": "vector",
+    "negative": "vector",
+    "relu": "vector",
+    "sign": "vector",
+    "floor": "vector",
+    "ceil": "vector",
+    "trunc": "vector",
+    "logical_not": "vector",
+}
 for _n in _ops.UNARY:
     globals()[_n] = MathOp(_n, "unary", _UNARY_ENGINE.get(_n, "scalar"))
 for _n in _ops.BINARY:
@@ -393,11 +418,13 @@ def where(condition: NkiTensor, x: Any, y: Any, dtype: Any = None) -> NkiTensor:
     """Elementwise ``x if condition else y`` (tiles or scalars, broadcast) on Vector."""
     tensors = [t for t in (condition, x, y) if isinstance(t, NkiTensor)]
     shape = np.broadcast_shapes(*(t.shape for t in tensors))
-    out = new_tensor(shape, dtype or _promote([t for t in (x, y) if isinstance(t, NkiTensor)] or [condition]),
-                     sbuf, "where")
+    out = new_tensor(
+        shape, dtype or _promote([t for t in (x, y) if isinstance(t, NkiTensor)] or [condition]), sbuf, "where"
+    )
     run = current_run()
-    run.count("vector", "tensor_tensor", out.partitions, out.free_size, out.itemsize, reads=tuple(tensors),
-              writes=(out,))
+    run.count(
+        "vector", "tensor_tensor", out.partitions, out.free_size, out.itemsize, reads=tuple(tensors), writes=(out,)
+    )
     if not run.shape_only:
         v = [np.asarray(t._arr, np.float32) if isinstance(t, NkiTensor) else np.float32(t) for t in (condition, x, y)]
         out._arr[...] = cast(np.broadcast_to(np.where(v[0] != 0, v[1], v[2]), shape), out.dtype)
@@ -468,8 +495,11 @@ def var(x: NkiTensor, axis: Any, dtype: Any = None, keepdims: bool = False) -> N
     """Population variance over free axes ``axis`` (bn_stats/bn_aggr on Vector)."""
     m = mean(x, axis, dtype="float32", keepdims=True)
     axes = tuple(a % x.ndim for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
-    out_shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape)) if keepdims else \
-        tuple(s for i, s in enumerate(x.shape) if i not in axes)
+    out_shape = (
+        tuple(1 if i in axes else s for i, s in enumerate(x.shape))
+        if keepdims
+        else tuple(s for i, s in enumerate(x.shape) if i not in axes)
+    )
     if len(out_shape) < 2:
         out_shape = tuple(out_shape) + (1,) * (2 - len(out_shape))
     out = new_tensor(out_shape, dtype or x.dtype, sbuf, "var")
@@ -477,12 +507,13 @@ def var(x: NkiTensor, axis: Any, dtype: Any = None, keepdims: bool = False) -> N
     run.count("vector", "tensor_tensor", x.partitions, x.free_size, x.itemsize, reads=(x, m), writes=(out,))
     if not run.shape_only:
         d = np.asarray(x._arr, np.float32) - np.asarray(m._arr, np.float32).reshape(
-            tuple(1 if i in axes else s for i, s in enumerate(x.shape)))
+            tuple(1 if i in axes else s for i, s in enumerate(x.shape))
+        )
         out._arr[...] = cast(np.mean(d * d, axis=axes, keepdims=keepdims).reshape(out_shape), out.dtype)
     return out
 
 
-def all(x: NkiTensor, axis: Any, dtype: Any = None) -> NkiTensor:  # noqa: A001 - the NKI name
+def all(x: NkiTensor, axis: Any, dtype: Any = None) -> NkiTensor:
     """1 where every element along ``axis`` is nonzero (a Vector reduction)."""
     axes = tuple(a % x.ndim for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
     shape = tuple(s for i, s in enumerate(x.shape) if i not in axes)
@@ -491,8 +522,9 @@ def all(x: NkiTensor, axis: Any, dtype: Any = None) -> NkiTensor:  # noqa: A001 
     run = current_run()
     run.count("vector", "reduce", x.partitions, x.free_size, x.itemsize, reads=(x,), writes=(out,))
     if not run.shape_only:
-        out._arr[...] = cast(np.all(np.asarray(x._arr, np.float32) != 0, axis=axes).reshape(shape)
-                             .astype(np.float32), out.dtype)
+        out._arr[...] = cast(
+            np.all(np.asarray(x._arr, np.float32) != 0, axis=axes).reshape(shape).astype(np.float32), out.dtype
+        )
     return out
 
 
@@ -502,7 +534,7 @@ def _rng() -> np.random.Generator:
 
 def random_seed(seed: Any) -> None:
     """Seed the emulator's generator for ``nl.rand``/``nl.dropout`` (the device's stream is not reproduced)."""
-    current_run().rng = np.random.default_rng(_runtime_int(seed, "nl.random_seed"))  # type: ignore[attr-defined]
+    current_run().rng = np.random.default_rng(_runtime_int(seed, "nl.random_seed"))
 
 
 def rand(shape: Any, dtype: Any = "float32", buffer: Any = sbuf, name: str = "") -> NkiTensor:
@@ -526,8 +558,15 @@ def dropout(x: NkiTensor, rate: float, dtype: Any = None) -> NkiTensor:
     return out
 
 
-def rms_norm(x: NkiTensor, w: NkiTensor, axis: int, n: int | None = None, epsilon: float = 1e-6,
-             dtype: Any = None, compute_dtype: Any = None) -> NkiTensor:
+def rms_norm(
+    x: NkiTensor,
+    w: NkiTensor,
+    axis: int,
+    n: int | None = None,
+    epsilon: float = 1e-6,
+    dtype: Any = None,
+    compute_dtype: Any = None,
+) -> NkiTensor:
     """``x * rsqrt(sum(x^2, axis) / n + epsilon) * w`` (``n`` defaults to the axis length)."""
     ax = axis % x.ndim
     if ax == 0 and x.buffer.on_chip:
@@ -547,12 +586,12 @@ def rms_norm(x: NkiTensor, w: NkiTensor, axis: int, n: int | None = None, epsilo
 def gather_flattened(data: NkiTensor, indices: NkiTensor, axis: int = 0, dtype: Any = None) -> NkiTensor:
     """Per partition, ``out[p, i...] = data[p].flatten()[indices[p, i...]]`` (GpSimd)."""
     if data.partitions != indices.partitions:
-        raise NkiValidationError(f"nl.gather_flattened: {_fmt_shape(data)} and indices {_fmt_shape(indices)} "
-                                 "must have the same partitions")
+        raise NkiValidationError(
+            f"nl.gather_flattened: {_fmt_shape(data)} and indices {_fmt_shape(indices)} must have the same partitions"
+        )
     out = new_tensor(indices.shape, dtype or data.dtype, sbuf, "gather_flattened")
     run = current_run()
-    run.count("gpsimd", "gather", out.partitions, out.free_size, out.itemsize, reads=(data, indices),
-              writes=(out,))
+    run.count("gpsimd", "gather", out.partitions, out.free_size, out.itemsize, reads=(data, indices), writes=(out,))
     if not run.shape_only:
         flat = np.asarray(data._arr).reshape(data.partitions, -1)
         idx = np.asarray(indices._arr).reshape(indices.partitions, -1).astype(np.int64)
@@ -618,7 +657,7 @@ def if_else(cond: Any, then_fn: Any, else_fn: Any = None) -> None:
         else_fn()
 
 
-class no_reorder:  # noqa: N801 - the NKI name
+class no_reorder:
     """``with nl.no_reorder():`` pins program order; the emulator always runs in program order."""
 
     def __enter__(self) -> no_reorder:
@@ -641,9 +680,41 @@ def nc(n: int) -> int:
 
 
 __all__ += [
-    "NkiBlockGrid", "NkiGrid", "NkiScalar", "NkiTensor", "NkiTileGrid", "all", "alloc_blocks", "alloc_tiles",
-    "average", "blocks", "broadcast_to", "bypass", "device_print", "dropout", "expand_dims", "float4_e2m1fn_x4",
-    "float8_e4m3fn_x4", "float8_e5m2_x4", "float8_e8m0fnu", "fori_loop", "gather_flattened", "if_else", "int64",
-    "is_hbm", "is_on_chip", "is_psum", "is_sbuf", "load_transpose2d", "nc", "no_reorder", "prelu", "rand",
-    "random_seed", "rms_norm", "tiles", "var", "while_loop",
+    "NkiBlockGrid",
+    "NkiGrid",
+    "NkiScalar",
+    "NkiTensor",
+    "NkiTileGrid",
+    "all",
+    "alloc_blocks",
+    "alloc_tiles",
+    "average",
+    "blocks",
+    "broadcast_to",
+    "bypass",
+    "device_print",
+    "dropout",
+    "expand_dims",
+    "float4_e2m1fn_x4",
+    "float8_e4m3fn_x4",
+    "float8_e5m2_x4",
+    "float8_e8m0fnu",
+    "fori_loop",
+    "gather_flattened",
+    "if_else",
+    "int64",
+    "is_hbm",
+    "is_on_chip",
+    "is_psum",
+    "is_sbuf",
+    "load_transpose2d",
+    "nc",
+    "no_reorder",
+    "prelu",
+    "rand",
+    "random_seed",
+    "rms_norm",
+    "tiles",
+    "var",
+    "while_loop",
 ]

@@ -29,7 +29,7 @@ def _gelu(x: np.ndarray) -> np.ndarray:
 
 
 def _gelu_tanh(x: np.ndarray) -> np.ndarray:
-    return (0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))).astype(_F)
+    return (0.5 * x * (1.0 + np.tanh(0.7978845608028654 * (x + 0.044715 * x**3)))).astype(_F)
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -63,37 +63,82 @@ def _ibits(fn: Callable[..., Any]) -> Callable[..., np.ndarray]:
 
 
 UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "tan": np.tan, "gelu_dx": _gelu_dx, "silu_dx": _silu_dx, "gelu_apprx_sigmoid": _gelu_sig,
-    "gelu_apprx_sigmoid_dx": _gelu_sig_dx, "erf_dx": lambda x: (2 / np.sqrt(np.pi) * np.exp(-x * x)).astype(_F),
-    "invert": _ibits(np.invert), "bypass": lambda x: x,
-    "copy": lambda x: x, "identity": lambda x: x, "square": np.square, "sigmoid": _sigmoid,
-    "relu": lambda x: np.maximum(x, 0), "gelu": _gelu, "gelu_apprx_tanh": _gelu_tanh,
-    "silu": lambda x: x * _sigmoid(x), "tanh": np.tanh, "softplus": lambda x: np.logaddexp(0, x).astype(_F),
-    "erf": _erf, "exp": np.exp, "log": np.log, "sin": np.sin,
-    "cos": np.cos, "arctan": np.arctan, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x),
-    "reciprocal": lambda x: 1 / x, "sign": np.sign, "abs": np.abs, "negative": np.negative,
-    "mish": lambda x: x * np.tanh(np.logaddexp(0, x)), "floor": np.floor, "ceil": np.ceil,
-    "trunc": np.trunc, "logical_not": lambda x: (x == 0).astype(_F),
+    "tan": np.tan,
+    "gelu_dx": _gelu_dx,
+    "silu_dx": _silu_dx,
+    "gelu_apprx_sigmoid": _gelu_sig,
+    "gelu_apprx_sigmoid_dx": _gelu_sig_dx,
+    "erf_dx": lambda x: (2 / np.sqrt(np.pi) * np.exp(-x * x)).astype(_F),
+    "invert": _ibits(np.invert),
+    "bypass": lambda x: x,
+    "copy": lambda x: x,
+    "identity": lambda x: x,
+    "square": np.square,
+    "sigmoid": _sigmoid,
+    "relu": lambda x: np.maximum(x, 0),
+    "gelu": _gelu,
+    "gelu_apprx_tanh": _gelu_tanh,
+    "silu": lambda x: x * _sigmoid(x),
+    "tanh": np.tanh,
+    "softplus": lambda x: np.logaddexp(0, x).astype(_F),
+    "erf": _erf,
+    "exp": np.exp,
+    "log": np.log,
+    "sin": np.sin,
+    "cos": np.cos,
+    "arctan": np.arctan,
+    "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1 / np.sqrt(x),
+    "reciprocal": lambda x: 1 / x,
+    "sign": np.sign,
+    "abs": np.abs,
+    "negative": np.negative,
+    "mish": lambda x: x * np.tanh(np.logaddexp(0, x)),
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "trunc": np.trunc,
+    "logical_not": lambda x: (x == 0).astype(_F),
 }
 
 BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
-    "maximum": np.maximum, "minimum": np.minimum, "power": np.power, "mod": np.fmod,
-    "equal": lambda a, b: (a == b).astype(_F), "not_equal": lambda a, b: (a != b).astype(_F),
-    "greater": lambda a, b: (a > b).astype(_F), "greater_equal": lambda a, b: (a >= b).astype(_F),
-    "less": lambda a, b: (a < b).astype(_F), "less_equal": lambda a, b: (a <= b).astype(_F),
+    "add": np.add,
+    "subtract": np.subtract,
+    "multiply": np.multiply,
+    "divide": np.divide,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "power": np.power,
+    "mod": np.fmod,
+    "equal": lambda a, b: (a == b).astype(_F),
+    "not_equal": lambda a, b: (a != b).astype(_F),
+    "greater": lambda a, b: (a > b).astype(_F),
+    "greater_equal": lambda a, b: (a >= b).astype(_F),
+    "less": lambda a, b: (a < b).astype(_F),
+    "less_equal": lambda a, b: (a <= b).astype(_F),
     "logical_and": lambda a, b: ((a != 0) & (b != 0)).astype(_F),
     "logical_or": lambda a, b: ((a != 0) | (b != 0)).astype(_F),
     "logical_xor": lambda a, b: ((a != 0) ^ (b != 0)).astype(_F),
-    "abs_max": lambda a, b: np.maximum(np.abs(a), np.abs(b)), "abs_min": lambda a, b: np.minimum(np.abs(a), np.abs(b)),
-    "fmod": np.fmod, "bitwise_and": _ibits(np.bitwise_and), "bitwise_or": _ibits(np.bitwise_or),
-    "bitwise_xor": _ibits(np.bitwise_xor), "left_shift": _ibits(np.left_shift),
-    "right_shift": _ibits(np.right_shift), "bypass": lambda a, b: a,
+    "abs_max": lambda a, b: np.maximum(np.abs(a), np.abs(b)),
+    "abs_min": lambda a, b: np.minimum(np.abs(a), np.abs(b)),
+    "fmod": np.fmod,
+    "bitwise_and": _ibits(np.bitwise_and),
+    "bitwise_or": _ibits(np.bitwise_or),
+    "bitwise_xor": _ibits(np.bitwise_xor),
+    "left_shift": _ibits(np.left_shift),
+    "right_shift": _ibits(np.right_shift),
+    "bypass": lambda a, b: a,
 }
 
 REDUCE: dict[str, Callable[..., np.ndarray]] = {
-    "add": np.sum, "sum": np.sum, "maximum": np.max, "max": np.max, "minimum": np.min, "min": np.min,
-    "multiply": np.prod, "prod": np.prod, "abs_max": lambda x, **k: np.max(np.abs(x), **k),
+    "add": np.sum,
+    "sum": np.sum,
+    "maximum": np.max,
+    "max": np.max,
+    "minimum": np.min,
+    "min": np.min,
+    "multiply": np.prod,
+    "prod": np.prod,
+    "abs_max": lambda x, **k: np.max(np.abs(x), **k),
     "bitwise_and": lambda x, **k: np.bitwise_and.reduce(x.astype(np.int32), **k).astype(_F),
     "bitwise_or": lambda x, **k: np.bitwise_or.reduce(x.astype(np.int32), **k).astype(_F),
 }
@@ -128,6 +173,5 @@ def binary(op: Any, where: str) -> Callable[[np.ndarray, np.ndarray], np.ndarray
 def reduce(op: Any, where: str) -> Callable[..., np.ndarray]:
     name = op_name(op)
     if name not in REDUCE:
-        raise NkiError(f"{where}: {name!r} is not a reduction op; use nl.add, nl.maximum, nl.minimum "
-                       "or nl.multiply")
+        raise NkiError(f"{where}: {name!r} is not a reduction op; use nl.add, nl.maximum, nl.minimum or nl.multiply")
     return REDUCE[name]

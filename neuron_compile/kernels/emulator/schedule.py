@@ -80,8 +80,12 @@ class Timeline:
 
     def __init__(self, gen: _cost.Generation):
         self.gen = gen
-        self.clock = {"tensor": gen.tensor_ghz, "vector": gen.vector_ghz, "scalar": gen.scalar_ghz,
-                      "gpsimd": gen.gpsimd_ghz}
+        self.clock = {
+            "tensor": gen.tensor_ghz,
+            "vector": gen.vector_ghz,
+            "scalar": gen.scalar_ghz,
+            "gpsimd": gen.gpsimd_ghz,
+        }
         self.res = {e: Resource() for e in (*ENGINES, "dma")}
         self.busy = {**dict.fromkeys(ENGINES, 0.0), "dma": 0.0}
         self.written: dict[int, tuple[Any, float, str]] = {}  # alloc -> (ref, end of last write, engine)
