@@ -432,3 +432,76 @@ def test_spmd_grid_runs_every_program():
     x, out = rand(64, 4), np.zeros((64, 4), F32)
     nki.simulate(halves[2])(x, out)  # LNC=2: both programs write their half of the output argument
     np.testing.assert_allclose(out, x + np.repeat([0.0, 1.0], 32)[:, None])
+
+
+@pytest.mark.parametrize("shape_only", [False, True], ids=["data", "shape_only"])
+def test_run_stats_name_the_arguments_written(shape_only):
+    @nki.jit
+    def add_into(src, acc):
+        a, b = _sbuf((64, 8)), _sbuf((64, 8))
+        nisa.dma_copy(a, src)
+        nisa.dma_copy(b, acc[64:])
+        nisa.tensor_tensor(b, a, b, nl.add)
+        nisa.dma_copy(acc[64:], b)  # through a view: still the argument acc
+
+    run = nki.infer_shapes if shape_only else nki.simulate
+    _, st = run(add_into, stats=True)(rand(64, 8), rand(128, 8))
+    assert st.written_args == ("acc",)
+
+
+# ------------------------------------------------------------------------------------------ step budget
+# Runaway kernels, bounded here at n steps so that they end (without a budget, as on main) instead of hanging.
+def k_instruction_loop(x, n):
+    t = _sbuf((128, 4))
+    while n:  # a plain Python loop: the emulator sees only its instructions
+        nisa.memset(t, 0.0)
+        n -= 1
+
+
+def k_nl_range_idle(x, n):
+    for _ in nl.range(n):  # no instruction at all: its iterations count
+        pass
+
+
+def k_affine_range_idle(x, n):
+    for _ in nl.affine_range(n):
+        pass
+
+
+def k_sequential_range_idle(x, n):
+    for _ in nl.sequential_range(0, n, 1):
+        pass
+
+
+def k_fori_loop_idle(x, n):
+    nl.fori_loop(0, n, lambda i: None)
+
+
+RUNAWAY = [k_instruction_loop, k_nl_range_idle, k_affine_range_idle, k_sequential_range_idle, k_fori_loop_idle]
+
+
+@pytest.mark.parametrize("shape_only", [False, True], ids=["data", "shape_only"])
+@pytest.mark.parametrize("kernel", RUNAWAY, ids=[k.__name__ for k in RUNAWAY])
+def test_step_budget_stops_a_runaway_kernel(kernel, shape_only):
+    run = nki.infer_shapes if shape_only else nki.simulate
+    with pytest.raises(nki.NkiBudgetError) as info:
+        run(nki.jit(kernel), max_steps=1000)(rand(128, 4), 5000)
+    message = str(info.value)
+    assert f"NKI kernel {kernel.__name__} ran over the emulator's budget of 1,000 steps" in message, message
+    assert "NEURON_COMPILE_NKI_MAX_STEPS=" in message and "max_steps=" in message, message
+    assert nki.simulate(nki.jit(kernel), max_steps=1000)(rand(128, 4), 900) is None  # within budget: runs
+
+
+@pytest.mark.parametrize("caller", ["call", "fake_tensors"])
+def test_step_budget_from_the_environment(caller, monkeypatch):
+    """The budget applies however a kernel runs: called directly (eager) or on fake tensors (tracing)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setenv("NEURON_COMPILE_NKI_MAX_STEPS", "1000")
+    kernel = nki.jit(k_affine_range_idle)
+    with pytest.raises(nki.NkiBudgetError, match="budget of 1,000 steps"):
+        if caller == "call":
+            kernel(torch.randn(4, 4), 5000)
+        else:
+            with FakeTensorMode():
+                kernel(torch.empty(4, 4), 5000)

@@ -44,10 +44,12 @@ else:
     EMULATED = True
     from .emulator import (
         Kernel,
+        NkiBudgetError,
         NkiCapacityError,
         NkiError,
         NkiOutOfBoundsError,
         NkiTensor,
+        NkiUndeclaredMutationError,
         NkiUnsupportedError,
         NkiValidationError,
         RunStats,
@@ -63,7 +65,7 @@ else:
 __all__ = ["EMULATED", "NkiError", "NkiValidationError", "isa", "jit", "language", "simulate"]
 if EMULATED:  # the emulator's extras: shape-only mode, counters, its error and tensor types
     __all__ += [
-        "Kernel", "NkiCapacityError", "NkiOutOfBoundsError", "NkiTensor", "NkiUnsupportedError", "RunStats",
-        "TensorSpec",
+        "Kernel", "NkiBudgetError", "NkiCapacityError", "NkiOutOfBoundsError", "NkiTensor",
+        "NkiUndeclaredMutationError", "NkiUnsupportedError", "RunStats", "TensorSpec",
         "infer_shapes", "last_run_stats",
     ]  # fmt: skip

@@ -26,10 +26,15 @@ import numpy as np
 
 from . import isa, language
 from .core import (
+    DEFAULT_MAX_STEPS,
+    MAX_STEPS_ENV,
+    KernelArg,
+    NkiBudgetError,
     NkiCapacityError,
     NkiError,
     NkiOutOfBoundsError,
     NkiTensor,
+    NkiUndeclaredMutationError,
     NkiUnsupportedError,
     NkiValidationError,
     Run,
@@ -37,18 +42,25 @@ from .core import (
     dtype_name,
     in_kernel,
     last_run_stats,
+    max_steps_default,
     np_dtype,
     pop_run,
     push_run,
+    report_arg_writes,
+    watch_arg_writes,
     wrap_hbm,
 )
 
 __all__ = [
+    "DEFAULT_MAX_STEPS",
+    "MAX_STEPS_ENV",
     "Kernel",
+    "NkiBudgetError",
     "NkiCapacityError",
     "NkiError",
     "NkiOutOfBoundsError",
     "NkiTensor",
+    "NkiUndeclaredMutationError",
     "NkiUnsupportedError",
     "NkiValidationError",
     "RunStats",
@@ -59,6 +71,7 @@ __all__ = [
     "language",
     "last_run_stats",
     "simulate",
+    "watch_arg_writes",
 ]
 
 
@@ -189,20 +202,27 @@ def _to_arg(x: Any, name: str, shape_only: bool) -> Any:
     if shape_only and hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (int, float)):
         dt = dtype_name(x.dtype)
         shape = tuple(int(s) for s in x.shape)
-        return NkiTensor(np.broadcast_to(np.zeros((), np_dtype(dt)), shape), dt, language.hbm, None, name)
+        arr = np.broadcast_to(np.zeros((), np_dtype(dt)), shape)
+        return NkiTensor(arr, dt, language.hbm, KernelArg(name, x), name)
     if isinstance(x, NkiTensor):
         return x
     if _is_torch(x):
-        return wrap_hbm(torch_to_numpy(x), name)
+        return _arg(wrap_hbm(torch_to_numpy(x), name), x)
     if isinstance(x, np.ndarray):
-        return wrap_hbm(x, name)
+        return _arg(wrap_hbm(x, name), x)
     if hasattr(x, "__array__") and hasattr(x, "shape") and hasattr(x, "dtype"):  # jax.Array and the like
-        return wrap_hbm(np.asarray(x), name)
+        return _arg(wrap_hbm(np.asarray(x), name), x)
     if isinstance(x, tuple):
         return tuple(_to_arg(v, f"{name}[{i}]", shape_only) for i, v in enumerate(x))
     if isinstance(x, list):
         raise NkiError(f"kernel argument {name!r} is a list; NKI kernels take tuples, not lists")
     return x
+
+
+def _arg(t: NkiTensor, source: Any) -> NkiTensor:
+    """Mark ``t`` (and so every view of it) as the kernel argument ``source``, so writes to it are known."""
+    t._alloc = KernelArg(t.name, source)
+    return t
 
 
 def _from_out(x: Any, as_torch: bool, shape_only: bool, inputs: dict[int, Any]) -> Any:
@@ -223,14 +243,20 @@ def _from_out(x: Any, as_torch: bool, shape_only: bool, inputs: dict[int, Any]) 
     return x
 
 
-def _run(kernel: Any, args: tuple, kwargs: dict, *, shape_only: bool, target: str | None) -> tuple[Any, RunStats]:
+def _run(
+    kernel: Any, args: tuple, kwargs: dict, *, shape_only: bool, target: str | None, max_steps: int | None = None
+) -> tuple[Any, RunStats]:
     kern = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
     as_torch = any(_is_torch(a) for a in (*args, *kwargs.values())) and not shape_only
     try:
         params = list(inspect.signature(kern.fn).parameters)
     except (TypeError, ValueError):
         params = []
-    run = Run(target, shape_only=shape_only)
+    name = getattr(kern.fn, "__qualname__", None) or repr(kern.fn)
+    budget = max_steps_default() if max_steps is None else max_steps
+    if budget < 0:
+        raise NkiError(f"max_steps={budget} for kernel {name} is negative (a step budget; 0 means no limit)")
+    run = Run(target, shape_only=shape_only, kernel=name, max_steps=budget)
     push_run(run)
     try:
         nargs = tuple(_to_arg(a, params[i] if i < len(params) else f"arg{i}", shape_only) for i, a in enumerate(args))
@@ -251,35 +277,43 @@ def _run(kernel: Any, args: tuple, kwargs: dict, *, shape_only: bool, target: st
         run.finish()
     finally:
         pop_run()
+    report_arg_writes(run)
     return result, run.stats
 
 
-def simulate(kernel: Any, *, stats: bool = False, target: str | None = None) -> Callable[..., Any]:
+def simulate(
+    kernel: Any, *, stats: bool = False, target: str | None = None, max_steps: int | None = None
+) -> Callable[..., Any]:
     """``simulate(kernel)(*arrays)`` runs ``kernel`` in the emulator on NumPy arrays or torch tensors.
 
     Outputs come back as NumPy arrays (bf16 as ``ml_dtypes.bfloat16``), or torch tensors when any input
     is a torch tensor. HBM inputs are wrapped without a copy, so in-place writes reach the caller.
     ``target``: ``'trn2'`` (default, or ``NEURON_PLATFORM_TARGET_OVERRIDE``), ``'trn3'`` or ``'trn1'``.
-    ``stats=True`` returns ``(outputs, RunStats)``.
+    ``stats=True`` returns ``(outputs, RunStats)``. ``max_steps``: the run's budget of instructions plus
+    ``nl`` loop iterations, past which it raises :class:`NkiBudgetError` (default
+    ``NEURON_COMPILE_NKI_MAX_STEPS`` or :data:`DEFAULT_MAX_STEPS`; 0: no limit).
     """
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        out, st = _run(kernel, args, kwargs, shape_only=False, target=target)
+        out, st = _run(kernel, args, kwargs, shape_only=False, target=target, max_steps=max_steps)
         return (out, st) if stats else out
 
     return call
 
 
-def infer_shapes(kernel: Any, *, stats: bool = False, target: str | None = None) -> Callable[..., Any]:
+def infer_shapes(
+    kernel: Any, *, stats: bool = False, target: str | None = None, max_steps: int | None = None
+) -> Callable[..., Any]:
     """Shape-only mode: ``infer_shapes(kernel)(*specs)`` -> :class:`TensorSpec` outputs (and stats).
 
     Runs the kernel's Python with data-free tensors: every shape, dtype, buffer and capacity rule is
     checked and every instruction counted, but nothing is computed, so it is cheap at any size.
-    Non-tensor arguments (ints, floats, flags) are passed through unchanged.
+    Non-tensor arguments (ints, floats, flags) are passed through unchanged. ``max_steps`` as for
+    :func:`simulate`.
     """
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        out, st = _run(kernel, args, kwargs, shape_only=True, target=target)
+        out, st = _run(kernel, args, kwargs, shape_only=True, target=target, max_steps=max_steps)
         return (out, st) if stats else out
 
     return call

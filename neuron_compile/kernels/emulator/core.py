@@ -46,6 +46,38 @@ class NkiUnsupportedError(NkiError):
     """A documented NKI function or argument the emulator does not implement (the message names it)."""
 
 
+class NkiBudgetError(NkiError):
+    """A kernel run took more steps (instructions issued plus iterations of ``nl`` loops) than its budget:
+    most likely an endless loop. The message names the kernel, the budget and how to raise it."""
+
+
+class NkiUndeclaredMutationError(NkiError):
+    """An ``nki_op``'s kernel wrote an argument of the op that ``mutates_args`` does not declare."""
+
+
+#: Environment variable setting the default step budget of a kernel run (0: no limit).
+MAX_STEPS_ENV = "NEURON_COMPILE_NKI_MAX_STEPS"
+#: The default step budget: about 175 times the longest built-in kernel run of the tests and benchmarks (a
+#: shape-only 8192x4096x1000 matmul, 11,392 steps). A loop issuing instructions reaches it after 20-45 s of
+#: emulation (10-22 us an instruction), one issuing none after ~0.3 s.
+DEFAULT_MAX_STEPS = 2_000_000
+
+
+def max_steps_default() -> int:
+    """The step budget of a kernel run: ``NEURON_COMPILE_NKI_MAX_STEPS`` if set (0 = no limit), else
+    :data:`DEFAULT_MAX_STEPS`."""
+    env = os.environ.get(MAX_STEPS_ENV, "").strip().replace("_", "")
+    if not env:
+        return DEFAULT_MAX_STEPS
+    try:
+        value = int(env)
+    except ValueError:
+        raise NkiError(f"{MAX_STEPS_ENV}={env!r} is not an integer (a step budget; 0 means no limit)") from None
+    if value < 0:
+        raise NkiError(f"{MAX_STEPS_ENV}={value} is negative (a step budget; 0 means no limit)")
+    return value
+
+
 def unsupported(qualname: str, why: str = "") -> Any:
     """A stand-in for a documented NKI API the emulator refuses: calling it raises NkiUnsupportedError."""
 
@@ -206,6 +238,10 @@ class RunStats:
     shape_only: bool = False
     #: per program of the launch: the schedule's critical path ("makespan", s) and busy seconds per engine
     schedule: list[dict[str, Any]] = field(default_factory=list)
+    #: instructions issued plus iterations of ``nl`` loops: what the run's step budget limits
+    steps: int = 0
+    #: the kernel's HBM arguments it wrote (by parameter name, in the order first written)
+    written_args: tuple[str, ...] = ()
 
     @property
     def dma_bytes(self) -> int:
@@ -232,8 +268,16 @@ def _default_generation() -> str:
 class Run:
     """One kernel execution: generation, shape-only flag, live on-chip memory, counters, SPMD ids."""
 
-    def __init__(self, generation: str | None = None, shape_only: bool = False):
+    def __init__(
+        self, generation: str | None = None, shape_only: bool = False, kernel: str = "", max_steps: int | None = None
+    ):
         self.gen = _cost.generation(generation or _default_generation())
+        self.kernel = kernel
+        #: the step budget (None or 0: none; the default run outside ``simulate`` has none)
+        self.max_steps = max_steps or None
+        self.steps = 0
+        self.loop_iterations = 0
+        self.written: dict[int, KernelArg] = {}
         self.shape_only = shape_only
         self.stats = RunStats(generation=self.gen.name, shape_only=shape_only)
         self.sbuf_used = 0
@@ -256,6 +300,31 @@ class Run:
 
     def finish(self) -> None:
         self.stats.schedule = [tl.summary() for tl in self.timelines.values()]
+        self.stats.steps = self.steps
+        self.stats.written_args = tuple(a.name for a in self.written.values())
+
+    # ---- the step budget: every instruction and every iteration of an nl loop is one step
+    def step(self, loop: bool = False) -> None:
+        self.steps += 1
+        if loop:
+            self.loop_iterations += 1
+        if self.max_steps is not None and self.steps > self.max_steps:
+            self._over_budget()
+
+    def _over_budget(self) -> None:
+        instructions = self.steps - self.loop_iterations
+        raise NkiBudgetError(
+            f"NKI kernel {self.kernel or '(unnamed)'} ran over the emulator's budget of {self.max_steps:,} steps "
+            f"({instructions:,} instructions issued and {self.loop_iterations:,} iterations of nl loops so far): "
+            "is one of its loops endless? If the kernel really is this long, raise the budget with the "
+            f"environment variable {MAX_STEPS_ENV}=<steps> (0: no limit) or nki.simulate(kernel, max_steps=...)"
+        )
+
+    # ---- writes into the kernel's arguments (what nki_op checks against its mutates_args)
+    def note_write(self, dst: NkiTensor) -> None:
+        arg = dst._alloc
+        if type(arg) is KernelArg:
+            self.written.setdefault(id(arg), arg)
 
     # ---- capacity
     def allocate(self, buffer: Buffer, per_partition: int, what: str) -> tuple[str, int] | None:
@@ -310,6 +379,7 @@ class Run:
         writes: tuple = (),
     ) -> None:
         """Count one compute instruction and schedule it (``reads``/``writes``: its operand tensors)."""
+        self.step()
         e = self.stats.engines[engine]
         e.instructions += 1
         e.elements += partitions * free
@@ -362,12 +432,57 @@ def pop_run() -> Run:
     return run
 
 
+class ArgWrite:
+    """One argument a finished kernel run wrote: the kernel, its parameter, what the caller passed."""
+
+    __slots__ = ("kernel", "param", "source")
+
+    def __init__(self, kernel: str, param: str, source: Any):
+        self.kernel, self.param, self.source = kernel, param, source
+
+
+class watch_arg_writes:
+    """``with watch_arg_writes() as writes:``: ``writes`` collects an :class:`ArgWrite` for every HBM
+    argument written by each kernel run finished on this thread inside the block (shape-only runs too)."""
+
+    def __enter__(self) -> list[ArgWrite]:
+        self.writes: list[ArgWrite] = []
+        if not hasattr(_local, "watchers"):
+            _local.watchers = []
+        _local.watchers.append(self.writes)
+        return self.writes
+
+    def __exit__(self, *exc: Any) -> None:
+        _local.watchers.remove(self.writes)
+
+
+def report_arg_writes(run: Run) -> None:
+    """Hand the arguments a finished run wrote to the active :class:`watch_arg_writes` blocks."""
+    watchers = getattr(_local, "watchers", None)
+    if watchers and run.written:
+        writes = [ArgWrite(run.kernel, a.name, a.source) for a in run.written.values()]
+        for w in watchers:
+            w.extend(writes)
+
+
 def last_run_stats() -> RunStats | None:
     """Counters of the last kernel run finished on this thread (None before the first one)."""
     return getattr(_local, "last_stats", None)
 
 
 # ---------------------------------------------------------------------------------------------- tensors
+class KernelArg:
+    """One HBM argument of a kernel run: the ``_alloc`` of every view of it, so the run knows which of its
+    arguments a kernel wrote (``Run.note_write``). ``source`` is what the caller passed (a torch tensor,
+    a NumPy array or a fake tensor in shape-only mode)."""
+
+    __slots__ = ("__weakref__", "name", "source")
+
+    def __init__(self, name: str, source: Any):
+        self.name = name
+        self.source = source
+
+
 class _Alloc:
     """Owner of one allocation's capacity; freed when the last view of it goes away."""
 

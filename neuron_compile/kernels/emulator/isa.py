@@ -210,6 +210,7 @@ def _f32(t: NkiTensor) -> np.ndarray:
 def _write(dst: NkiTensor, values: np.ndarray, op: str) -> None:
     if not dst._arr.flags.writeable:
         raise NkiError(f"nisa.{op}: dst {_fmt_shape(dst)} is a broadcast view and cannot be written")
+    current_run().note_write(dst)  # compute engines write on chip only; kept for any HBM dst
     dst._arr[...] = cast(np.asarray(values).reshape(dst.shape), dst.dtype)
     if dst._written is not None:
         dst._written[...] = True
@@ -297,6 +298,8 @@ def dma_copy(
     if dge_mode == "hwdge" and src.dtype != dst.dtype:
         raise NkiValidationError(f"nisa.dma_copy: hwdge needs equal dtypes, got {src.dtype} -> {dst.dtype}")
     run = current_run()
+    run.step()
+    run.note_write(dst)
     st = run.stats
     st.dma_transfers += 1
     e = st.engines["dma"]
@@ -1043,6 +1046,7 @@ def dma_transpose(
     if dst.shape != want:
         raise NkiValidationError(f"nisa.{where}: dst {_fmt_shape(dst)} must have shape {list(want)}")
     run = current_run()
+    run.step()
     run.stats.dma_transfers += 1
     run.stats.engines["dma"].instructions += 1
     run.stats.engines["dma"].elements += src.size
@@ -1130,6 +1134,7 @@ def scalar_store(dst: NkiTensor, value: Any, name: str = "") -> None:
     if dst.size != 1:
         raise NkiValidationError(f"nisa.scalar_store: dst {_fmt_shape(dst)} must be 1x1")
     v = _runtime_int(value, "nisa.scalar_store")
+    current_run().note_write(dst)
     if not _shape_only():
         _write(dst, np.full(dst.shape, v, np.float64), "scalar_store")
 

@@ -216,14 +216,39 @@ def shared_identity_matrix(n: int, dtype: Any = "uint8", dst: NkiTensor | None =
 
 
 # ---------------------------------------------------------------------------------------------- loops
+class _LoopRange:
+    """An ``nl`` loop: a Python ``range`` whose every iteration is a step of the run's budget, so a kernel
+    looping (nearly) forever over one raises :class:`NkiBudgetError` instead of hanging."""
+
+    __slots__ = ("_range",)
+
+    def __init__(self, r: builtins.range):
+        self._range = r
+
+    def __iter__(self) -> Any:
+        run = current_run()
+        for i in self._range:
+            run.step(loop=True)
+            yield i
+
+    def __len__(self) -> int:
+        return len(self._range)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._range[key]
+
+    def __repr__(self) -> str:
+        return f"nl.{self._range!r}"
+
+
 def range(*args: int) -> Any:
     """Fully unrolled loop in program order (``affine_range``/``sequential_range``/``static_range`` alias it)."""
-    return builtins.range(*args)
+    return _LoopRange(builtins.range(*args))
 
 
 def affine_range(start: int, stop: int | None = None, step: int = 1) -> Any:
     """Deprecated alias of Python ``range`` (fully unrolled, program order), as in NKI 0.7."""
-    return builtins.range(start, stop, step) if stop is not None else builtins.range(start)
+    return _LoopRange(builtins.range(start, stop, step) if stop is not None else builtins.range(start))
 
 
 sequential_range = static_range = affine_range
@@ -635,14 +660,14 @@ def fori_loop(lower: Any, upper: Any, body_fun: Any, step: int = 1, unroll: bool
         if getattr(b, "dtype", None) == "int64":
             raise NkiValidationError(f"nl.fori_loop: {what} bound is an int64 scalar; loop bounds must be 32-bit")
     lo, hi = _scalar_arg(lower, "nl.fori_loop(lower)"), _scalar_arg(upper, "nl.fori_loop(upper)")
-    for i in builtins.range(lo, hi, step):
+    for i in _LoopRange(builtins.range(lo, hi, step)):
         body_fun(NkiScalar(i))
 
 
 def while_loop(init: Any, body_fun: Any) -> None:
     """``r = init; while r != 0: r = body_fun(r)`` with ``r`` a run-time scalar (checked before each pass)."""
     r = init
-    for _ in builtins.range(_MAX_WHILE):
+    for _ in _LoopRange(builtins.range(_MAX_WHILE)):
         if _scalar_arg(r, "nl.while_loop(condition)") == 0:
             return
         r = body_fun(r if isinstance(r, NkiScalar) else NkiScalar(_scalar_arg(r, "nl.while_loop")))
