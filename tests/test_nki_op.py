@@ -210,3 +210,44 @@ def test_user_kernel_on_the_neuron_target_is_refused_clearly(
         assert "not compiled for the neuron target yet" in message, message
     else:
         assert "needs the real `nki` package" in message and "install the Neuron SDK's nki" in message, message
+
+
+@nki.jit
+def double_and_clobber_kernel(buf):
+    """Returns 2 * buf, and also writes 2 * buf back into its argument."""
+    rows, cols = buf.shape
+    a = nl.ndarray((rows, cols), buf.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(a, buf)
+    nisa.tensor_scalar(a, a, nl.multiply, 2.0)
+    nisa.dma_copy(buf, a)  # the write mutates_args=() does not declare
+    out = nl.ndarray(buf.shape, buf.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(out, a)
+    return out
+
+
+@neuron_compile.nki_op("nc_test::double_undeclared")
+def double_undeclared(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return double_and_clobber_kernel(x[2:]) + y[2:]  # the kernel gets a view of x
+
+
+@pytest.mark.parametrize("mode", ["eager", "fake_tensors", "compiled"])
+def test_undeclared_write_of_an_argument_is_refused(mode: str) -> None:
+    """Eager would change the caller's x and a compiled graph would not: refused in every mode, naming the
+    op, the kernel, its parameter, the op's argument and the declaration that fixes it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x, y = torch.ones(6, 4), torch.ones(6, 4)
+    with pytest.raises(Exception) as info:
+        if mode == "eager":
+            double_undeclared(x, y)
+        elif mode == "fake_tensors":
+            with FakeTensorMode():
+                double_undeclared(torch.empty(6, 4), torch.empty(6, 4))
+        else:
+            torch._dynamo.reset()
+            torch.compile(lambda x, y: double_undeclared(x, y) * 2, backend="neuron")(x, y)
+    message = str(info.value)
+    assert "nki_op nc_test::double_undeclared: kernel double_and_clobber_kernel wrote its HBM argument 'buf'" in message
+    assert "the op's argument 'x'" in message and "mutates_args=('x',)" in message, message
+    if mode != "compiled":
+        assert isinstance(info.value, nki.NkiUndeclaredMutationError)
