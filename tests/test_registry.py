@@ -143,6 +143,17 @@ def test_refusal_reason_is_the_unsupported_error(test_op) -> None:
     assert "no lowering for this op" not in message, message
 
 
+def test_refusal_reason_beats_the_generic_complex_one() -> None:
+    """linalg_eig returns complex values and has no pair lowering; its own reason (not lowered at all, and
+    why) is what the user needs, not "no lowering for complex operands"."""
+    op = torch.ops.aten.linalg_eig.default
+    x = torch.randn(4, 4)
+    gm = make_fx(lambda x: op(x))(x)
+    with pytest.raises(NeuronUnsupportedOpError, match=re.escape(REFUSALS[op][:60])) as info:
+        lower_graph(gm, [x], "eig_test")
+    assert "no lowering for complex operands" not in str(info.value)
+
+
 def test_nonzero_refusal_reason_reaches_the_user() -> None:
     reason = REFUSALS[torch.ops.aten.nonzero.default]
     gm = make_fx(lambda x: (torch.ops.aten.nonzero.default(x),))(torch.tensor([0.0, 1.0, 2.0]))

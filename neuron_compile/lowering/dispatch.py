@@ -60,8 +60,9 @@ def resolve(node: torch.fx.Node, *, kernels: str = "reference") -> Dispatch:
     record = record_of(target)
     if is_complex_node(node):
         pair = record.complex_pair if record is not None else None
-        if pair is None:
-            return Dispatch(None, COMPLEX_REFUSAL, record=record)
+        if pair is None:  # an op refused whatever the dtype says why itself (linalg_eig: not lowered at all)
+            refusal = record.refusal if record is not None else None
+            return Dispatch(None, refusal or COMPLEX_REFUSAL, record=record)
         return Dispatch(on_plain_arrays(pair), record=record, on_pairs=True)
     lowering = lowering_for(target)
     if lowering is None and isinstance(target, OpOverload):
