@@ -97,12 +97,19 @@ def neuron_backend(
         inference_compiler=compiler("inference"),
         decompositions=decomposition_table(),
     )
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    from .compiler import SUBCLASS_INPUTS
+
+    subclass_inputs = SUBCLASS_INPUTS.set(any(is_traceable_wrapper_subclass(x) for x in example_inputs))
     try:
         storing = contextlib.nullcontext() if aot_cache_off else aot_cache.storing(gm, opts)
         with storing, _no_mkldnn_decompositions():
             return compile_with(gm, example_inputs)
     except DATA_DEPENDENT_ERRORS as e:
         raise data_dependent_error(gm, e) from e
+    finally:
+        SUBCLASS_INPUTS.reset(subclass_inputs)
 
 
 # Before any frame is traced: torch's wrong Autograd kernels replaced, Dynamo's splits of addcdiv & co. undone

@@ -6,6 +6,7 @@ cache store -> a boxed callable. Each step lives in its own module; this one onl
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import time
@@ -250,10 +251,19 @@ def compiled_graph(
     )
 
 
+#: Set by the backend while AOTAutograd compiles a Dynamo graph whose inputs include tensor subclasses
+#: (DTensor parameters): their inner tensors reach our graphs.
+SUBCLASS_INPUTS: contextvars.ContextVar[bool] = contextvars.ContextVar("neuron_subclass_inputs", default=False)
+
+
 def _unwrapped_subclass_inputs() -> bool:
-    """Whether AOTAutograd unwrapped tensor subclasses (DTensor) into this graph's inputs: an in-place update
-    bumps the wrapper's version counter, not the inner tensor's, so an unchanged version proves nothing there
-    (a backward, compiled maybe lazily without this context, gets the same caution: its inputs change anyway)."""
+    """Whether this graph's inputs include the inner tensors of tensor subclasses (DTensor): an in-place
+    update (an optimizer step) bumps the wrapper's version counter, not the inner tensor's, so an unchanged
+    version proves nothing there and such inputs are written every call. The Dynamo graph's inputs say it
+    (``SUBCLASS_INPUTS``, set by the backend); AOTAutograd's metadata too, when it unwrapped them itself (a
+    backward, compiled maybe lazily without either, gets the same caution: its inputs change anyway)."""
+    if SUBCLASS_INPUTS.get():
+        return True
     metadata = getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
     from torch._functorch._aot_autograd.schemas import SubclassCreationMeta
 

@@ -335,13 +335,42 @@ _RANK_SCRIPT = textwrap.dedent(
         return runs
 
 
+    def dtensor_tp():
+        # Megatron's MLP split over the 2 ranks (DTensor parameters, the all_reduce inside the compiled graphs):
+        # the compiled graphs take each parameter's local shard, which SGD updates in place between steps
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        mesh = init_device_mesh("cpu", (world,))
+        plan = {"up": ColwiseParallel(), "down": RowwiseParallel()}
+        torch.manual_seed(0)
+        base = torch.nn.Sequential()
+        base.up, base.act, base.down = torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 8)
+        torch.manual_seed(1)  # the same batches on every rank, as tensor parallelism has
+        batches = [torch.randn(4, 8) for _ in range(2)]
+        runs = {}
+        for name in ("compiled", "eager"):
+            m = parallelize_module(copy.deepcopy(base), mesh, plan)
+            f = torch.compile(m, backend="neuron", options=NEURON) if name == "compiled" else m
+            opt = torch.optim.SGD(m.parameters(), lr=0.1)
+            losses = []
+            for x in batches:
+                opt.zero_grad()
+                loss = f(x).square().mean()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            runs[name] = {"losses": losses, "params": [p.to_local().detach().flatten().tolist() for p in m.parameters()]}
+        return runs
+
+
     report = {"rank": rank, "cases": {}}
     for case in sys.argv[1:]:
         STATS.reset()
         torch._dynamo.reset()
         try:
-            if case == "training":
-                value = training()
+            if case in ("training", "dtensor_tp"):
+                value = training() if case == "training" else dtensor_tp()
             else:
                 if case == "all_reduce_in_graph":
                     fn = all_reduce_in_graph
@@ -437,6 +466,32 @@ def test_an_all_reduce_inside_the_graph_runs_on_two_ranks_through_nrt_load_colle
     # the ranks had different data: the all_reduce made their results equal
     assert (
         reports[0]["cases"]["all_reduce_in_graph"]["compiled"] == reports[1]["cases"]["all_reduce_in_graph"]["compiled"]
+    )
+
+
+def test_dtensor_tensor_parallel_training_on_two_ranks_on_the_neuron_target(tmp_path) -> None:
+    """An MLP split by DTensor tensor parallelism (column- then row-parallel) trains 2 SGD steps on 2 simulated
+    NeuronCores as in eager: the compiled graphs take the parameters' local shards, which the optimizer updates
+    in place between steps, so a shard the runtime wrongly kept resident on the device would show in the second
+    step's loss and in the parameters."""
+    reports = _run_two_ranks(tmp_path, "dtensor_tp")
+    for rank, report in enumerate(reports):
+        run = report["cases"]["dtensor_tp"]
+        torch.testing.assert_close(run["compiled"]["losses"], run["eager"]["losses"], rtol=1e-5, atol=1e-6)
+        for i, (a, b) in enumerate(zip(run["compiled"]["params"], run["eager"]["params"])):
+            torch.testing.assert_close(
+                torch.tensor(a),
+                torch.tensor(b),
+                rtol=1e-5,
+                atol=1e-6,
+                msg=lambda m: f"rank {rank}: parameter shard {i} after 2 steps: {m}",
+            )
+        assert run["graphs"] == ["backward", "forward"] and run["device_executions"] == 4, run
+        # the forward's all_reduce (row-parallel output); the input needs no gradient, so the backward has none
+        assert report["counters"]["collective_loads"] >= 1, report["counters"]
+    assert (
+        reports[0]["cases"]["dtensor_tp"]["compiled"]["losses"]
+        == reports[1]["cases"]["dtensor_tp"]["compiled"]["losses"]
     )
 
 
