@@ -314,25 +314,32 @@ _RANK_SCRIPT = textwrap.dedent(
             return (self.down(AllReduce.apply(self.up(x)).tanh()) - y).square().mean()
 
 
-    def training():
-        torch.manual_seed(0)  # the same weights on every rank, a batch of each rank's own
-        model = Net()
-        eager = copy.deepcopy(model)
-        torch.manual_seed(1 + rank)
-        batches = [(torch.randn(4, 8), torch.randn(4, 4)) for _ in range(2)]
+    def sgd_steps(model, loss_of, batches):
+        # SGD steps of a compiled copy of the model and of an eager one: losses, and each parameter (its local
+        # shard for a DTensor) after the steps
         runs = {}
-        for name, m, f in (("compiled", model, torch.compile(model, backend="neuron", options=NEURON)),
-                           ("eager", eager, eager)):
+        for name in ("compiled", "eager"):
+            m = copy.deepcopy(model)
+            f = torch.compile(m, backend="neuron", options=NEURON) if name == "compiled" else m
             opt = torch.optim.SGD(m.parameters(), lr=0.1)
             losses = []
-            for x, y in batches:
+            for batch in batches:
                 opt.zero_grad()
-                loss = f(x, y)
+                loss = loss_of(f, batch)
                 loss.backward()
                 opt.step()
                 losses.append(loss.item())
-            runs[name] = {"losses": losses, "params": [p.detach().flatten().tolist() for p in m.parameters()]}
+            params = [getattr(p, "to_local", p.detach)().detach().flatten().tolist() for p in m.parameters()]
+            runs[name] = {"losses": losses, "params": params}
         return runs
+
+
+    def training():
+        torch.manual_seed(0)  # the same weights on every rank, a batch of each rank's own
+        model = Net()
+        torch.manual_seed(1 + rank)
+        batches = [(torch.randn(4, 8), torch.randn(4, 4)) for _ in range(2)]
+        return sgd_steps(model, lambda f, batch: f(*batch), batches)
 
 
     def dtensor_tp():
@@ -342,26 +349,13 @@ _RANK_SCRIPT = textwrap.dedent(
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
         mesh = init_device_mesh("cpu", (world,))
-        plan = {"up": ColwiseParallel(), "down": RowwiseParallel()}
         torch.manual_seed(0)
         base = torch.nn.Sequential()
         base.up, base.act, base.down = torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 8)
+        model = parallelize_module(base, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
         torch.manual_seed(1)  # the same batches on every rank, as tensor parallelism has
         batches = [torch.randn(4, 8) for _ in range(2)]
-        runs = {}
-        for name in ("compiled", "eager"):
-            m = parallelize_module(copy.deepcopy(base), mesh, plan)
-            f = torch.compile(m, backend="neuron", options=NEURON) if name == "compiled" else m
-            opt = torch.optim.SGD(m.parameters(), lr=0.1)
-            losses = []
-            for x in batches:
-                opt.zero_grad()
-                loss = f(x).square().mean()
-                loss.backward()
-                opt.step()
-                losses.append(loss.item())
-            runs[name] = {"losses": losses, "params": [p.to_local().detach().flatten().tolist() for p in m.parameters()]}
-        return runs
+        return sgd_steps(model, lambda f, x: f(x).square().mean(), batches)
 
 
     report = {"rank": rank, "cases": {}}
@@ -434,6 +428,21 @@ def _run_two_ranks(tmp_path, *cases: str, timeout: float = 300) -> list[dict]:
     return reports
 
 
+def _assert_trained_as_eager(run: dict, rank: int) -> None:
+    """A rank's ``sgd_steps`` report: losses and parameters as eager's, from a forward and a backward graph run
+    twice each on the device."""
+    torch.testing.assert_close(run["compiled"]["losses"], run["eager"]["losses"], rtol=1e-5, atol=1e-6)
+    for i, (a, b) in enumerate(zip(run["compiled"]["params"], run["eager"]["params"])):
+        torch.testing.assert_close(
+            torch.tensor(a),
+            torch.tensor(b),
+            rtol=1e-5,
+            atol=1e-6,
+            msg=lambda m: f"rank {rank}: parameter {i} after 2 steps: {m}",
+        )
+    assert run["graphs"] == ["backward", "forward"] and run["device_executions"] == 4, run
+
+
 def test_an_all_reduce_inside_the_graph_runs_on_two_ranks_through_nrt_load_collectives(tmp_path) -> None:
     """Issue acceptance: a 2-rank run with an all_reduce inside the graph goes through nrt_load_collectives and
     matches eager, forward (``all_reduce(x * 2) + 1``) and a training step (an all_reduce in the forward graph
@@ -450,17 +459,7 @@ def test_an_all_reduce_inside_the_graph_runs_on_two_ranks_through_nrt_load_colle
             msg=lambda m: f"rank {rank}: all_reduce in the graph: {m}",
         )
         assert case["device_executions"] == 1 and case["graphs"] == ["inference"], case
-        train = report["cases"]["training"]
-        torch.testing.assert_close(train["compiled"]["losses"], train["eager"]["losses"], rtol=1e-5, atol=1e-6)
-        for i, (a, b) in enumerate(zip(train["compiled"]["params"], train["eager"]["params"])):
-            torch.testing.assert_close(
-                torch.tensor(a),
-                torch.tensor(b),
-                rtol=1e-5,
-                atol=1e-6,
-                msg=lambda m: f"rank {rank}: parameter {i} after 2 steps: {m}",
-            )
-        assert train["graphs"] == ["backward", "forward"] and train["device_executions"] == 4, train
+        _assert_trained_as_eager(report["cases"]["training"], rank)
         # the forward NEFF of the first case, the training's forward and backward NEFFs: all with collectives
         assert report["counters"]["collective_loads"] >= 3, report["counters"]
     # the ranks had different data: the all_reduce made their results equal
@@ -476,17 +475,7 @@ def test_dtensor_tensor_parallel_training_on_two_ranks_on_the_neuron_target(tmp_
     step's loss and in the parameters."""
     reports = _run_two_ranks(tmp_path, "dtensor_tp")
     for rank, report in enumerate(reports):
-        run = report["cases"]["dtensor_tp"]
-        torch.testing.assert_close(run["compiled"]["losses"], run["eager"]["losses"], rtol=1e-5, atol=1e-6)
-        for i, (a, b) in enumerate(zip(run["compiled"]["params"], run["eager"]["params"])):
-            torch.testing.assert_close(
-                torch.tensor(a),
-                torch.tensor(b),
-                rtol=1e-5,
-                atol=1e-6,
-                msg=lambda m: f"rank {rank}: parameter shard {i} after 2 steps: {m}",
-            )
-        assert run["graphs"] == ["backward", "forward"] and run["device_executions"] == 4, run
+        _assert_trained_as_eager(report["cases"]["dtensor_tp"], rank)
         # the forward's all_reduce (row-parallel output); the input needs no gradient, so the backward has none
         assert report["counters"]["collective_loads"] >= 1, report["counters"]
     assert (
