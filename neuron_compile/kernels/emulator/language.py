@@ -381,17 +381,21 @@ def _promote(ts: list[NkiTensor]) -> str:
     return builtins.max(floats, key=itemsize)
 
 
-def _reduce_wrapper(
-    op: MathOp, x: NkiTensor, axis: Any, dtype: Any = None, keepdims: bool = False, **_: Any
-) -> NkiTensor:
+def _reduced_shape(x: NkiTensor, axis: Any, keepdims: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The axes a reduction of ``x`` over ``axis`` removes, and its result's shape (at least 2-d: a tile)."""
     axes = tuple(a % x.ndim for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
     shape = (
         tuple(1 if i in axes else s for i, s in enumerate(x.shape))
         if keepdims
         else tuple(s for i, s in enumerate(x.shape) if i not in axes)
     )
-    if len(shape) < 2:
-        shape = tuple(shape) + (1,) * (2 - len(shape))
+    return axes, shape + (1,) * (2 - len(shape))
+
+
+def _reduce_wrapper(
+    op: MathOp, x: NkiTensor, axis: Any, dtype: Any = None, keepdims: bool = False, **_: Any
+) -> NkiTensor:
+    axes, shape = _reduced_shape(x, axis, keepdims)
     out = new_tensor(shape, dtype or x.dtype, sbuf, op.nki_name)
     red = {"sum": "add", "max": "maximum", "min": "minimum", "prod": "multiply", "mean": "add"}[op.nki_name]
     _isa.tensor_reduce(out, red, x, axis=axes, keepdims=keepdims)
@@ -519,14 +523,7 @@ def load_transpose2d(src: NkiTensor, dtype: Any = None) -> NkiTensor:
 def var(x: NkiTensor, axis: Any, dtype: Any = None, keepdims: bool = False) -> NkiTensor:
     """Population variance over free axes ``axis`` (bn_stats/bn_aggr on Vector)."""
     m = mean(x, axis, dtype="float32", keepdims=True)
-    axes = tuple(a % x.ndim for a in (axis if isinstance(axis, (tuple, list)) else (axis,)))
-    out_shape = (
-        tuple(1 if i in axes else s for i, s in enumerate(x.shape))
-        if keepdims
-        else tuple(s for i, s in enumerate(x.shape) if i not in axes)
-    )
-    if len(out_shape) < 2:
-        out_shape = tuple(out_shape) + (1,) * (2 - len(out_shape))
+    axes, out_shape = _reduced_shape(x, axis, keepdims)
     out = new_tensor(out_shape, dtype or x.dtype, sbuf, "var")
     run = current_run()
     run.count("vector", "tensor_tensor", x.partitions, x.free_size, x.itemsize, reads=(x, m), writes=(out,))
