@@ -46,11 +46,6 @@ REFUSAL = (
 )
 
 
-#: Registers a pair lowering in the overload's dispatch record (next to its real lowering: which one runs
-#: depends on the node's dtypes, ``dispatch.resolve``).
-register_complex_lowering = register_complex_pair
-
-
 def supported_complex_ops() -> list[str]:
     """Names of every aten overload with a pair lowering (complex operands), sorted."""
     return sorted(str(op) for op, record in RECORDS.items() if record.complex_pair is not None)
@@ -311,41 +306,41 @@ _BY_PARTS = [
     aten.reflection_pad2d_backward, aten.reflection_pad3d_backward, aten.replication_pad1d_backward,
     aten.replication_pad2d_backward, aten.replication_pad3d_backward,
 ]  # fmt: skip
-register_complex_lowering(*_BY_PARTS)(by_parts)
+register_complex_pair(*_BY_PARTS)(by_parts)
 
 
 # -- between complex and real -----------------------------------------------------------------------
-@register_complex_lowering(aten.view_as_complex)
+@register_complex_pair(aten.view_as_complex)
 def view_as_complex(x: Any) -> Pair:
     return Pair(x.astype(PAIR_ELEMENT))
 
 
-@register_complex_lowering(aten.view_as_real)
+@register_complex_pair(aten.view_as_real)
 def view_as_real(x: Pair) -> Any:
     return x.v
 
 
-@register_complex_lowering(aten.real)
+@register_complex_pair(aten.real)
 def real(x: Pair) -> Any:
     return x.re
 
 
-@register_complex_lowering(aten.imag)
+@register_complex_pair(aten.imag)
 def imag(x: Pair) -> Any:
     return x.im
 
 
-@register_complex_lowering(aten.complex)
+@register_complex_pair(aten.complex)
 def complex_(re: Any, im: Any) -> Pair:
     return pack(re, im)
 
 
-@register_complex_lowering(aten.polar)
+@register_complex_pair(aten.polar)
 def polar(r: Any, theta: Any) -> Pair:
     return pack(r * jnp.cos(theta), r * jnp.sin(theta))
 
 
-@register_complex_lowering(aten._to_copy)
+@register_complex_pair(aten._to_copy)
 def to_copy(x: Any, *, dtype: Any = None, **_: Any) -> Any:
     out = current().out
     if out.is_complex():
@@ -357,17 +352,17 @@ def to_copy(x: Any, *, dtype: Any = None, **_: Any) -> Any:
 
 
 # -- arithmetic ---------------------------------------------------------------------------------------
-@register_complex_lowering(aten.add.Tensor, aten.add.Scalar)
+@register_complex_pair(aten.add.Tensor, aten.add.Scalar)
 def add(a: Any, b: Any, *, alpha: Any = 1) -> Pair:
     return cadd(a, b, alpha)
 
 
-@register_complex_lowering(aten.sub.Tensor, aten.sub.Scalar)
+@register_complex_pair(aten.sub.Tensor, aten.sub.Scalar)
 def sub(a: Any, b: Any, *, alpha: Any = 1) -> Pair:
     return cadd(a, _negate(b), alpha)
 
 
-@register_complex_lowering(aten.rsub.Tensor, aten.rsub.Scalar)
+@register_complex_pair(aten.rsub.Tensor, aten.rsub.Scalar)
 def rsub(a: Any, b: Any, *, alpha: Any = 1) -> Pair:
     return cadd(b, _negate(a), alpha)
 
@@ -376,59 +371,59 @@ def _negate(x: Any) -> Any:
     return Pair(-x.v) if isinstance(x, Pair) else -x
 
 
-@register_complex_lowering(aten.mul.Tensor, aten.mul.Scalar)
+@register_complex_pair(aten.mul.Tensor, aten.mul.Scalar)
 def mul(a: Any, b: Any) -> Pair:
     return cmul(a, b)
 
 
-@register_complex_lowering(aten.div.Tensor, aten.div.Scalar)
+@register_complex_pair(aten.div.Tensor, aten.div.Scalar)
 def div(a: Any, b: Any) -> Pair:
     return cdiv(a, b)
 
 
-@register_complex_lowering(aten.addcmul)
+@register_complex_pair(aten.addcmul)
 def addcmul(a: Any, t1: Any, t2: Any, *, value: Any = 1) -> Pair:
     """``self + value * tensor1 * tensor2`` in eager's order (kept whole: decompositions.KEEP_WHOLE)."""
     return cadd(a, cmul(cmul(value, t1), t2))
 
 
-@register_complex_lowering(aten.addcdiv)
+@register_complex_pair(aten.addcdiv)
 def addcdiv(a: Any, t1: Any, t2: Any, *, value: Any = 1) -> Pair:
     """``self + value * tensor1 / tensor2`` in eager's order (kept whole: decompositions.KEEP_WHOLE)."""
     return cadd(a, cdiv(cmul(value, t1), t2))
 
 
-@register_complex_lowering(aten.reciprocal)
+@register_complex_pair(aten.reciprocal)
 def reciprocal(a: Pair) -> Pair:
     return cdiv(1.0, a)
 
 
-@register_complex_lowering(aten.neg)
+@register_complex_pair(aten.neg)
 def neg(a: Pair) -> Pair:
     return Pair(-as_pair(a).v)
 
 
-@register_complex_lowering(aten.conj, aten._conj, aten.conj_physical, aten._conj_physical)
+@register_complex_pair(aten.conj, aten._conj, aten.conj_physical, aten._conj_physical)
 def conj_(a: Pair) -> Pair:
     return conj(as_pair(a))  # a Python complex too: AOTAutograd's backward of z * (1+1j) conjugates the scalar
 
 
-@register_complex_lowering(aten.resolve_conj, aten.resolve_neg)
+@register_complex_pair(aten.resolve_conj, aten.resolve_neg)
 def resolve(a: Pair) -> Pair:
     return as_pair(a)  # _conj/_neg_view are computed, not lazy bits: nothing left to resolve
 
 
-@register_complex_lowering(aten.exp)
+@register_complex_pair(aten.exp)
 def exp(a: Pair) -> Pair:
     return cexp(a)
 
 
-@register_complex_lowering(aten.log)
+@register_complex_pair(aten.log)
 def log(a: Pair) -> Pair:
     return pack(jnp.log(cabs(a)), angle(a))
 
 
-@register_complex_lowering(aten.pow.Tensor_Scalar)
+@register_complex_pair(aten.pow.Tensor_Scalar)
 def pow_scalar(a: Pair, exponent: Any) -> Pair:
     if not (isinstance(exponent, (int, float)) and float(exponent) in (1.0, 2.0, 3.0, 4.0)):
         raise Unsupported(f"complex pow with exponent {exponent!r}: only the integer exponents 1..4 are lowered")
@@ -438,12 +433,12 @@ def pow_scalar(a: Pair, exponent: Any) -> Pair:
     return result
 
 
-@register_complex_lowering(aten.abs)
+@register_complex_pair(aten.abs)
 def abs_(a: Pair) -> Any:
     return cabs(a)
 
 
-@register_complex_lowering(aten.angle)
+@register_complex_pair(aten.angle)
 def angle_(a: Pair) -> Any:
     return angle(a)
 
@@ -456,36 +451,36 @@ def angle_of_real(x: Any) -> Any:
     return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, pi, jnp.zeros_like(x)))
 
 
-@register_complex_lowering(aten.sgn)
+@register_complex_pair(aten.sgn)
 def sgn_(a: Pair) -> Pair:
     return sgn(a)
 
 
-@register_complex_lowering(aten.eq.Tensor, aten.eq.Scalar, aten.ne.Tensor, aten.ne.Scalar)
+@register_complex_pair(aten.eq.Tensor, aten.eq.Scalar, aten.ne.Tensor, aten.ne.Scalar)
 def equal(a: Any, b: Any) -> Any:
     a, b = as_pair(a), as_pair(b)
     same = (a.re == b.re) & (a.im == b.im)
     return same if current().node.target in (aten.eq.Tensor, aten.eq.Scalar) else ~same
 
 
-@register_complex_lowering(aten.isnan)
+@register_complex_pair(aten.isnan)
 def isnan(a: Pair) -> Any:
     return jnp.isnan(a.re) | jnp.isnan(a.im)
 
 
 # -- matmul -------------------------------------------------------------------------------------------
-@register_complex_lowering(aten.mm, aten.bmm)
+@register_complex_pair(aten.mm, aten.bmm)
 def mm(a: Pair, b: Pair) -> Pair:
     batch = ((0,), (0,)) if a.ndim == 3 else ((), ())
     return cmatmul(as_pair(a), as_pair(b), (((a.ndim - 1,), (b.ndim - 2,)), batch))
 
 
-@register_complex_lowering(aten.addmm)
+@register_complex_pair(aten.addmm)
 def addmm(bias: Any, a: Pair, b: Pair, *, beta: Any = 1, alpha: Any = 1) -> Pair:
     return cadd(cmul(bias, beta), cmul(mm(a, b), alpha))
 
 
-@register_complex_lowering(aten.dot)
+@register_complex_pair(aten.dot)
 def dot(a: Pair, b: Pair) -> Pair:
     return cmatmul(as_pair(a), as_pair(b), (((0,), (0,)), ((), ())))
 
@@ -496,18 +491,18 @@ def _filled(shape: tuple[int, ...], value: Any) -> Pair:
     return Pair(jnp.broadcast_to(v.v, tuple(shape) + (2,)))
 
 
-@register_complex_lowering(aten.full.default, aten.full_like, aten.new_full)
+@register_complex_pair(aten.full.default, aten.full_like, aten.new_full)
 def full(*args: Any, **kwargs: Any) -> Pair:
     fill = args[-1] if current().node.target is not aten.full_like.default else args[1]
     return _filled(tuple(current().out.shape), fill)
 
 
-@register_complex_lowering(aten.scalar_tensor)
+@register_complex_pair(aten.scalar_tensor)
 def scalar_tensor(value: Any, **_: Any) -> Pair:
     return _filled((), value)
 
 
-@register_complex_lowering(
+@register_complex_pair(
     aten.zeros.default,
     aten.zeros_like,
     aten.new_zeros,
@@ -520,22 +515,22 @@ def zeros(*_: Any, **__: Any) -> Pair:
     return _filled(tuple(current().out.shape), 0.0)
 
 
-@register_complex_lowering(aten.new_empty_strided, aten.empty_permuted)
+@register_complex_pair(aten.new_empty_strided, aten.empty_permuted)
 def empty_strided(*_: Any, **__: Any) -> Pair:
     return _filled(tuple(current().out.shape), 0.0)  # undefined values in eager: zeros here
 
 
-@register_complex_lowering(aten.ones.default, aten.ones_like, aten.new_ones)
+@register_complex_pair(aten.ones.default, aten.ones_like, aten.new_ones)
 def ones(*_: Any, **__: Any) -> Pair:
     return _filled(tuple(current().out.shape), 1.0)
 
 
-@register_complex_lowering(aten.fill.Scalar)
+@register_complex_pair(aten.fill.Scalar)
 def fill(x: Pair, value: Any) -> Pair:
     return _filled(x.shape, value)
 
 
-@register_complex_lowering(aten.where.ScalarOther, aten.where.ScalarSelf, aten.where.Scalar)
+@register_complex_pair(aten.where.ScalarOther, aten.where.ScalarSelf, aten.where.Scalar)
 def where_scalar(cond: Any, a: Any, b: Any) -> Pair:
     a, b = as_pair(a), as_pair(b)
     shape = np.broadcast_shapes(tuple(cond.shape), a.shape, b.shape)
@@ -543,12 +538,12 @@ def where_scalar(cond: Any, a: Any, b: Any) -> Pair:
     return Pair(jnp.where(c, jnp.broadcast_to(a.v, c.shape), jnp.broadcast_to(b.v, c.shape)))
 
 
-@register_complex_lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+@register_complex_pair(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
 def masked_fill(x: Any, mask: Any, value: Any) -> Pair:
     return where_scalar(mask, value, x)
 
 
-@register_complex_lowering(aten.constant_pad_nd)
+@register_complex_pair(aten.constant_pad_nd)
 def constant_pad_nd(x: Pair, pad: list[int], value: Any = 0) -> Pair:
     v = as_pair(value)
     config = [(0, 0, 0)] * x.ndim
@@ -571,37 +566,37 @@ def csqrt(a: Pair) -> Pair:
     return pack(re, im)
 
 
-@register_complex_lowering(aten.sqrt)
+@register_complex_pair(aten.sqrt)
 def sqrt(a: Pair) -> Pair:
     return csqrt(a)
 
 
-@register_complex_lowering(aten.rsqrt)
+@register_complex_pair(aten.rsqrt)
 def rsqrt(a: Pair) -> Pair:
     return cdiv(1.0, csqrt(a))
 
 
-@register_complex_lowering(aten.sin)
+@register_complex_pair(aten.sin)
 def sin(a: Pair) -> Pair:
     return pack(jnp.sin(a.re) * jnp.cosh(a.im), jnp.cos(a.re) * jnp.sinh(a.im))
 
 
-@register_complex_lowering(aten.cos)
+@register_complex_pair(aten.cos)
 def cos(a: Pair) -> Pair:
     return pack(jnp.cos(a.re) * jnp.cosh(a.im), -jnp.sin(a.re) * jnp.sinh(a.im))
 
 
-@register_complex_lowering(aten.sinh)
+@register_complex_pair(aten.sinh)
 def sinh(a: Pair) -> Pair:
     return pack(jnp.sinh(a.re) * jnp.cos(a.im), jnp.cosh(a.re) * jnp.sin(a.im))
 
 
-@register_complex_lowering(aten.cosh)
+@register_complex_pair(aten.cosh)
 def cosh(a: Pair) -> Pair:
     return pack(jnp.cosh(a.re) * jnp.cos(a.im), jnp.sinh(a.re) * jnp.sin(a.im))
 
 
-@register_complex_lowering(aten.tanh)
+@register_complex_pair(aten.tanh)
 def tanh(a: Pair) -> Pair:
     # tanh(x + iy) = (sinh 2x + i sin 2y) / (cosh 2x + cos 2y), written with t = tanh x so that large |x|
     # gives +-1 instead of inf / inf: re = t (1 + tan^2 y) / (1 + t^2 tan^2 y), im = tan y (1 - t^2) / (...)
@@ -610,7 +605,7 @@ def tanh(a: Pair) -> Pair:
     return pack(t * (1 + u * u) / d, u * (1 - t * t) / d)
 
 
-@register_complex_lowering(aten.sigmoid)
+@register_complex_pair(aten.sigmoid)
 def sigmoid(a: Pair) -> Pair:
     return cdiv(1.0, cadd(1.0, cexp(Pair(-a.v))))
 
@@ -623,7 +618,7 @@ def _nonzero(x: Any) -> Any:
     return x
 
 
-@register_complex_lowering(
+@register_complex_pair(
     aten.logical_not,
     aten.logical_and,
     aten.logical_or,
@@ -640,17 +635,17 @@ def truthiness(*args: Any, **kwargs: Any) -> Any:
     return LOWERINGS[current().node.target](*(_nonzero(a) for a in args), **kwargs)
 
 
-@register_complex_lowering(aten.isinf)
+@register_complex_pair(aten.isinf)
 def isinf(a: Pair) -> Any:
     return jnp.isinf(a.re) | jnp.isinf(a.im)
 
 
-@register_complex_lowering(aten.isfinite)
+@register_complex_pair(aten.isfinite)
 def isfinite(a: Pair) -> Any:
     return jnp.isfinite(a.re) & jnp.isfinite(a.im)
 
 
-@register_complex_lowering(aten.linalg_vector_norm)
+@register_complex_pair(aten.linalg_vector_norm)
 def linalg_vector_norm(x: Pair, ord: Any = 2, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Any:
     """A norm of complex values is the norm of their magnitudes (a real result)."""
     a = cabs(x)
@@ -663,14 +658,14 @@ def linalg_vector_norm(x: Pair, ord: Any = 2, dim: Any = None, keepdim: bool = F
     return out.astype(jax_dtype(current().out.dtype))
 
 
-@register_complex_lowering(aten.var.correction)
+@register_complex_pair(aten.var.correction)
 def var(x: Pair, *args: Any, **kwargs: Any) -> Any:
     """var(z) = E|z - E z|^2 = var(re) + var(im), each with the same correction (a real result)."""
     real = LOWERINGS[aten.var.correction]
     return real(x.re, *args, **kwargs) + real(x.im, *args, **kwargs)
 
 
-@register_complex_lowering(aten.var_mean.correction)
+@register_complex_pair(aten.var_mean.correction)
 def var_mean(x: Pair, *args: Any, **kwargs: Any) -> tuple[Any, Pair]:
     real = LOWERINGS[aten.var_mean.correction]
     ctx = current()

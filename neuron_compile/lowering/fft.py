@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from .complex_pairs import PAIR_ELEMENT, Pair, as_pair, cmul, conj, register_complex_lowering
-from .registry import register_lowering
+from .complex_pairs import PAIR_ELEMENT, Pair, as_pair, cmul, conj
+from .registry import register_complex_pair, register_lowering
 from .semantics import canonical_dim
 
 aten = torch.ops.aten
@@ -170,7 +170,7 @@ def _dims(dim: list[int], ndim: int) -> list[int]:
     return [canonical_dim(d, ndim) for d in dim]
 
 
-@register_complex_lowering(aten._fft_c2c)
+@register_complex_pair(aten._fft_c2c)
 def fft_c2c(x: Pair, dim: list[int], normalization: int, forward: bool) -> Pair:
     x = as_pair(x)
     for d in _dims(dim, x.ndim):
@@ -178,7 +178,7 @@ def fft_c2c(x: Pair, dim: list[int], normalization: int, forward: bool) -> Pair:
     return x
 
 
-@register_complex_lowering(aten._fft_r2c)
+@register_complex_pair(aten._fft_r2c)
 def fft_r2c(x: Any, dim: list[int], normalization: int, onesided: bool) -> Pair:
     dims = _dims(dim, x.ndim)
     *rest, last = dims
@@ -188,7 +188,7 @@ def fft_r2c(x: Any, dim: list[int], normalization: int, onesided: bool) -> Pair:
     return out
 
 
-@register_complex_lowering(aten._fft_c2r)
+@register_complex_pair(aten._fft_c2r)
 def fft_c2r(x: Pair, dim: list[int], normalization: int, last_dim_size: int) -> Any:
     dims = _dims(dim, x.ndim)
     *rest, last = dims

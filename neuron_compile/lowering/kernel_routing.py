@@ -54,10 +54,6 @@ KERNEL_CALL_TARGET = "AwsNeuronCustomNativeKernel"
 #: Name prefix of the private function holding a kernel site's reference on the neuron target without nki.
 REFERENCE_ON_NEURON_PREFIX = "nki_reference_"
 
-#: Registers an aten overload's NKI kernel site in its dispatch record: it takes the node's (jax) arguments
-#: and returns its result, or None when the kernel does not fit this node (then the lowering runs).
-route = register_kernel_route
-
 
 # ---- kernel sites -----------------------------------------------------------------------------------
 def _to_host(x: Any) -> np.ndarray:
@@ -147,7 +143,7 @@ def _same_dtype(x: Any, torch_dtype: torch.dtype) -> bool:
 
 
 # ---- the table --------------------------------------------------------------------------------------
-@route(aten.mm.default, "matmul")
+@register_kernel_route(aten.mm.default, "matmul")
 def mm(a: Any, b: Any) -> Any:
     if not (_same_dtype(a, _out_torch_dtype()) and KERNELS["matmul"].fits(a, b)):
         return None
@@ -178,7 +174,7 @@ def _matmul_lhs_written_out(a: Any, b: Any) -> Any:
     return KERNELS["matmul"].reference(jax.lax.optimization_barrier(a), b)
 
 
-@route(aten.addmm.default, "matmul")
+@register_kernel_route(aten.addmm.default, "matmul")
 def addmm(bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
     # float32 only: eager adds the bias to the fp32 accumulator and rounds once, while the kernel rounds
     # its product to bf16/fp16 before the add could happen: routed, a bf16 addmm would round twice.
@@ -189,7 +185,7 @@ def addmm(bias: Any, a: Any, b: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
     return kernel_site("matmul", a, b) + bias
 
 
-@route(aten._softmax.default, "softmax")
+@register_kernel_route(aten._softmax.default, "softmax")
 def softmax(x: Any, dim: int, half_to_float: bool) -> Any:
     last_dim = x.ndim > 0 and canonical_dim(dim, x.ndim) == x.ndim - 1
     if half_to_float or not last_dim or not KERNELS["softmax"].fits(_rows(x)):
@@ -197,7 +193,7 @@ def softmax(x: Any, dim: int, half_to_float: bool) -> Any:
     return jnp.reshape(kernel_site("softmax", _rows(x)), x.shape)
 
 
-@route(aten._softmax_backward_data.default, "softmax_bwd")
+@register_kernel_route(aten._softmax_backward_data.default, "softmax_bwd")
 def softmax_backward(grad: Any, output: Any, dim: int, input_dtype: torch.dtype) -> Any:
     if grad.ndim == 0 or canonical_dim(dim, grad.ndim) != grad.ndim - 1 or grad.dtype != output.dtype:
         return None
@@ -206,7 +202,7 @@ def softmax_backward(grad: Any, output: Any, dim: int, input_dtype: torch.dtype)
     return jnp.reshape(kernel_site("softmax_bwd", _rows(output), _rows(grad)), grad.shape)
 
 
-@route(aten.native_layer_norm.default, "layer_norm")
+@register_kernel_route(aten.native_layer_norm.default, "layer_norm")
 def native_layer_norm(x: Any, normalized_shape: list[int], weight: Any, bias: Any, eps: float) -> Any:
     if len(normalized_shape) != 1 or weight is None or bias is None or x.ndim < 2:
         return None

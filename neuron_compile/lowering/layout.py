@@ -95,9 +95,6 @@ def _physical_dim(dim: int, ndim: int) -> int:
 #: handler(lowering, args, kwargs): the result (channels-last where it can be), or None to decline (the op
 #: then gets every argument in torch's layout).
 Handler = LayoutHandler
-#: Registers a channels-last handler in the op's dispatch record; ``source=True``: the op makes a
-#: channels-last value from plain arguments (the others only keep one).
-_handles = register_layout_handler
 
 
 def handler_for(
@@ -133,12 +130,12 @@ def _elementwise(lowering: Callable[..., Any], args: tuple, kwargs: dict) -> Any
     return ChannelsLast(result) if is_array(result) and result.ndim == rank else None
 
 
-@_handles(aten.alias.default, aten.clone.default, aten.detach.default, aten.detach_copy.default)
+@register_layout_handler(aten.alias.default, aten.clone.default, aten.detach.default, aten.detach_copy.default)
 def _same(lowering: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     return args[0]  # values are immutable here: a copy or an alias is the value itself
 
 
-@_handles(aten.sum.dim_IntList, aten.mean.dim)
+@register_layout_handler(aten.sum.dim_IntList, aten.mean.dim)
 def _reduce(lowering: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     x, dims, *rest = args
     if not isinstance(x, ChannelsLast) or dims is None or len(dims) == 0:
@@ -154,7 +151,7 @@ def _reduce(lowering: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     return jnp.transpose(result, tuple(int(i) for i in np.argsort(order))) if order != sorted(order) else result
 
 
-@_handles(aten.convolution.default, source=True)
+@register_layout_handler(aten.convolution.default, source=True)
 def _convolution(lowering: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     x, transposed = args[0], args[6]
     if x.ndim not in _RANKS or transposed or kwargs:
@@ -163,7 +160,7 @@ def _convolution(lowering: Callable[..., Any], args: tuple, kwargs: dict) -> Any
     return ChannelsLast(lowering(_to_channels_last(x), *materialize(args[1:]), channels_last=True))
 
 
-@_handles(aten.convolution_backward.default)
+@register_layout_handler(aten.convolution_backward.default)
 def _convolution_backward(lowering: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     grad_out, x, *rest = args
     if grad_out.ndim not in _RANKS or kwargs:
@@ -174,7 +171,7 @@ def _convolution_backward(lowering: Callable[..., Any], args: tuple, kwargs: dic
     return (None if grad_input is None else ChannelsLast(grad_input)), grad_weight, grad_bias
 
 
-@_handles(
+@register_layout_handler(
     aten._native_batch_norm_legit_functional.default,
     aten._native_batch_norm_legit_no_training.default,
     aten._native_batch_norm_legit.no_stats,

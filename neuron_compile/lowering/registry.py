@@ -259,7 +259,9 @@ def register_complex_pair(*ops: OpOverload | OpOverloadPacket) -> Callable[[Lowe
 
 
 def register_kernel_route(op: OpOverload, *kernels: str) -> Callable[[LoweringFn], LoweringFn]:
-    """Register ``fn`` as the NKI kernel site of ``op`` (``kernel_routing.py``), calling ``kernels``."""
+    """Register ``fn`` as the NKI kernel site of ``op`` (``kernel_routing.py``), calling ``kernels``: it takes
+    the node's (jax) arguments and returns its result, or None when the kernel does not fit this node (then the
+    lowering runs)."""
 
     def decorate(fn: LoweringFn) -> LoweringFn:
         _register(op, "kernel_route", fn).kernels = kernels
