@@ -67,21 +67,25 @@ def _remote(args: argparse.Namespace):  # -> RemoteStore, or None without --url 
     if not args.url:
         return None
     if "://" not in args.url:
+        from .cache.redact import redact
+
         raise SystemExit(
-            f"neuron-compile: --url {args.url!r} is not a URL (e.g. s3://bucket/prefix); --dir takes a directory"
+            f"neuron-compile: --url {redact(repr(args.url), [args.url])} is not a URL (e.g. s3://bucket/prefix); "
+            "--dir takes a directory"
         )
     from .cache.remote import RemoteStore, hmac_key_from_env
 
     return RemoteStore(args.url, hmac_key=hmac_key_from_env())
 
 
-def _remote_call(fn):
+def _remote_call(fn, url: str):
+    from .cache.redact import redact
     from .cache.remote import RemoteUnavailable
 
     try:
         return fn()
     except (RemoteUnavailable, OSError) as e:  # e.g. a filesystem that cannot be set up; denied on prune
-        why = " ".join(str(e).split()) or type(e).__name__  # one line, whatever the backend's message
+        why = " ".join(redact(e, [url]).split()) or type(e).__name__  # one line, whatever the backend's message
         raise SystemExit(f"neuron-compile: the remote cache is not usable: {why}") from None
 
 
@@ -116,7 +120,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     remote = _remote(args)
     if remote is not None:
-        entries = sorted(_remote_call(remote.entries), key=lambda e: e.modified, reverse=True)
+        entries = sorted(_remote_call(remote.entries, args.url), key=lambda e: e.modified, reverse=True)
         now = time.time()
         print(f"{remote.url}: {len(entries)} entries, {human_size(sum(e.size for e in entries))}")
         for r in entries:
@@ -209,7 +213,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
         print(f"last update:   {human_age(time.time() - s['updated'])}")
     remote = _remote(args)
     if remote is not None:
-        entries = _remote_call(remote.entries)
+        entries = _remote_call(remote.entries, args.url)
         print(f"remote cache:  {remote.url}: {len(entries)} entries, {human_size(sum(e.size for e in entries))}")
     return 0
 
@@ -233,7 +237,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     if remote is not None:
         if args.max_size is not None or args.older_than is None:
             raise SystemExit("neuron-compile: with --url, prune by age only (--older-than AGE)")
-        removed, objects = _remote_call(lambda: remote.prune(args.older_than))
+        removed, objects = _remote_call(lambda: remote.prune(args.older_than), args.url)
         print(f"removed {len(removed)} entries ({objects} objects, abandoned uploads included) from {remote.url}")
         return 0
     store = _store(args)
@@ -313,8 +317,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 DOCTOR_EPILOG = """\
 exit status:
   0  the Neuron compiler and runtime were found and every smoke test passed (or --skip-smoke)
-  1  they were found but do not work: a smoke test failed (the runtime's start included), or the runtime
-     library does not answer
+  1  they were found but do not work: a smoke test failed (the runtime's start included), the runtime
+     library does not answer, or NEURON_RT_VISIBLE_CORES names cores the runtime refuses; or --require-remote
+     and the remote cache is not configured or not reachable
   2  neuronx-cc and/or libnrt.so.1 were not found on this machine (it says which and how to install them;
      the smoke test is skipped, versions and the cache are still reported)
 
@@ -339,13 +344,16 @@ def add_doctor_command(sub: "argparse._SubParsersAction[argparse.ArgumentParser]
     )
     doc.add_argument("--skip-smoke", action="store_true", help="do not compile and run the smoke-test graphs")
     doc.add_argument("--bundle", metavar="FILE.tar.gz", help="also write a tarball of what a bug report needs")
+    doc.add_argument("--require-remote", action="store_true",
+                     help="the remote cache (NEURON_COMPILE_CACHE_URL) must be configured and reachable, else exit 1 "
+                     "(hosts that rely on precompiled entries); without it an unreachable one is a note")  # fmt: skip
     doc.set_defaults(fn=cmd_doctor)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from .doctor import main as doctor
 
-    return doctor(skip_smoke=args.skip_smoke, bundle=args.bundle)
+    return doctor(skip_smoke=args.skip_smoke, bundle=args.bundle, require_remote=args.require_remote)
 
 
 def add_cache_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:

@@ -7,9 +7,11 @@ is configured), then a smoke test: a few tiny graphs compiled for the neuron tar
 whose results are compared. ``--bundle FILE.tar.gz`` also writes what a bug report needs (see ``write_bundle``).
 
 Exit status (``main``): 0 the Neuron stack is here and works (every smoke test passed); 1 it is here but does
-not work (a smoke test failed, the runtime's start included, or the runtime library does not answer); 2 the
-Neuron compiler and/or runtime are not found on this machine (the smoke test is skipped; versions and cache are
-still reported).
+not work (a smoke test failed, the runtime's start included, the runtime library does not answer, or the core
+settings are ones the runtime refuses), or ``require_remote`` (``--require-remote``) and the remote cache is
+not configured or not reachable; 2 the Neuron compiler and/or runtime are not found on this machine (the smoke
+test is skipped; versions and cache are still reported). An unreachable remote cache that is not required is
+a note of the verdict: compiles work, they only share nothing.
 
 Docs: docs/doctor.md.
 """
@@ -39,9 +41,10 @@ from typing import Any, Callable, TextIO
 
 import torch
 
+from .cache.redact import redact, redact_url
 from .errors import NeuronCompileError
-from .options import Options, human_size, neuron_toolchain
-from .runtime import libnrt
+from .options import Options, from_env, human_size, neuron_toolchain
+from .runtime import libnrt, visible_cores
 from .runtime.neuron import COMPILER_RUNS, CompilerRun, compiler_version
 from .stats import STATS
 from .version import __version__
@@ -59,7 +62,6 @@ ENV_PREFIXES = ("NEURON", "XLA_", "JAX_", "TORCH")
 ENV_NAMES = ("PATH", "LD_LIBRARY_PATH", "LOCAL_RANK", "WORLD_SIZE")
 #: A variable whose name contains one of these has its value replaced (e.g. NEURON_COMPILE_CACHE_HMAC_KEY).
 _SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
-_URL_USERINFO = re.compile(r"(//)[^/@\s]+@")
 #: debug.process_dir's folder, one per process: left out of the bundle's paths.
 _PROCESS_DIR = re.compile(r"/neuron_compile_[0-9]{8}-[0-9]{6}_pid[0-9]+/")
 
@@ -105,11 +107,6 @@ class Report:
     def text(self) -> str:
         """Everything printed so far."""
         return "\n".join(self.lines) + "\n"
-
-
-def redact_url(url: str) -> str:
-    """``url`` without the user:password part a URL may carry (``s3://user:pw@host/x`` -> ``s3://<redacted>@host/x``)."""
-    return _URL_USERINFO.sub(r"\1<redacted>@", url)
 
 
 def _first_line(text: str) -> str:
@@ -223,6 +220,7 @@ class Findings:
     problems: list[str] = field(default_factory=list)  # the stack is here but something does not work
     notes: list[str] = field(default_factory=list)  # worth knowing, does not change the status
     auto_target: str = "cpu"  # what the target "auto" resolves to here
+    remote_down: str = ""  # why the configured remote cache is not usable ("" when it is, or none is set)
 
 
 def _user_options(report: Report, findings: Findings) -> Options | None:
@@ -273,6 +271,13 @@ def check_cores(report: Report, findings: Findings, opts: Options | None) -> Non
     report.section("NeuronCores")
     for name in ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES"):
         report.row(name, os.environ.get(name, "").strip() or "(unset: every core of the instance)")
+    visible_value = os.environ.get(visible_cores.ENV, "").strip()
+    try:
+        visible_cores.from_environment()
+        refused = False
+    except visible_cores.VisibleCoresError as e:
+        refused = True
+        findings.problems.append(str(e).removeprefix("neuron runtime: "))
     local_rank = os.environ.get("LOCAL_RANK", "").strip()
     if local_rank:
         report.row("LOCAL_RANK", f"{local_rank} (torchrun: without NEURON_RT_VISIBLE_CORES this rank takes core "
@@ -291,13 +296,29 @@ def check_cores(report: Report, findings: Findings, opts: Options | None) -> Non
     if library is None:
         report.row("visible / total", "not read: libnrt.so.1 not found")
         return
+    if refused:
+        report.row("visible / total", f"not read: the runtime refuses {visible_cores.ENV}={visible_value!r} (see the "
+                   "verdict)")  # fmt: skip
+        return
     info = _runtime_info(library)
+    if isinstance(info, str) and visible_value:
+        # the runtime counts nothing while NEURON_RT_VISIBLE_CORES names cores it does not have: its total
+        # without the variable says whether that is why
+        total = _total_cores_without_visible(library)
+        why = visible_cores.check_total(visible_value, total, _runtime_lnc()) if total is not None else None
+        if why is not None:
+            report.row("visible / total", f"not read: {why}")
+            findings.problems.append(why)
+            return
     if isinstance(info, str):
         report.row("visible / total", f"ERROR: {info}")
         findings.problems.append(f"the Neuron runtime library does not answer: {info}")
         return
     visible, total = info["visible_cores"], info["total_cores"]
     report.row("visible / total", f"{visible} of {total} logical NeuronCores")
+    beyond = visible_cores.check_total(visible_value, total, _runtime_lnc()) if visible_value else None
+    if beyond is not None:  # a runtime that counts anyway would fail at nrt_init
+        findings.problems.append(beyond)
     if visible == 0:
         findings.problems.append(
             "the runtime sees no NeuronCore: check NEURON_RT_VISIBLE_CORES and that no other process holds the "
@@ -311,7 +332,28 @@ def check_cores(report: Report, findings: Findings, opts: Options | None) -> Non
         )
 
 
-def check_cache(report: Report, findings: Findings, opts: Options | None) -> None:
+def _runtime_lnc() -> int | str:
+    """The logical-core size the runtime runs with (its environment, as the option ``lnc`` reads it)."""
+    try:
+        return from_env("lnc")
+    except NeuronCompileError:
+        return os.environ.get("NEURON_LOGICAL_NC_CONFIG", "?")
+
+
+def _total_cores_without_visible(library: str) -> int | None:
+    """The runtime's total logical NeuronCores counted with NEURON_RT_VISIBLE_CORES unset for the call (the
+    doctor is single-threaded here, and restores it); None when it does not answer that way either."""
+    saved = os.environ.pop(visible_cores.ENV, None)
+    try:
+        return libnrt.library_info(library)["total_cores"]
+    except NeuronCompileError:
+        return None
+    finally:
+        if saved is not None:
+            os.environ[visible_cores.ENV] = saved
+
+
+def check_cache(report: Report, findings: Findings, opts: Options | None, require_remote: bool = False) -> None:
     """The "Compile cache" section: the directory the cache uses (exists, writable, trusted, entries, size)
     and the remote cache if ``cache_url`` is set (reachable, with a listing under a short deadline)."""
     from .cache.paths import ENV_DIR, resolve_cache_dir
@@ -352,25 +394,45 @@ def check_cache(report: Report, findings: Findings, opts: Options | None) -> Non
             findings.notes.append(
                 f"the cache directory {root} cannot be created: set {ENV_DIR} to a directory of yours"
             )
-    check_remote(report, opts)
+    check_remote(report, opts, findings, require_remote)
 
 
-def check_remote(report: Report, opts: Options | None) -> None:
-    """The remote cache row(s): not configured, or reachable with its entry count, or the error."""
+def check_remote(
+    report: Report, opts: Options | None, findings: Findings | None = None, required: bool = False
+) -> None:
+    """The remote cache row(s): not configured, or reachable with its entry count, or the error. Unreachable
+    is a note of the verdict, or with ``required`` (``--require-remote``) a problem, as is none configured."""
+    findings = findings if findings is not None else Findings()
     url = opts.cache_url if opts is not None else None
     if not url:
         report.row("remote cache", "not configured (option cache_url / NEURON_COMPILE_CACHE_URL)")
+        if required:
+            findings.problems.append(
+                "--require-remote, but no remote cache is configured: set NEURON_COMPILE_CACHE_URL (option cache_url)"
+            )
         return
     from .cache.remote import RemoteStore, RemoteUnavailable, hmac_key_from_env
 
     signed = "signed (NEURON_COMPILE_CACHE_HMAC_KEY set)" if hmac_key_from_env() else "unsigned"
-    report.row("remote cache", f"{redact_url(url)} ({signed})")
+    shown = redact_url(url)
+    report.row("remote cache", f"{shown} ({signed})")
     t0 = time.perf_counter()
     try:
         count, size = RemoteStore(url, timeout=REMOTE_TIMEOUT, hmac_key=hmac_key_from_env()).usage()
     except (RemoteUnavailable, OSError) as e:
-        report.row("reachable", f"NO ({time.perf_counter() - t0:.1f}s): {redact_url(str(e))}. "
+        why = " ".join(redact(e, [url]).split()) or type(e).__name__
+        report.row("reachable", f"NO ({time.perf_counter() - t0:.1f}s): {why}. "
                    "Compiles still work; they just do not share entries")  # fmt: skip
+        findings.remote_down = why
+        if required:
+            findings.problems.append(f"the remote cache {shown} is not reachable (--require-remote): {why}")
+        else:
+            short = why if len(why) <= 160 else why[:157] + "..."
+            findings.notes.append(
+                f"the remote cache {shown} is NOT reachable ({short}): this host compiles every graph itself and "
+                "shares none (precompiled entries there are not used). Check the URL, credentials and network; "
+                "--require-remote makes this a failure"
+            )
         return
     report.row("reachable", f"yes ({time.perf_counter() - t0:.1f}s): {count} entries, {human_size(size)}")
 
@@ -580,7 +642,7 @@ def bundle_environment() -> str:
         value = os.environ[name]
         if any(word in name.upper() for word in _SECRET_WORDS):
             value = "<redacted>"
-        lines.append(f"{name}={redact_url(value)}")
+        lines.append(f"{name}={redact(value)}")
     return "\n".join(lines) + "\n"
 
 
@@ -607,10 +669,12 @@ def write_bundle(
     owner = {id(run): r.name for r in smoke for run in r.compiler_runs}
     for i, run in enumerate(COMPILER_RUNS, 1):
         files[f"compiler/{i:02d}.txt"] = _compiler_log(run, owner.get(id(run)))
+    # whatever a member quotes (a traceback, a compiler's output), never a credential of a URL of the environment
+    urls = [value for value in os.environ.values() if "://" in value]
     names = []
     with tarfile.open(path, "w:gz") as tar:
         for name, text in files.items():
-            data = text.encode()
+            data = redact(text, urls).encode()
             info = tarfile.TarInfo(name)
             info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
             tar.addfile(info, io.BytesIO(data))
@@ -628,8 +692,11 @@ def write_bundle(
 
 
 # --------------------------------------------------------------------------------------------- main
-def main(skip_smoke: bool = False, bundle: str | None = None, out: TextIO | None = None) -> int:
-    """Run every check, print the report, write the bundle if asked; the exit status (``EXIT_*``)."""
+def main(
+    skip_smoke: bool = False, bundle: str | None = None, out: TextIO | None = None, require_remote: bool = False
+) -> int:
+    """Run every check, print the report, write the bundle if asked; the exit status (``EXIT_*``).
+    ``require_remote``: the remote cache must be configured and reachable (else exit 1)."""
     report = Report(out)
     now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
     report.line(f"neuron-compile doctor ({now})")
@@ -642,7 +709,7 @@ def main(skip_smoke: bool = False, bundle: str | None = None, out: TextIO | None
 
     opts = check_target(report, findings)
     check_cores(report, findings, opts)
-    check_cache(report, findings, opts)
+    check_cache(report, findings, opts, require_remote)
 
     staging = tempfile.mkdtemp(prefix="neuron_compile_doctor_") if bundle else None
     smoke: list[SmokeResult] = []
@@ -690,6 +757,8 @@ def _verdict(report: Report, findings: Findings, smoke: list[SmokeResult]) -> in
             _bullet(report, f"neuronx-cc (the Neuron compiler) is not on PATH: {INSTALL_COMPILER}.")
         if "libnrt.so.1" in findings.missing:
             _bullet(report, f"libnrt.so.1 (the Neuron runtime) {_library_missing()}: {INSTALL_RUNTIME}.")
+        for problem in findings.problems:
+            _bullet(report, f"also: {problem}")
         return EXIT_NO_NEURON
     failed = [r for r in smoke if not r.passed]
     if findings.problems or failed:
@@ -701,8 +770,9 @@ def _verdict(report: Report, findings: Findings, smoke: list[SmokeResult]) -> in
         _bullet(report, "Fix what is named above; a failure it does not explain is a bug: report it with the bundle "
                 "of `neuron-compile doctor --bundle report.tar.gz` attached.", "  ")  # fmt: skip
         return EXIT_FAILED
+    remote = " The remote cache is NOT reachable (see the note)." if findings.remote_down else ""
     if smoke:
-        report.line(f"  OK (exit 0): the Neuron stack is here and all {len(smoke)} smoke tests passed.")
+        report.line(f"  OK (exit 0): the Neuron stack is here and all {len(smoke)} smoke tests passed.{remote}")
     else:
-        report.line("  OK (exit 0): the Neuron stack is here (smoke test skipped).")
+        report.line(f"  OK (exit 0): the Neuron stack is here (smoke test skipped).{remote}")
     return EXIT_OK

@@ -299,7 +299,8 @@ def _remote_keys(remote: Any) -> set[str]:
     try:
         return {e.key for e in remote.entries()}
     except (RemoteUnavailable, OSError) as e:
-        print(f"precompile: the remote cache {remote.url} is not usable ({e}); local cache only", file=sys.stderr)
+        print(f"precompile: the remote cache {remote.url} is not usable ({remote.redact(e)}); local cache only",
+              file=sys.stderr)  # fmt: skip
         return set()
 
 

@@ -36,6 +36,11 @@ others: at the next chunk) before the retry starts. Any failure while setting up
 (e.g. an FTP server that refuses) also leaves the URL unused for the process. Access denied on publishing
 only stops publishing (read-only credentials are a normal setup for consumers).
 
+**Secrets.** ``url`` is the URL with its user-info and secret query values redacted (``redact.redact_url``):
+the only form this module prints or logs. Every message it raises or warns with, a library's error text
+included, goes through ``redact.redact`` with the real URL, whose password botocore quotes back otherwise
+(``Invalid bucket name "u:password@bucket"``).
+
 fsspec (and s3fs for S3) is imported only when a URL is used: ``import neuron_compile`` stays light.
 """
 
@@ -57,6 +62,7 @@ from typing import Any, Callable, TypeVar
 from ..artifact import Artifact
 from . import entry as E
 from .paths import check_key, is_key
+from .redact import redact, redact_url
 from .report import log, warn
 from .store import STALE_SECONDS
 
@@ -125,10 +131,11 @@ def _sign(manifest: dict[str, Any], secret: bytes) -> str:
 
 class RemoteStore:
     """One remote cache URL. Holds its own failure state: ``down`` (unused for the rest of the process)
-    and ``publishing`` (False once writing was denied)."""
+    and ``publishing`` (False once writing was denied). ``url`` is the URL to show (secrets redacted)."""
 
     def __init__(self, url: str, timeout: float | None = None, hmac_key: bytes | None = None) -> None:
-        self.url = url.rstrip("/")
+        self._url = url.rstrip("/")  # with its credentials: for fsspec only, never printed
+        self.url = redact_url(self._url)
         self.timeout = timeout_from_env() if timeout is None else timeout
         self.hmac_key = hmac_key
         self.down: str | None = None
@@ -162,9 +169,9 @@ class RemoteStore:
                 "fsspec is not installed: pip install fsspec (and s3fs for s3://: pip install 'neuron_compile[remote]')"
             ) from None
         try:
-            protocol = fsspec.utils.get_protocol(self.url)
+            protocol = fsspec.utils.get_protocol(self._url)
         except Exception as e:
-            raise RemoteUnavailable(f"not a usable fsspec URL ({type(e).__name__}: {e})") from None
+            raise RemoteUnavailable(self.redact(f"not a usable fsspec URL ({type(e).__name__}: {e})")) from None
         options: dict[str, Any] = {"skip_instance_cache": True}
         if protocol in ("s3", "s3a"):
             # botocore's own timeouts and a single attempt: retries are ours, under one deadline
@@ -174,19 +181,25 @@ class RemoteStore:
                 "retries": {"max_attempts": 1},
             }
         # Some filesystems connect while being created (ftp, sftp, smb...): under a deadline like any call.
-        done, value, error = _run_in_thread(lambda: fsspec.core.url_to_fs(self.url, **options), self.timeout)
+        done, value, error = _run_in_thread(lambda: fsspec.core.url_to_fs(self._url, **options), self.timeout)
         if not done:
             raise RemoteUnavailable(f"setting up the {protocol}:// filesystem: no answer within {self.timeout:.1f}s")
         if isinstance(error, ImportError):
-            raise RemoteUnavailable(f"{error} (for S3: pip install 'neuron_compile[remote]')")
+            raise RemoteUnavailable(self.redact(f"{error} (for S3: pip install 'neuron_compile[remote]')"))
         if isinstance(error, (ValueError, TypeError)):
-            raise RemoteUnavailable(f"not a usable fsspec URL ({error})")
+            raise RemoteUnavailable(self.redact(f"not a usable fsspec URL ({error})"))
         if error is not None:  # any other: e.g. ConnectionRefusedError (ftp), IsADirectoryError (zip, tar)
-            raise RemoteUnavailable(f"setting up the {protocol}:// filesystem failed: {type(error).__name__}: {error}")
+            raise RemoteUnavailable(
+                self.redact(f"setting up the {protocol}:// filesystem failed: {type(error).__name__}: {error}")
+            )
         fs, root = value
         if hasattr(fs, "retries"):
             fs.retries = 1  # s3fs's internal retry loop would multiply ours
         return fs, root.rstrip("/")
+
+    def redact(self, text: object) -> str:
+        """``text`` (an error of a call on this URL) without this URL's secrets or any other URL's."""
+        return redact(text, [self._url])
 
     def _path(self, key: str, name: str = "") -> str:
         check_key(key)
@@ -224,19 +237,22 @@ class RemoteStore:
             if not done:
                 last = TimeoutError(f"no answer within {deadline:.1f}s")
             elif error is not None:
-                if isinstance(error, (FileNotFoundError, FileExistsError, PermissionError, RemoteRejected)):
+                if isinstance(error, RemoteRejected):
                     raise error
+                if isinstance(error, (FileNotFoundError, FileExistsError, PermissionError)):
+                    raise type(error)(self.redact(error)) from None  # its text quotes the path, credentials too
                 last = error
             else:
                 return value
             if attempt + 1 < ATTEMPTS:
                 time.sleep(0.2)
-        raise RemoteUnavailable(f"{what}: {type(last).__name__}: {last}")
+        raise RemoteUnavailable(self.redact(f"{what}: {type(last).__name__}: {last}"))
 
     def _mark_down(self, why: str, depth: int = 0) -> None:
         """Stop using the remote for this process, with one warning; ``depth``: frames between the caller
         the warning should point past and this call, beyond the usual."""
         if self.down is None:
+            why = self.redact(why)
             self.down = why
             warn(
                 f"neuron cache: the remote cache {self.url} is not usable ({why}); compiling with the local "
@@ -265,7 +281,7 @@ class RemoteStore:
             return None
         except PermissionError as e:
             self._mark_down(f"access denied: {e}", depth=1)
-            raise RemoteUnavailable(str(e)) from None
+            raise RemoteUnavailable(self.redact(e)) from None
         except RemoteUnavailable as e:
             self._mark_down(str(e), depth=1)
             raise
@@ -413,7 +429,7 @@ class RemoteStore:
         except PermissionError as e:
             self.publishing = False
             warn(
-                f"neuron cache: not allowed to write to the remote cache {self.url} ({e}); reading it only, "
+                f"neuron cache: not allowed to write to the remote cache {self.url} ({self.redact(e)}); reading it only, "
                 "not publishing compiled graphs for the rest of this process.",
                 stacklevel=6,
             )
@@ -433,7 +449,7 @@ class RemoteStore:
         try:
             found = self._call("listing", lambda: fs.find(root, detail=True))
         except (FileNotFoundError, PermissionError) as e:
-            raise RemoteUnavailable(f"listing {self.url}: {e}") from None
+            raise RemoteUnavailable(f"listing {self.url}: {self.redact(e)}") from None
         by_key: dict[str, dict[str, float]] = {}
         sizes: dict[str, int] = {}
         for path, info in found.items():

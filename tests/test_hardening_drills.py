@@ -1,0 +1,169 @@
+"""Issue 46's drills, each repeated as a test: no traceback, no hang, no secret, and an error that names the
+thing (the manifest's file and field, the variable and its value, the LNC of each side, what a model returned).
+
+Items: 5 (manifest schema), 6 (module paths of a manifest), 7 (secrets of a cache URL), 8
+(NEURON_RT_VISIBLE_CORES), 9 (evaluate of a model returning no tensor), 12 (LNC mismatch; the doctor and an
+unreachable remote cache).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import warnings
+from pathlib import Path
+
+import pytest
+
+import tests.device_sim as device_sim
+from neuron_compile import doctor
+from neuron_compile.cache.redact import redact, redact_url
+from neuron_compile.options import Options
+
+REPO = device_sim.REPO_ROOT
+#: Every secret of the drill's URL (user-info password, presigned S3 signature and credential, token, SAS sig).
+SECRETS = ("HUNTER2", "SIGSECRET0", "CREDSECRET0", "TOKSECRET0", "SASSECRET0")
+SECRET_URL = (
+    "s3://u:HUNTER2@bucket/prefix?X-Amz-Signature=SIGSECRET0&X-Amz-Credential=CREDSECRET0"
+    "&token=TOKSECRET0&sig=SASSECRET0&versionId=3"
+)
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "neuron_compile.cli", *args]
+
+
+def _no_stack_env(**extra: str) -> dict[str, str]:
+    """No neuronx-cc on PATH, no libnrt.so.1, no network to speak of (as test_doctor's)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NRTSIM_", "NEURON_COMPILE_CACHE_URL"))}
+    env["PATH"] = os.pathsep.join(
+        d for d in env.get("PATH", "").split(os.pathsep) if d and not os.path.exists(os.path.join(d, "neuronx-cc"))
+    )
+    env["NEURON_COMPILE_LIBNRT"] = "/nonexistent/libnrt.so.1"
+    env.update(extra)
+    return env
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: float = 300, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO, **kw)
+
+
+def _assert_no_secret(*texts: str) -> None:
+    for text in texts:
+        for secret in SECRETS:
+            assert secret not in text, f"{secret} leaked:\n{text[-3000:]}"
+
+
+# ------------------------------------------------------------------------------- 7: secrets of a URL
+def test_redact_url_removes_user_info_and_secret_query_values() -> None:
+    shown = redact_url(SECRET_URL)
+    _assert_no_secret(shown)
+    assert shown.startswith("s3://<redacted>@bucket/prefix?X-Amz-Signature=<redacted>&") and "versionId=3" in shown
+    assert redact_url("s3://bucket/prefix") == "s3://bucket/prefix"
+
+
+def test_redact_finds_the_secrets_a_library_quotes_without_the_url() -> None:
+    # botocore's words for s3://u:HUNTER2@bucket/x: the URL is not quoted whole, its user-info is
+    botocore = 'listing: ParamValidationError: Invalid bucket name "u:HUNTER2@bucket": Bucket name must match'
+    assert redact(botocore, [SECRET_URL]) == botocore.replace("u:HUNTER2", "<redacted>")
+    # a presigned query quoted in free text, and another URL with credentials in the same message
+    text = "GET /prefix?X-Amz-Credential=CREDSECRET0&sig=SASSECRET0 failed; see https://a:TOKSECRET0@h/x"
+    _assert_no_secret(redact(text))
+
+
+def test_doctor_bundle_of_an_s3_url_with_a_password_holds_no_secret(tmp_path: Path) -> None:
+    bundle = tmp_path / "report.tar.gz"
+    proc = _run(
+        _cli("doctor", "--skip-smoke", "--bundle", str(bundle)), _no_stack_env(NEURON_COMPILE_CACHE_URL=SECRET_URL)
+    )
+    assert proc.returncode == doctor.EXIT_NO_NEURON, proc.stdout + proc.stderr
+    with tarfile.open(bundle) as tar:
+        members = [tar.extractfile(m).read().decode() for m in tar.getmembers() if m.isfile()]
+    _assert_no_secret(proc.stdout, proc.stderr, *members)
+    assert re.search(r"^  reachable\s+NO \(", proc.stdout, re.M), proc.stdout  # botocore refused the bucket name
+    assert "<redacted>@bucket" in proc.stdout
+
+
+def test_remote_cache_warnings_and_errors_hold_no_secret() -> None:
+    from neuron_compile.cache.remote import RemoteStore, RemoteUnavailable
+
+    remote = RemoteStore(SECRET_URL, timeout=5)
+    _assert_no_secret(remote.url)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RemoteUnavailable) as raised:
+            remote.fetch("a" * 40)
+    _assert_no_secret(str(raised.value), remote.down or "", *(str(w.message) for w in caught))
+    assert caught and "<redacted>@bucket" in str(caught[0].message)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("cache", "--url", SECRET_URL, "list"), ("cache", "--url", "u:HUNTER2@bucket/x", "list"),
+     ("precompile", "check", "no-manifest.json", "--cache-url", SECRET_URL)],
+    ids=["cache-list", "cache-list-not-a-url", "precompile-check"],
+)  # fmt: skip
+def test_cache_cli_and_precompile_print_no_secret(tmp_path: Path, args: tuple[str, ...]) -> None:
+    env = _no_stack_env(NEURON_COMPILE_CACHE_DIR=str(tmp_path / "cache"))
+    proc = _run(_cli(*args), env)
+    _assert_no_secret(proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "<redacted>" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+# ------------------------------------------------------------ 12: the doctor and an unreachable remote
+def _check_remote(url: str | None, required: bool) -> tuple[doctor.Findings, str]:
+    report, findings = doctor.Report(out=io.StringIO()), doctor.Findings()
+    doctor.check_remote(report, Options(cache_url=url), findings, required)
+    return findings, report.text()
+
+
+def test_an_unreachable_remote_is_a_note_and_with_require_remote_a_problem() -> None:
+    findings, text = _check_remote("nosuchprotocol://bucket/prefix", required=False)
+    assert re.search(r"^  reachable\s+NO \(", text, re.M) and not findings.problems, text
+    assert findings.remote_down and any("is NOT reachable" in n and "--require-remote" in n for n in findings.notes)
+    findings, _ = _check_remote("nosuchprotocol://bucket/prefix", required=True)
+    assert any("not reachable (--require-remote)" in p for p in findings.problems), findings
+    findings, _ = _check_remote(None, required=True)
+    assert any("no remote cache is configured" in p for p in findings.problems), findings
+    findings, _ = _check_remote(None, required=False)
+    assert not findings.problems and not findings.notes
+
+
+@pytest.mark.parametrize("required", [False, True], ids=["not-required", "require-remote"])
+def test_doctor_on_a_working_stack_with_an_unreachable_remote(tmp_path: Path, required: bool) -> None:
+    env = {**os.environ, **device_sim.environment(state_dir=tmp_path / "state"),
+           "NEURON_COMPILE_CACHE_URL": "nosuchprotocol://bucket/prefix"}  # fmt: skip
+    proc = _run(_cli("doctor", "--skip-smoke", *(["--require-remote"] if required else [])), env)
+    verdict = " ".join(proc.stdout[proc.stdout.index("== Verdict ==") :].split())
+    if required:
+        assert proc.returncode == doctor.EXIT_FAILED, proc.stdout + proc.stderr
+        assert "NOT WORKING (exit 1)" in verdict and "is not reachable (--require-remote)" in verdict, verdict
+    else:
+        assert proc.returncode == doctor.EXIT_OK, proc.stdout + proc.stderr
+        assert "is NOT reachable" in verdict and "The remote cache is NOT reachable (see the note)." in verdict
+
+
+# -------------------------------------------------------------------- 8: NEURON_RT_VISIBLE_CORES
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ("0-", "NEURON_RT_VISIBLE_CORES='0-' has '0-', which is neither a core index nor a range"),
+        ("abc", "NEURON_RT_VISIBLE_CORES='abc' has 'abc', which is neither a core index nor a range"),
+        ("3-1", "NEURON_RT_VISIBLE_CORES='3-1' has the range 3-1, which runs backwards (write 1-3)"),
+        ("0,2", "NEURON_RT_VISIBLE_CORES='0,2' names cores that are not contiguous and increasing"),
+        ("99", "NEURON_RT_VISIBLE_CORES=99 names logical NeuronCore 99, but this instance has 4 (cores 0-3 at LNC 2)"),
+    ],
+)
+def test_doctor_names_a_visible_cores_value_the_runtime_refuses(tmp_path: Path, value: str, says: str) -> None:
+    env = {**os.environ, **device_sim.environment(state_dir=tmp_path / "state"), "NEURON_RT_VISIBLE_CORES": value}
+    env.pop("NEURON_LOGICAL_NC_CONFIG", None)
+    proc = _run(_cli("doctor", "--skip-smoke"), env)
+    verdict = " ".join(proc.stdout[proc.stdout.index("== Verdict ==") :].split())
+    assert proc.returncode == doctor.EXIT_FAILED, proc.stdout + proc.stderr
+    assert says in verdict, verdict
+    assert "does not answer" not in proc.stdout, proc.stdout
