@@ -220,7 +220,8 @@ def compiled_graph(
     executable = artifact.loaded
     if executable is None:
         executable = target.deserialize(artifact.executable)
-    executable = target.for_graph(executable, resident_inputs=kind != "backward" and not _unwrapped_subclass_inputs())
+    resident = opts.input_residency == "version_counter" and kind != "backward" and not _unwrapped_subclass_inputs()
+    executable = target.for_graph(executable, resident_inputs=resident)
     elapsed = time.perf_counter() - t0
     STATS.record(
         GraphRecord(

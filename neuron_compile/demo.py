@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     if STATS.device_executions:
         print(
             f"  NeuronCore transfers: {STATS.device_executions} executions, {STATS.device_bytes_written:,} bytes "
-            f"written (parameters once, then after each optimizer step), {STATS.device_bytes_read:,} bytes read"
+            f"written (host tensors: every input at every call), {STATS.device_bytes_read:,} bytes read"
         )
     tol = 1e-4 if dtype == torch.float32 else 5e-2
     ok = worst <= tol * max(1.0, abs(ref.item()))

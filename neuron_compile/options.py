@@ -28,6 +28,8 @@ GENERATIONS = ("trn2", "trn3")
 OPT_LEVELS = (1, 2, 3)
 #: NKI kernel modes (see the ``kernels`` field); kernel_routing.py acts on them.
 KERNEL_MODES = ("reference", "emulate", "off")
+#: Which graph inputs may stay on the NeuronCore between calls (``input_residency``; runtime/libnrt.py).
+INPUT_RESIDENCY = ("off", "version_counter")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -231,6 +233,9 @@ _FIELDS: dict[str, _Field] = {
         "an int >= 0 (a logical NeuronCore of those visible), or None",
         "NEURON_COMPILE_CORE",
     ),
+    "input_residency": _Field(
+        _choice(INPUT_RESIDENCY), f"one of {INPUT_RESIDENCY}", "NEURON_COMPILE_INPUT_RESIDENCY"
+    ),
     "precompile_manifest": _Field(
         _path,
         "a str or os.PathLike path of a manifest file, without NUL bytes (or None)",
@@ -340,6 +345,13 @@ class Options:
     #: The logical NeuronCore graphs run on (neuron target), counted from the first one the process owns
     #: (NEURON_RT_VISIBLE_CORES; under torchrun each rank owns core LOCAL_RANK); None: 0. Env: NEURON_COMPILE_CORE.
     neuron_core: int | None = None
+    #: Host tensors given to a graph on the neuron target are written to the NeuronCore at every call ("off").
+    #: "version_counter" skips an input that is the tensor written last time, at the same memory, with the same
+    #: version counter: a user contract, because writes that torch does not count (``p.data.copy_``,
+    #: ``p.data[:] =``, numpy views, ``fused=True`` optimizers on CPU) then go unseen and the graph runs on stale
+    #: values. Not part of the cache key. Env: NEURON_COMPILE_INPUT_RESIDENCY. (Tensors on the ``neuron`` device
+    #: stay on the core anyway.)
+    input_residency: str = "off"
     #: Collect for ``neuron-compile precompile`` (docs/precompile.md): run on the CPU target and record every
     #: graph, as the neuron target with these options would key and compile it, in this manifest file.
     #: Not part of the cache key. Env: NEURON_COMPILE_PRECOMPILE_MANIFEST.

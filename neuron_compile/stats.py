@@ -22,20 +22,23 @@ class GraphRecord:
 class Stats:
     graphs: list[GraphRecord] = field(default_factory=list)
     #: Neuron target: bytes written to and read from NeuronCores, and executions (``runtime/libnrt.py``).
-    #: Inputs that stay resident (parameters between optimizer steps) are not written again.
+    #: ``device_bytes_kept_resident``: input bytes not written because they were already on the core (a graph's
+    #: own constants; host inputs under option ``input_residency="version_counter"``).
     device_bytes_written: int = 0
     device_bytes_read: int = 0
     device_executions: int = 0
+    device_bytes_kept_resident: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def record(self, rec: GraphRecord) -> None:
         with self._lock:
             self.graphs.append(rec)
 
-    def record_execution(self, written: int, read: int) -> None:
+    def record_execution(self, written: int, read: int, kept_resident: int = 0) -> None:
         with self._lock:
             self.device_bytes_written += written
             self.device_bytes_read += read
+            self.device_bytes_kept_resident += kept_resident
             self.device_executions += 1
 
     def count(self, kind: str | None = None) -> int:
@@ -45,6 +48,7 @@ class Stats:
         with self._lock:
             self.graphs.clear()
             self.device_bytes_written = self.device_bytes_read = self.device_executions = 0
+            self.device_bytes_kept_resident = 0
 
 
 #: Process-wide record of compiled graphs. ``neuron_compile.stats.STATS.count("backward")`` etc.

@@ -29,7 +29,7 @@ class CpuTarget:
         map_budget.reserve("loading a compiled graph")
         return jax_adapter.deserialize_executable(blob)
 
-    def for_graph(self, executable: Any, resident_inputs: bool = True) -> Any:
+    def for_graph(self, executable: Any, resident_inputs: bool = False) -> Any:
         return executable
 
     def version(self) -> str:

@@ -8,10 +8,11 @@ each NEFF once per core, ``nrt_get_model_tensor_info``, one tensor per name in a
 ``nrt_tensor_write`` the inputs, ``nrt_execute``, ``nrt_tensor_read`` the outputs; at the end ``nrt_unload``
 and ``nrt_close``.
 
-Residency: a NEFF's input tensors stay allocated on the NeuronCore between calls, and a graph input is
-written again only when it is not the tensor written last time or that tensor changed since (its version
-counter, which every in-place op and optimizer step bumps, or its memory). Parameters and buffers are
-thus written once and again only after an optimizer step; activations cross the boundary at every call.
+Residency: host tensors are written to the NeuronCore at every call, because no cheap check proves that a
+host tensor is unchanged (torch does not count ``p.data.copy_``, writes through ``.numpy()`` or the fused
+optimizers' updates in the version counter). ``input_residency="version_counter"`` (a user contract, off by
+default) skips an input that is the tensor written last time, at the same memory, with the same version
+counter. Buffers this backend made itself and never hands out (``owned_constant``) are written once.
 """
 
 from __future__ import annotations
@@ -104,12 +105,49 @@ STATUS: dict[int, tuple[str, str]] = {
         "bounds: check the indices (options={'target': 'cpu'} raises eager's index error)",
     ),
 }
-for _code in range(1200, 1207):
-    STATUS[_code] = (
-        f"NRT_EXEC_HW_ERR ({_code})",
-        "the NeuronCore reported a hardware error during the "
-        "execution: check `neuron-ls`, the instance's health, and retry on another core",
-    )
+STATUS.update(
+    {
+        15: ("NRT_QUEUE_EMPTY", "a dequeue found no pending data: report it as a bug (this backend dequeues nothing)"),
+        101: (
+            "NRT_EXEC_UNIT_UNRECOVERABLE",
+            "the NeuronCore's execution unit is in a terminal state after an unrecoverable error (a timeout or a "
+            "hardware fault): nothing more runs on it in this process; restart the process (if it persists, reload "
+            "the Neuron driver or reboot the instance)",
+        ),
+        1100: (
+            "NRT_COLL_PENDING",
+            "a collective operation is still pending: another rank has not reached it; check that every rank runs "
+            "the same graphs in the same order",
+        ),
+        1200: (
+            "NRT_EXEC_HW_ERR_COLLECTIVES",
+            "a collective hung (notifications missing): a rank died or diverged, or the fabric failed; check every "
+            "rank's log and `neuron-ls`",
+        ),
+        1201: (
+            "NRT_EXEC_HW_ERR_HBM_UE",
+            "an uncorrectable HBM memory error: the instance needs attention (check its health, move the job)",
+        ),
+        1202: (
+            "NRT_EXEC_HW_ERR_NC_UE",
+            "an uncorrectable NeuronCore memory error: retry on another core and check the instance's health",
+        ),
+        1203: ("NRT_EXEC_HW_ERR_DMA_ABORT", "a DMA engine aborted: retry; if it repeats, check `neuron-ls`"),
+        1204: (
+            "NRT_EXEC_SW_NQ_OVERFLOW",
+            "the runtime's notification queue overflowed (software, not the hardware): retry; too many executions "
+            "in flight or a very long graph; report it if it repeats",
+        ),
+        1205: (
+            "NRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE",
+            "a repairable HBM memory error: restart the process; the runtime repairs the row at the next start",
+        ),
+        1206: (
+            "NRT_NETWORK_PROXY_FAILURE",
+            "the network proxy (EFA, collectives across instances) failed: check the network and every rank",
+        ),
+    }
+)
 
 
 def status_name(status: int) -> str:
@@ -178,6 +216,8 @@ _SIGNATURES: dict[str, tuple[Any, list[Any]]] = {
     "nrt_execute": (ctypes.c_int, [_P, _P, _P]),
     "nrt_get_visible_vnc_count": (ctypes.c_int, [ctypes.POINTER(ctypes.c_uint32)]),
     "nrt_get_total_vnc_count": (ctypes.c_int, [ctypes.POINTER(ctypes.c_uint32)]),
+    "nrt_get_visible_nc_count": (ctypes.c_int, [ctypes.POINTER(ctypes.c_uint32)]),
+    "nrt_get_total_nc_count": (ctypes.c_int, [ctypes.POINTER(ctypes.c_uint32)]),
     "nrt_get_version": (ctypes.c_int, [ctypes.POINTER(_Version), ctypes.c_size_t]),
 }
 
@@ -193,9 +233,45 @@ def _bind_library(path: str) -> ctypes.CDLL:
             "dlopen",
         ) from e
     for name, (restype, argtypes) in _SIGNATURES.items():
-        fn = getattr(lib, name)
+        fn = getattr(lib, name, None)
+        if fn is None:
+            if name in _OPTIONAL_SYMBOLS:
+                continue
+            raise NeuronRuntimeError(
+                f"neuron runtime: {path} has no {name}: a runtime older than this backend supports "
+                "(aws-neuronx-runtime-lib 2.x with nrt_get_model_tensor_info); upgrade the Neuron runtime",
+                -1,
+                "dlsym",
+            )
         fn.restype, fn.argtypes = restype, argtypes
     return lib
+
+
+#: Symbols only recent runtimes have: the logical-core counts (older headers count physical ``nc`` cores).
+_OPTIONAL_SYMBOLS = frozenset(
+    {"nrt_get_visible_vnc_count", "nrt_get_total_vnc_count", "nrt_get_visible_nc_count", "nrt_get_total_nc_count"}
+)
+
+
+def core_counts(lib: ctypes.CDLL) -> tuple[int, int]:
+    """(visible, total) NeuronCores as the runtime counts them: ``nrt_get_visible_vnc_count`` and
+    ``nrt_get_total_vnc_count`` (logical cores) where the runtime has them, else the older ``nc`` calls."""
+    counts = []
+    for which in ("visible", "total"):
+        for name in (f"nrt_get_{which}_vnc_count", f"nrt_get_{which}_nc_count"):
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                value = ctypes.c_uint32()
+                check(fn(ctypes.byref(value)), name)
+                counts.append(value.value)
+                break
+        else:
+            raise NeuronRuntimeError(
+                f"neuron runtime: the library has neither nrt_get_{which}_vnc_count nor nrt_get_{which}_nc_count",
+                -1,
+                "dlsym",
+            )
+    return counts[0], counts[1]
 
 
 def library_info(path: str) -> dict[str, Any]:
@@ -204,12 +280,10 @@ def library_info(path: str) -> dict[str, Any]:
     lib = _bind_library(path)
     version = _Version()
     check(lib.nrt_get_version(ctypes.byref(version), ctypes.sizeof(version)), "nrt_get_version")
-    visible, total = ctypes.c_uint32(), ctypes.c_uint32()
-    check(lib.nrt_get_visible_vnc_count(ctypes.byref(visible)), "nrt_get_visible_vnc_count")
-    check(lib.nrt_get_total_vnc_count(ctypes.byref(total)), "nrt_get_total_vnc_count")
+    visible, total = core_counts(lib)
     detail = version.rt_detail.decode(errors="replace")
     number = f"{version.rt_major}.{version.rt_minor}.{version.rt_patch}.{version.rt_maintenance}"
-    return {"version": f"{number} {detail}".strip(), "visible_cores": visible.value, "total_cores": total.value}
+    return {"version": f"{number} {detail}".strip(), "visible_cores": visible, "total_cores": total}
 
 
 def library_path() -> str | None:
@@ -301,10 +375,7 @@ class Runtime:
 
     def vnc_counts(self) -> tuple[int, int]:
         """(visible, total) logical NeuronCores."""
-        visible, total = ctypes.c_uint32(), ctypes.c_uint32()
-        check(self.lib.nrt_get_visible_vnc_count(ctypes.byref(visible)), "nrt_get_visible_vnc_count")
-        check(self.lib.nrt_get_total_vnc_count(ctypes.byref(total)), "nrt_get_total_vnc_count")
-        return visible.value, total.value
+        return core_counts(self.lib)
 
 
 _RUNTIME: Runtime | None = None
@@ -376,15 +447,17 @@ class LoadedModel:
             [t for t in self.tensors if t.usage == usage] for usage in (NRT_TENSOR_USAGE_INPUT, NRT_TENSOR_USAGE_OUTPUT)
         )
 
-    def execute(self, inputs: Sequence[torch.Tensor], resident: bool = True) -> list[torch.Tensor]:
+    def execute(self, inputs: Sequence[torch.Tensor], resident: bool = False) -> list[torch.Tensor]:
         """Run on ``inputs`` (contiguous CPU tensors, one per module parameter); the results as new tensors.
-        ``resident``: an input unchanged since it was last written is not written again."""
+        ``resident``: the user's contract that every write to an input bumps its version counter (option
+        ``input_residency``), so an input with the same tensor, memory and version is not written again."""
         lib = runtime().lib
         ins, outs = self._by_usage
         with self.lock:
-            written = read = 0
+            written = read = kept = 0
             for spec, t in zip(ins, inputs):
-                if resident and self._is_resident(spec.name, t):
+                if (resident or _is_owned_constant(t)) and self._is_resident(spec.name, t):
+                    kept += spec.size
                     continue
                 check(
                     lib.nrt_tensor_write(self.device_tensors[spec.name], t.data_ptr(), 0, spec.size),
@@ -410,7 +483,7 @@ class LoadedModel:
                 results.append(out)
             self.bytes_written += written
             self.bytes_read += read
-        STATS.record_execution(written, read)
+        STATS.record_execution(written, read, kept)
         return results
 
     def _is_resident(self, name: str, t: torch.Tensor) -> bool:
@@ -418,7 +491,7 @@ class LoadedModel:
         view of) is the one written last time, alive, at the same memory, unchanged since (its version counter,
         shared by all its views, counts every in-place write, optimizer steps included)."""
         last = self.resident.get(name)
-        if last is None or last.source is None:
+        if last is None or last.source is None or t.is_inference():
             return False
         root = t._base if t._base is not None else t
         return (
@@ -429,6 +502,9 @@ class LoadedModel:
         )
 
     def _remember(self, name: str, t: torch.Tensor) -> None:
+        if t.is_inference():  # inference tensors have no version counter: nothing proves them unchanged
+            self.resident.pop(name, None)
+            return
         root = t._base if t._base is not None else t
         try:
             source = weakref.ref(root)
@@ -448,6 +524,17 @@ class LoadedModel:
         lib.nrt_unload(self.handle)
         self.handle = None
         log.info("neuron_compile: unloaded NEFF %s from NeuronCore %d", self.key[0][:12], self.vnc)
+
+
+def owned_constant(t: torch.Tensor) -> torch.Tensor:
+    """Mark ``t``, a host buffer the backend made and keeps to itself (a graph's constant operand), as never
+    written after: it stays resident on the core."""
+    t._neuron_owned_constant = True
+    return t
+
+
+def _is_owned_constant(t: torch.Tensor) -> bool:
+    return getattr(t, "_neuron_owned_constant", False)
 
 
 #: Loaded NEFFs by (NEFF digest, requested core, collective rank/count).

@@ -72,7 +72,7 @@ class NeuronExecutable:
         self.params = params
         self.results = results
         self.collectives = collectives
-        self.resident_inputs = True
+        self.resident_inputs = False
         self._model: libnrt.LoadedModel | None = None
         self._lock = threading.Lock()
 
@@ -198,7 +198,7 @@ class NeuronTarget:
     def deserialize(self, blob: bytes) -> NeuronExecutable:
         return NeuronExecutable.from_bytes(blob)
 
-    def for_graph(self, executable: NeuronExecutable, resident_inputs: bool = True) -> NeuronExecutable:
+    def for_graph(self, executable: NeuronExecutable, resident_inputs: bool = False) -> NeuronExecutable:
         # Its own handle on the NEFF's load: the load is shared by every graph of that NEFF on a core and
         # ends with the last of them, whatever the compile cache keeps.
         mine = NeuronExecutable(executable.neff, executable.params, executable.results, executable.collectives)
@@ -219,7 +219,7 @@ class NeuronTarget:
         return result
 
     def constant_buffer(self, value: Any) -> torch.Tensor:
-        return torch.from_numpy(np.array(value, copy=True))
+        return libnrt.owned_constant(torch.from_numpy(np.array(value, copy=True)))
 
 
 @functools.lru_cache(maxsize=None)

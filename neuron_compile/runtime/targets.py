@@ -30,10 +30,11 @@ class Target(Protocol):
     def deserialize(self, blob: bytes) -> Any:
         """The loaded executable of ``serialize``'s bytes; raises on a blob it cannot load."""
 
-    def for_graph(self, executable: Any, resident_inputs: bool = True) -> Any:
+    def for_graph(self, executable: Any, resident_inputs: bool = False) -> Any:
         """``executable`` as one compiled graph holds it (the compile cache keeps and shares the original).
-        ``resident_inputs``: an input may stay on the device while its version counter is unchanged (False when
-        a change could go unseen there: tensors unwrapped from a subclass, whose wrapper alone counts)."""
+        ``resident_inputs``: an input may stay on the device while its version counter is unchanged (option
+        ``input_residency``, a user contract; never where a change could go unseen even then: tensors unwrapped
+        from a subclass, whose wrapper alone counts)."""
 
     def version(self) -> str:
         """The compiler build that produced the executable (a cache-key component)."""

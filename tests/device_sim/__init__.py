@@ -46,7 +46,7 @@ STATUS = {
     "NRT_SUCCESS": 0, "NRT_FAILURE": 1, "NRT_INVALID": 2, "NRT_INVALID_HANDLE": 3, "NRT_RESOURCE": 4,
     "NRT_TIMEOUT": 5, "NRT_HW_ERROR": 6, "NRT_QUEUE_FULL": 7, "NRT_LOAD_NOT_ENOUGH_NC": 9,
     "NRT_UNSUPPORTED_NEFF_VERSION": 10, "NRT_FAIL_HOST_MEM_ALLOC": 11, "NRT_UNINITIALIZED": 13,
-    "NRT_CLOSED": 14, "NRT_QUEUE_EMPTY": 15, "NRT_EXEC_UNIT_DISABLED": 101, "NRT_EXEC_BAD_INPUT": 1002,
+    "NRT_CLOSED": 14, "NRT_QUEUE_EMPTY": 15, "NRT_EXEC_UNIT_UNRECOVERABLE": 101, "NRT_EXEC_BAD_INPUT": 1002,
     "NRT_EXEC_COMPLETED_WITH_NUM_ERR": 1003, "NRT_EXEC_COMPLETED_WITH_ERR": 1004, "NRT_EXEC_NC_BUSY": 1005,
     "NRT_EXEC_OOB": 1006, "NRT_COLL_PENDING": 1100, "NRT_EXEC_HW_ERR_COLLECTIVES": 1200,
     "NRT_EXEC_HW_ERR_HBM_UE": 1201, "NRT_EXEC_HW_ERR_NC_UE": 1202, "NRT_EXEC_HW_ERR_DMA_ABORT": 1203,
@@ -84,21 +84,23 @@ def _built_once(target: Path, make: Any) -> Path:
     return target
 
 
-def build_libnrt() -> Path:
+def build_libnrt(old_runtime: bool = False) -> Path:
     """The simulated ``libnrt.so.1``, compiled from ``libnrt_sim.c`` once. Python's C-API symbols stay
-    undefined in it and resolve from the interpreter that loads it."""
+    undefined in it and resolve from the interpreter that loads it. ``old_runtime``: a runtime from before the
+    logical-core API (no ``nrt_get_*_vnc_count``, only the ``nc`` twins)."""
 
     def compile_to(out: Path) -> None:
         include = sysconfig.get_paths()["include"]
         cmd = [
             os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", f"-I{include}",
+            *(["-DNRTSIM_OLD_RUNTIME"] if old_runtime else []),
             "-Wl,-soname,libnrt.so.1", str(C_SOURCE), "-o", str(out), "-lpthread",
         ]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"building the simulated libnrt failed:\n{' '.join(cmd)}\n{proc.stderr}")
 
-    return _built_once(_build_root() / "libnrt.so.1", compile_to)
+    return _built_once(_build_root() / ("old-runtime" if old_runtime else "") / "libnrt.so.1", compile_to)
 
 
 def bin_dir() -> Path:

@@ -116,7 +116,7 @@ typedef enum {
     NRT_UNINITIALIZED = 13,
     NRT_CLOSED = 14,
     NRT_QUEUE_EMPTY = 15,
-    NRT_EXEC_UNIT_DISABLED = 101,
+    NRT_EXEC_UNIT_UNRECOVERABLE = 101,
     NRT_EXEC_BAD_INPUT = 1002,
     NRT_EXEC_COMPLETED_WITH_NUM_ERR = 1003,
     NRT_EXEC_COMPLETED_WITH_ERR = 1004,
@@ -642,7 +642,7 @@ NRT_EXPORT const char *nrt_get_status_as_str(NRT_STATUS status) {
         CASE(NRT_SUCCESS); CASE(NRT_FAILURE); CASE(NRT_INVALID); CASE(NRT_INVALID_HANDLE); CASE(NRT_RESOURCE);
         CASE(NRT_TIMEOUT); CASE(NRT_HW_ERROR); CASE(NRT_QUEUE_FULL); CASE(NRT_LOAD_NOT_ENOUGH_NC);
         CASE(NRT_UNSUPPORTED_NEFF_VERSION); CASE(NRT_FAIL_HOST_MEM_ALLOC); CASE(NRT_UNINITIALIZED);
-        CASE(NRT_CLOSED); CASE(NRT_QUEUE_EMPTY); CASE(NRT_EXEC_UNIT_DISABLED); CASE(NRT_EXEC_BAD_INPUT);
+        CASE(NRT_CLOSED); CASE(NRT_QUEUE_EMPTY); CASE(NRT_EXEC_UNIT_UNRECOVERABLE); CASE(NRT_EXEC_BAD_INPUT);
         CASE(NRT_EXEC_COMPLETED_WITH_NUM_ERR); CASE(NRT_EXEC_COMPLETED_WITH_ERR); CASE(NRT_EXEC_NC_BUSY);
         CASE(NRT_EXEC_OOB); CASE(NRT_COLL_PENDING); CASE(NRT_EXEC_HW_ERR_COLLECTIVES);
         CASE(NRT_EXEC_HW_ERR_HBM_UE); CASE(NRT_EXEC_HW_ERR_NC_UE); CASE(NRT_EXEC_HW_ERR_DMA_ABORT);
@@ -668,12 +668,15 @@ static NRT_STATUS vnc_count(const char *fn, uint32_t *out, bool visible) {
     UNLOCK_RETURN(NRT_SUCCESS);
 }
 
+/* Runtimes before the logical-core API have only the *_nc_count calls: NRTSIM_OLD_RUNTIME builds one. */
+#ifndef NRTSIM_OLD_RUNTIME
 NRT_EXPORT NRT_STATUS nrt_get_total_vnc_count(uint32_t *vnc_count_out) {
     return vnc_count("nrt_get_total_vnc_count", vnc_count_out, false);
 }
 NRT_EXPORT NRT_STATUS nrt_get_visible_vnc_count(uint32_t *vnc_count_out) {
     return vnc_count("nrt_get_visible_vnc_count", vnc_count_out, true);
 }
+#endif
 NRT_EXPORT NRT_STATUS nrt_get_total_nc_count(uint32_t *vnc_count_out) { /* deprecated twin */
     return vnc_count("nrt_get_total_nc_count", vnc_count_out, false);
 }
