@@ -232,7 +232,7 @@ def test_runtime_loops_and_scalars() -> None:
             nisa.tensor_tensor(acc, acc, row, nl.add)
 
         nl.fori_loop(0, stop, step)
-        flag = nisa.register_alloc(3)
+        flag = stop - 1  # NkiScalar arithmetic: 3
 
         def halve(r):  # while_loop: runs 3 times, doubling acc each time
             nisa.tensor_scalar(acc, acc, nl.multiply, 2.0)

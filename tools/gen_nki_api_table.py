@@ -1,5 +1,5 @@
 """Writes the "API coverage" table of docs/nki.md: every documented ``nki.language`` / ``nki.isa`` entry
-(NKI 0.6 reference plus 0.7 additions) and the emulator's state for it.
+(NKI 0.6 reference plus the 0.7 and 0.8 additions) and the emulator's state for it.
 
     python -m tools.gen_nki_api_table           # rewrite the table in docs/nki.md (from the repository root)
     python -m tools.gen_nki_api_table --check   # exit 1 if it is stale
@@ -36,15 +36,16 @@ def render_table() -> str:
         f"{len(states)} documented entries: "
         + ", ".join(f"{counts[k]} {k}" for k in ("implemented", "refused", "missing"))
         + ". "
-        "T = used by AWS's published tutorials/examples (all implemented).",
+        "T = used by AWS's published tutorials/examples (all implemented). NKI = the releases that have the "
+        "entry (the emulator enforces them: `nki.simulate(kernel, nki_version=...)`, `NEURON_COMPILE_NKI_VERSION`).",
         "",
-        "| module | name | documented parameters | state | note |",
-        "|---|---|---|---|---|",
+        "| module | name | documented parameters | NKI | state | note |",
+        "|---|---|---|---|---|---|",
     ]
     for s in states:
         params = "—" if s.params is None else f"`({s.params})`"
         tag = " (T)" if (s.module, s.name) in used else ""
-        lines.append(f"| {s.module} | `{s.name}`{tag} | {params} | {s.state} | {s.note} |")
+        lines.append(f"| {s.module} | `{s.name}`{tag} | {params} | {s.releases} | {s.state} | {s.note} |")
     lines += ["", END]
     return "\n".join(lines)
 

@@ -38,6 +38,7 @@ if _real is not None:
     simulate = _real.simulate
     language = _real.language
     isa = _real.isa
+    lnc = getattr(_real, "lnc", None)  # NKI 0.8+
     NkiError = getattr(_real.isa, "NkiValidationError", Exception)
     NkiValidationError = NkiError
 else:
@@ -46,12 +47,15 @@ else:
         Kernel,
         NkiBudgetError,
         NkiCapacityError,
+        NkiDeadlockError,
         NkiError,
         NkiOutOfBoundsError,
         NkiTensor,
         NkiUndeclaredMutationError,
         NkiUnsupportedError,
         NkiValidationError,
+        NkiVersionError,
+        NkiWarning,
         RunStats,
         TensorSpec,
         infer_shapes,
@@ -59,13 +63,14 @@ else:
         jit,
         language,
         last_run_stats,
+        lnc,
         simulate,
     )
 
-__all__ = ["EMULATED", "NkiError", "NkiValidationError", "isa", "jit", "language", "simulate"]
+__all__ = ["EMULATED", "NkiError", "NkiValidationError", "isa", "jit", "language", "lnc", "simulate"]
 if EMULATED:  # the emulator's extras: shape-only mode, counters, its error and tensor types
     __all__ += [
-        "Kernel", "NkiBudgetError", "NkiCapacityError", "NkiOutOfBoundsError", "NkiTensor",
-        "NkiUndeclaredMutationError", "NkiUnsupportedError", "RunStats", "TensorSpec",
-        "infer_shapes", "last_run_stats",
+        "Kernel", "NkiBudgetError", "NkiCapacityError", "NkiDeadlockError", "NkiOutOfBoundsError", "NkiTensor",
+        "NkiUndeclaredMutationError", "NkiUnsupportedError", "NkiVersionError", "NkiWarning", "RunStats",
+        "TensorSpec", "infer_shapes", "last_run_stats",
     ]  # fmt: skip

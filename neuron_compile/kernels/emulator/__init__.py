@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from . import isa, language
+from . import isa, language, lnc
 from .core import (
     DEFAULT_MAX_STEPS,
     MAX_STEPS_ENV,
@@ -50,19 +50,30 @@ from .core import (
     watch_arg_writes,
     wrap_hbm,
 )
+from .legacy_namespace import install as _install_legacy_namespace_finder
+from .lnc import LncLaunch, NkiDeadlockError
+from .versions import DEFAULT_VERSION, VERSION_ENV, VERSIONS, NkiVersionError, NkiWarning
+
+_install_legacy_namespace_finder()  # `import neuronxcc.nki` fails with the migration message (Neuron 2.34)
 
 __all__ = [
     "DEFAULT_MAX_STEPS",
     "MAX_STEPS_ENV",
     "Kernel",
+    "DEFAULT_VERSION",
+    "VERSIONS",
+    "VERSION_ENV",
     "NkiBudgetError",
     "NkiCapacityError",
+    "NkiDeadlockError",
     "NkiError",
     "NkiOutOfBoundsError",
     "NkiTensor",
     "NkiUndeclaredMutationError",
     "NkiUnsupportedError",
     "NkiValidationError",
+    "NkiVersionError",
+    "NkiWarning",
     "RunStats",
     "TensorSpec",
     "infer_shapes",
@@ -70,6 +81,7 @@ __all__ = [
     "jit",
     "language",
     "last_run_stats",
+    "lnc",
     "simulate",
     "watch_arg_writes",
 ]
@@ -244,7 +256,14 @@ def _from_out(x: Any, as_torch: bool, shape_only: bool, inputs: dict[int, Any]) 
 
 
 def _run(
-    kernel: Any, args: tuple, kwargs: dict, *, shape_only: bool, target: str | None, max_steps: int | None = None
+    kernel: Any,
+    args: tuple,
+    kwargs: dict,
+    *,
+    shape_only: bool,
+    target: str | None,
+    max_steps: int | None = None,
+    nki_version: str | None = None,
 ) -> tuple[Any, RunStats]:
     kern = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
     as_torch = any(_is_torch(a) for a in (*args, *kwargs.values())) and not shape_only
@@ -256,7 +275,7 @@ def _run(
     budget = max_steps_default() if max_steps is None else max_steps
     if budget < 0:
         raise NkiError(f"max_steps={budget} for kernel {name} is negative (a step budget; 0 means no limit)")
-    run = Run(target, shape_only=shape_only, kernel=name, max_steps=budget)
+    run = Run(target, shape_only=shape_only, kernel=name, max_steps=budget, nki_version=nki_version)
     push_run(run)
     try:
         nargs = tuple(_to_arg(a, params[i] if i < len(params) else f"arg{i}", shape_only) for i, a in enumerate(args))
@@ -269,10 +288,14 @@ def _run(
         run.grid = grid
         run.grid_ids = ids
         out = None
-        for pid in ids:
-            run.program_id = tuple(int(i) for i in pid)
-            run.shared_next = 0
-            out = kern.fn(*nargs, **nkw)
+        if grid == (2,):  # LNC 2: the two programs run concurrently, pairing their nki.lnc calls
+            run.lnc_launch = LncLaunch(run, 2)
+            out = run.lnc_launch.run_programs(kern.fn, nargs, nkw)
+        else:  # LNC 1, or a legacy grid (its programs ran one after another on one core)
+            for pid in ids:
+                run.program_id = tuple(int(i) for i in pid)
+                run.shared_next = 0
+                out = kern.fn(*nargs, **nkw)
         result = _from_out(out, as_torch, shape_only, inputs)
         run.finish()
     finally:
@@ -282,7 +305,12 @@ def _run(
 
 
 def simulate(
-    kernel: Any, *, stats: bool = False, target: str | None = None, max_steps: int | None = None
+    kernel: Any,
+    *,
+    stats: bool = False,
+    target: str | None = None,
+    max_steps: int | None = None,
+    nki_version: str | None = None,
 ) -> Callable[..., Any]:
     """``simulate(kernel)(*arrays)`` runs ``kernel`` in the emulator on NumPy arrays or torch tensors.
 
@@ -291,29 +319,40 @@ def simulate(
     ``target``: ``'trn2'`` (default, or ``NEURON_PLATFORM_TARGET_OVERRIDE``), ``'trn3'`` or ``'trn1'``.
     ``stats=True`` returns ``(outputs, RunStats)``. ``max_steps``: the run's budget of instructions plus
     ``nl`` loop iterations, past which it raises :class:`NkiBudgetError` (default
-    ``NEURON_COMPILE_NKI_MAX_STEPS`` or :data:`DEFAULT_MAX_STEPS`; 0: no limit).
+    ``NEURON_COMPILE_NKI_MAX_STEPS`` or :data:`DEFAULT_MAX_STEPS`; 0: no limit). ``nki_version``: the NKI
+    release whose API the run enforces, ``"0.6"``, ``"0.7"`` or ``"0.8"`` (default ``NEURON_COMPILE_NKI_VERSION``
+    or 0.8; emulator/versions.py).
     """
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        out, st = _run(kernel, args, kwargs, shape_only=False, target=target, max_steps=max_steps)
+        out, st = _run(
+            kernel, args, kwargs, shape_only=False, target=target, max_steps=max_steps, nki_version=nki_version
+        )
         return (out, st) if stats else out
 
     return call
 
 
 def infer_shapes(
-    kernel: Any, *, stats: bool = False, target: str | None = None, max_steps: int | None = None
+    kernel: Any,
+    *,
+    stats: bool = False,
+    target: str | None = None,
+    max_steps: int | None = None,
+    nki_version: str | None = None,
 ) -> Callable[..., Any]:
     """Shape-only mode: ``infer_shapes(kernel)(*specs)`` -> :class:`TensorSpec` outputs (and stats).
 
     Runs the kernel's Python with data-free tensors: every shape, dtype, buffer and capacity rule is
     checked and every instruction counted, but nothing is computed, so it is cheap at any size.
-    Non-tensor arguments (ints, floats, flags) are passed through unchanged. ``max_steps`` as for
-    :func:`simulate`.
+    Non-tensor arguments (ints, floats, flags) are passed through unchanged. ``max_steps`` and
+    ``nki_version`` as for :func:`simulate`.
     """
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        out, st = _run(kernel, args, kwargs, shape_only=True, target=target, max_steps=max_steps)
+        out, st = _run(
+            kernel, args, kwargs, shape_only=True, target=target, max_steps=max_steps, nki_version=nki_version
+        )
         return (out, st) if stats else out
 
     return call

@@ -1,15 +1,18 @@
-"""The documented ``nki.language`` / ``nki.isa`` surface (NKI 0.6 reference plus the 0.7 additions) and
-the emulator's state for each entry: implemented (with the documented parameter names, in order),
-refused (raises :class:`NkiUnsupportedError` naming itself) or missing.
+"""The documented ``nki.language`` / ``nki.isa`` / ``nki.lnc`` surface (NKI 0.6 reference plus the 0.7 and 0.8
+additions) and the emulator's state for each entry: implemented (with the documented parameter names, in
+order), refused (raises :class:`NkiUnsupportedError` naming itself) or missing; and the NKI releases that
+have it (:data:`RELEASES`; the emulator enforces them, emulator/versions.py).
 
 The lists restate the public AWS Neuron SDK reference (aws-neuron/aws-neuron-sdk ``nki/api/nki/language``,
-``nki/api/nki/isa`` stubs at 81ce03a, Neuron 2.32 = NKI 0.6; the 0.7 pages of the v2.33 docs), as collected in
+``nki/api/nki/isa`` stubs at 81ce03a, Neuron 2.32 = NKI 0.6; the 0.7 pages of the v2.33 docs; the ``nki.lnc``
+pages and the NKI 0.8 deprecation announcement of the latest docs), as collected in
 ``shared/NKI_API_AND_COSTS.md``. ``tools/gen_nki_api_table.py`` renders :func:`api_states` into docs/nki.md.
 """
 
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -273,6 +276,7 @@ ISA: dict[str, str | None] = {
     "register_store": "dst, src",
     "core_barrier": "data, cores, engine",
     "sendrecv": "src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine",
+    "sendrecv_compute": "src, dst, send_to_rank, recv_from_rank, reduce_op",
     "rng": "dst, engine",
     "rand2": "dst, min, max",
     "rand_set_state": "src_seeds, engine",
@@ -305,6 +309,64 @@ ISA: dict[str, str | None] = {
         )
     },
 }
+
+# NKI 0.8: the cross-core module
+LNC: dict[str, str | None] = {
+    "core_barrier": "data, cores, engine",
+    "sendrecv": "src, dst, send_to_rank, recv_from_rank, dma_engine, priority",
+    "sendrecv_compute": "src, dst, send_to_rank, recv_from_rank, reduce_op, priority",
+}
+
+_ISA_SCALARS = "nki.isa.scalar_load/scalar_store"
+# (module, name) -> (the first release that has it, the release that deprecates it, the release that removes it,
+# the replacement). Entries not listed are in every release the emulator knows (0.6, 0.7, 0.8). Sources: the
+# migration guides (0.6 -> 0.7), the 0.7 release notes, the 0.8 announcement "end of support for NKI
+# VirtualRegister APIs and nki.isa LNC functions", the nki.lnc pages; the stub-only and latest-only entries
+# are marked so in shared/NKI_API_AND_COSTS.md.
+RELEASES: dict[tuple[str, str], tuple[str, str | None, str | None, str | None]] = {
+    ("nki.language", "dynamic_range"): ("0.6", "0.6", "0.7", "nl.fori_loop"),
+    **{("nki.language", n): ("0.7", None, None, None) for n in ("tiles", "blocks", "alloc_tiles", "alloc_blocks")},
+    **{("nki.language", n): ("0.7", None, None, None) for n in ("NkiGrid", "NkiTileGrid", "NkiBlockGrid")},
+    ("nki.language", "if_else"): ("0.8", None, None, None),
+    **{("nki.isa", n): ("0.7", None, None, None) for n in ("scalar_load", "scalar_store", "NkiScalar")},
+    **{("nki.isa", n): ("0.6", "0.8", None, _ISA_SCALARS) for n in ("register_load", "register_store")},
+    ("nki.isa", "register_alloc"): ("0.6", "0.8", None, _ISA_SCALARS),
+    ("nki.isa", "register_move"): ("0.6", "0.8", None, _ISA_SCALARS),
+    ("nki.isa", "VirtualRegister"): ("0.6", "0.8", None, "nki.isa.NkiScalar"),
+    ("nki.isa", "sendrecv"): ("0.6", "0.8", None, "nki.lnc.sendrecv"),
+    ("nki.isa", "core_barrier"): ("0.6", "0.8", None, "nki.lnc.core_barrier"),
+    ("nki.isa", "sendrecv_compute"): ("0.7", "0.8", None, "nki.lnc.sendrecv_compute"),
+    **{("nki.lnc", n): ("0.8", None, None, None) for n in LNC},
+}
+
+
+# release-dependent rules of entries every release has
+RELEASE_RULES: dict[tuple[str, str], str] = {
+    ("nki.isa", "activation"): "`engine=` from 0.7",
+    ("nki.isa", "local_gather"): "0.8: warns without `num_valid_indices`",
+    ("nki.isa", "tensor_tensor"): "0.8: bit-vector operators on Vector only (enforced)",
+    ("nki.isa", "tensor_scalar"): "0.8: bit-vector operators on Vector only (enforced)",
+}
+
+
+def releases(module: str, name: str) -> str:
+    """The NKI releases that have an entry, as the API table shows it (e.g. ``0.6 only``, ``0.8+``)."""
+    added, deprecated, removed, replacement = RELEASES.get((module, name), ("0.6", None, None, None))
+    if removed:
+        last = _before(removed)
+        text = f"{added} only" if last == added else f"{added}-{last}"
+    else:
+        text = f"{added}+"
+    if deprecated:
+        text += f"; deprecated in {deprecated}" + (f": {replacement}" if replacement else "")
+    rule = RELEASE_RULES.get((module, name))
+    return f"{text}; {rule}" if rule else text
+
+
+def _before(version: str) -> str:
+    major, minor = version.split(".")
+    return f"{major}.{int(minor) - 1}"
+
 
 # What AWS's published tutorials and examples (docs tutorials, aws-neuron-sdk nki/examples, nki-samples'
 # current-API tutorials) call: each must be implemented, not refused.
@@ -399,6 +461,11 @@ class ApiState:
     state: str  # "implemented" | "refused" | "missing"
     note: str = ""
 
+    @property
+    def releases(self) -> str:
+        """The NKI releases that have it (:func:`releases`)."""
+        return releases(self.module, self.name)
+
 
 def _params_match(obj: Any, params: str) -> str:
     """'' when ``obj`` takes the documented parameters by name, in order (extras may follow), else why not."""
@@ -430,8 +497,14 @@ def _state(module: str, name: str, obj: Any, params: str | None, present: bool) 
 
 
 def api_states() -> list[ApiState]:
-    """The emulator's state for every documented entry (nl, nl.tile_size, NkiTensor, nisa)."""
-    from . import isa, language
+    """The emulator's state for every documented entry (nl, nl.tile_size, NkiTensor, nisa, nki.lnc)."""
+    with warnings.catch_warnings():  # looking up a deprecated name (VirtualRegister) warns; this is no use of it
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return _api_states()
+
+
+def _api_states() -> list[ApiState]:
+    from . import isa, language, lnc
     from .core import NkiTensor, NkiUnsupportedError
 
     out = []
@@ -456,4 +529,6 @@ def api_states() -> list[ApiState]:
         out.append(st)
     for name, params in ISA.items():
         out.append(_state("nki.isa", name, getattr(isa, name, None), params, hasattr(isa, name)))
+    for name, params in LNC.items():
+        out.append(_state("nki.lnc", name, getattr(lnc, name, None), params, hasattr(lnc, name)))
     return out

@@ -269,9 +269,18 @@ class Run:
     """One kernel execution: generation, shape-only flag, live on-chip memory, counters, SPMD ids."""
 
     def __init__(
-        self, generation: str | None = None, shape_only: bool = False, kernel: str = "", max_steps: int | None = None
+        self,
+        generation: str | None = None,
+        shape_only: bool = False,
+        kernel: str = "",
+        max_steps: int | None = None,
+        nki_version: str | None = None,
     ):
+        from .versions import check_version, version_default
+
         self.gen = _cost.generation(generation or _default_generation())
+        #: the NKI release whose API and rules this run enforces (emulator/versions.py)
+        self.nki_version = version_default() if nki_version is None else check_version(nki_version, "nki_version")
         self.kernel = kernel
         #: the step budget (None or 0: none; the default run outside ``simulate`` has none)
         self.max_steps = max_steps or None
@@ -280,22 +289,46 @@ class Run:
         self.written: dict[int, KernelArg] = {}
         self.shape_only = shape_only
         self.stats = RunStats(generation=self.gen.name, shape_only=shape_only)
-        self.sbuf_used = 0
-        self.psum_banks = [0] * self.gen.psum_banks
+        # on-chip memory in use, per program: each program of a launch is its own core with its own SBUF/PSUM
+        self._memory: dict[tuple[int, ...], tuple[list[int], list[int]]] = {}
         self.program_id: tuple[int, ...] = ()
         self.grid: tuple[int, ...] = ()
         self.grid_ids: list[tuple[int, ...]] = [()]
         self.shared_allocs: list[NkiTensor] = []
         self.shared_next = 0
         self.timelines: dict[tuple[int, ...], Any] = {}
+        #: the cooperative scheduler of an LNC-2 launch (emulator/lnc.py), None otherwise
+        self.lnc_launch: Any = None
+        #: (warning, file, line) already given in this run: one warning per call site and run
+        self.warned: set[tuple[str, str, int]] = set()
+
+    def _mem(self, program: tuple[int, ...] | None = None) -> tuple[list[int], list[int]]:
+        """([SBUF bytes per partition in use], [bytes used per PSUM bank]) of a program (default: the current)."""
+        key = self.program_id if program is None else program
+        mem = self._memory.get(key)
+        if mem is None:
+            mem = self._memory[key] = ([0], [0] * self.gen.psum_banks)
+        return mem
+
+    @property
+    def sbuf_used(self) -> int:
+        return self._mem()[0][0]
+
+    @property
+    def psum_banks(self) -> list[int]:
+        return self._mem()[1]
 
     def timeline(self) -> Any:
         """The schedule of the program running now (each program of a launch is its own core)."""
-        tl = self.timelines.get(self.program_id)
+        return self.timeline_of(self.program_id)
+
+    def timeline_of(self, program: tuple[int, ...]) -> Any:
+        """The schedule of one program of the launch (made on first use)."""
+        tl = self.timelines.get(program)
         if tl is None:
             from .schedule import Timeline
 
-            tl = self.timelines[self.program_id] = Timeline(self.gen)
+            tl = self.timelines[program] = Timeline(self.gen)
         return tl
 
     def finish(self) -> None:
@@ -327,7 +360,9 @@ class Run:
             self.written.setdefault(id(arg), arg)
 
     # ---- capacity
-    def allocate(self, buffer: Buffer, per_partition: int, what: str) -> tuple[str, int] | None:
+    def allocate(self, buffer: Buffer, per_partition: int, what: str) -> tuple[str, tuple[int, ...], int] | None:
+        """Reserve ``per_partition`` bytes of ``buffer`` for the current program; the token frees them."""
+        pid = self.program_id
         if buffer == "sbuf":
             cap = self.gen.sbuf_usable_bytes_per_partition
             if self.sbuf_used + per_partition > cap:
@@ -337,9 +372,9 @@ class Run:
                     f"({self.gen.sbuf_bytes_per_partition} minus {self.gen.sbuf_reserved_bytes_per_partition} "
                     "reserved for the compiler). Use smaller tiles or let earlier tiles go out of scope."
                 )
-            self.sbuf_used += per_partition
+            self._mem()[0][0] += per_partition
             self.stats.sbuf_peak_bytes_per_partition = max(self.stats.sbuf_peak_bytes_per_partition, self.sbuf_used)
-            return ("sbuf", per_partition)
+            return ("sbuf", pid, per_partition)
         if buffer == "psum":
             bank = self.gen.psum_bytes_per_partition // self.gen.psum_banks
             if per_partition > bank:
@@ -352,7 +387,7 @@ class Run:
                     self.psum_banks[i] += per_partition
                     live = sum(self.psum_banks)
                     self.stats.psum_peak_bytes_per_partition = max(self.stats.psum_peak_bytes_per_partition, live)
-                    return ("psum", i * 1_000_000 + per_partition)
+                    return ("psum", pid, i * 1_000_000 + per_partition)
             raise NkiCapacityError(
                 f"PSUM capacity exceeded on {self.gen.name}: {what} needs {per_partition} B per partition but "
                 f"all {self.gen.psum_banks} banks of {bank} B are taken (used per bank: {self.psum_banks}). "
@@ -360,12 +395,13 @@ class Run:
             )
         return None
 
-    def release(self, token: tuple[str, int]) -> None:
-        kind, val = token
+    def release(self, token: tuple[str, tuple[int, ...], int]) -> None:
+        kind, pid, val = token
+        sbuf_used, psum_banks = self._mem(pid)
         if kind == "sbuf":
-            self.sbuf_used -= val
+            sbuf_used[0] -= val
         else:
-            self.psum_banks[val // 1_000_000] -= val % 1_000_000
+            psum_banks[val // 1_000_000] -= val % 1_000_000
 
     # ---- counters
     def count(
@@ -492,7 +528,7 @@ class _Alloc:
         self.name = name
         token = run.allocate(buffer, per_partition, name)
         # the PSUM bank: the cost model orders instructions on the physical bank, which tiles reuse
-        self.bank = token[1] // 1_000_000 if token is not None and token[0] == "psum" else None
+        self.bank = token[2] // 1_000_000 if token is not None and token[0] == "psum" else None
         if token is not None:
             weakref.finalize(self, run.release, token)
 
@@ -1123,9 +1159,14 @@ class NkiScalar:
     __hash__ = object.__hash__
 
     def __bool__(self) -> bool:
+        from . import versions
+
+        if not versions.at_least("0.7"):  # NKI 0.6 still ran bare `while reg:` loops (deprecated; removed in 0.7)
+            versions.deprecated("a bare `while reg:` loop on a register", "nl.while_loop", since="0.6")
+            return self._v != 0
         raise NkiError(
             "an NkiScalar is a run-time value: it cannot decide a Python `if`/`while` at trace time; "
-            "use nl.if_else / nl.while_loop"
+            "use nl.if_else / nl.while_loop (bare `while reg:` loops were removed in NKI 0.7)"
         )
 
     def __index__(self) -> int:

@@ -13,7 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from . import lnc as _lnc
 from . import ops as _ops
+from . import versions as _versions
 from .core import (
     PMAX,
     NkiError,
@@ -217,6 +219,8 @@ def _write(dst: NkiTensor, values: np.ndarray, op: str) -> None:
 
 
 _ENGINES = {"tensor", "vector", "scalar", "gpsimd"}
+#: bit-vector operators: integer bit patterns, Vector engine only
+BITVEC_OPS = frozenset({"bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "invert"})
 
 
 def _engine(engine: Any, default: str, op: str, *ts: NkiTensor, allowed: tuple[str, ...] | None = None) -> str:
@@ -491,6 +495,8 @@ def activation(
     ``engine`` (NKI 0.7): Scalar by default; GpSimd on trn3 (NeuronCore-v4) only."""
     where = "activation"
     dst, data = _t(dst, where, "dst"), _t(data, where, "data")
+    if engine is not None:
+        _versions.require("nki.isa.activation(engine=...)", "0.7")
     act_engine = _engine(engine, "scalar", where, dst, data, allowed=("scalar", "gpsimd"))
     if act_engine == "gpsimd":
         _need_gen(where, "trn3", "on the GpSimd engine")
@@ -561,8 +567,15 @@ def tensor_tensor(
     _same_free(where, dst, a, b)
     _free_limit(where, dst, a, b)
     _ensure_not_both_psum(where, a, b)
-    default = "gpsimd" if (_ops.op_name(op) == "power" or all(t.dtype == "int32" for t in (dst, a, b))) else "vector"
+    name_ = _ops.op_name(op)
+    bitvec = name_ in BITVEC_OPS
+    # int32 arithmetic defaults to GpSimd (native integer math); bit-vector operators are Vector operators
+    default = (
+        "gpsimd" if (name_ == "power" or (not bitvec and all(t.dtype == "int32" for t in (dst, a, b)))) else "vector"
+    )
     eng = _engine(engine, default, where, dst, a, b)
+    if bitvec:
+        _versions.bitvec_engine_rule(where, name_, eng, ("vector", "gpsimd"))
     _count(eng, "tensor_tensor", dst, a, b)
     if not _shape_only():
         with np.errstate(all="ignore"):
@@ -593,6 +606,9 @@ def tensor_scalar(
     a0 = _operand(operand0, dst, where, "operand0")
     a1 = None if f1 is None else _operand(operand1, dst, where, "operand1")
     eng = _engine(engine, "vector", where, dst, data)
+    for op_ in (op0, op1):
+        if op_ is not None and _ops.op_name(op_) in BITVEC_OPS:
+            _versions.bitvec_engine_rule(where, _ops.op_name(op_), eng, ("vector", "scalar", "gpsimd"))
     _count(eng, "tensor_scalar", dst, data, also_reads=_tensors(operand0, operand1))
     if _shape_only():
         return
@@ -1090,12 +1106,20 @@ def dropout(dst: NkiTensor, data: NkiTensor, prob: Any, name: str = "") -> None:
         _write(dst, np.where(run_rng().random(x.shape) >= pr, x, 0.0), where)
 
 
-# ---- registers (0.6) and scalars (0.7): both are NkiScalar values here
-VirtualRegister = NkiScalar
+# ---- registers (0.6; deprecated in 0.8) and scalars (0.7): both are NkiScalar values here
+_SCALARS = "nki.isa.scalar_load / nki.isa.scalar_store with nki.isa.NkiScalar"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "VirtualRegister":  # deprecated in 0.8: a module attribute, so every use of the name warns
+        _versions.deprecated("nki.isa.VirtualRegister", _SCALARS)
+        return NkiScalar
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register_alloc(x: Any = None) -> NkiScalar:
-    """A new run-time register holding ``x`` (0 if omitted)."""
+    """A new run-time register holding ``x`` (0 if omitted). Deprecated in NKI 0.8 (use scalar_load/store)."""
+    _versions.deprecated("nki.isa.register_alloc", _SCALARS)
     return NkiScalar(0 if x is None else _runtime_int(x, "nisa.register_alloc"))
 
 
@@ -1106,22 +1130,26 @@ def _set(reg: Any, value: int, op: str) -> None:
 
 
 def register_load(dst: Any, src: NkiTensor, name: str = "") -> None:
-    """Load a 1x1 SBUF/HBM int tensor into register ``dst``."""
+    """Load a 1x1 SBUF/HBM int tensor into register ``dst``. Deprecated in NKI 0.8 (use scalar_load)."""
+    _versions.deprecated("nki.isa.register_load", "nki.isa.scalar_load")
     _set(dst, _runtime_int(_t(src, "register_load", "src"), "nisa.register_load"), "register_load")
 
 
 def register_move(dst: Any, src: Any, name: str = "") -> None:
-    """``dst = src`` (a register or an int)."""
+    """``dst = src`` (a register or an int). Deprecated in NKI 0.8 (NkiScalar arithmetic replaces it)."""
+    _versions.deprecated("nki.isa.register_move", _SCALARS)
     _set(dst, _runtime_int(src, "nisa.register_move"), "register_move")
 
 
 def register_store(dst: NkiTensor, src: Any, name: str = "") -> None:
-    """Store register ``src`` into the 1x1 tensor ``dst``."""
-    scalar_store(dst, src)
+    """Store register ``src`` into the 1x1 tensor ``dst``. Deprecated in NKI 0.8 (use scalar_store)."""
+    _versions.deprecated("nki.isa.register_store", "nki.isa.scalar_store")
+    _scalar_store("nisa.register_store", dst, src)
 
 
 def scalar_load(src: NkiTensor, name: str = "") -> NkiScalar:
     """Read a 1x1 int32/int64 tile into an :class:`NkiScalar` (NKI 0.7)."""
+    _versions.require("nki.isa.scalar_load", "0.7")
     src = _t(src, "scalar_load", "src")
     if src.size != 1 or src.dtype not in ("int32", "uint32", "int64"):
         raise NkiValidationError(f"nisa.scalar_load: src {_fmt_shape(src)} must be a 1x1 int32/int64 tensor")
@@ -1130,13 +1158,129 @@ def scalar_load(src: NkiTensor, name: str = "") -> NkiScalar:
 
 def scalar_store(dst: NkiTensor, value: Any, name: str = "") -> None:
     """Write a run-time scalar into the 1x1 tensor ``dst`` (NKI 0.7)."""
-    dst = _t(dst, "scalar_store", "dst")
+    _versions.require("nki.isa.scalar_store", "0.7")
+    _scalar_store("nisa.scalar_store", dst, value)
+
+
+def _scalar_store(where: str, dst: Any, value: Any) -> None:
+    dst = _t(dst, where.removeprefix("nisa."), "dst")
     if dst.size != 1:
-        raise NkiValidationError(f"nisa.scalar_store: dst {_fmt_shape(dst)} must be 1x1")
-    v = _runtime_int(value, "nisa.scalar_store")
+        raise NkiValidationError(f"{where}: dst {_fmt_shape(dst)} must be 1x1")
+    v = _runtime_int(value, where)
     current_run().note_write(dst)
     if not _shape_only():
-        _write(dst, np.full(dst.shape, v, np.float64), "scalar_store")
+        _write(dst, np.full(dst.shape, v, np.float64), where)
+
+
+# ---- cross-core communication: the 0.6/0.7 nki.isa entry points, deprecated wrappers of nki.lnc in 0.8
+def sendrecv(
+    src: NkiTensor,
+    dst: NkiTensor,
+    send_to_rank: int,
+    recv_from_rank: int,
+    pipe_id: Any = None,
+    dma_engine: Any = "dma",
+    name: str = "",
+) -> None:
+    """Exchange tiles with the peer core of an LNC-2 launch (see nki.lnc.sendrecv); ``pipe_id`` is ignored."""
+    _versions.deprecated("nki.isa.sendrecv", "nki.lnc.sendrecv (remove pipe_id, which NKI 0.8 ignores)")
+    if dma_engine not in ("dma", "gpsimd_dma"):
+        raise NkiValidationError(f"nisa.sendrecv: dma_engine={dma_engine!r}; use nisa.dma_engine.dma or .gpsimd_dma")
+    _lnc._exchange("nki.isa.sendrecv", "sendrecv", src, dst, send_to_rank, recv_from_rank, {"dma_engine": dma_engine})
+
+
+def sendrecv_compute(
+    src: NkiTensor, dst: NkiTensor, send_to_rank: int, recv_from_rank: int, reduce_op: Any, name: str = ""
+) -> None:
+    """``dst = reduce_op(src, peer's src)`` across an LNC-2 launch (see nki.lnc.sendrecv_compute)."""
+    _versions.require("nki.isa.sendrecv_compute", "0.7")
+    _versions.deprecated("nki.isa.sendrecv_compute", "nki.lnc.sendrecv_compute")
+    _lnc.sendrecv_compute_impl("nki.isa.sendrecv_compute", src, dst, send_to_rank, recv_from_rank, reduce_op, None)
+
+
+def core_barrier(data: NkiTensor, cores: Any, engine: Any = None, name: str = "") -> None:
+    """Wait until both cores reach the barrier (see nki.lnc.core_barrier)."""
+    _versions.deprecated("nki.isa.core_barrier", "nki.lnc.core_barrier")
+    _lnc.core_barrier_impl("nki.isa.core_barrier", data, cores, engine)
+
+
+# ---- local_gather (GpSimd): 8 cores of 16 partitions, each gathering within its own partitions
+_GATHER_ELEMS = (1, 2, 4, 8, 16, 32)
+
+
+def local_gather(
+    dst: NkiTensor,
+    src_buffer: NkiTensor,
+    index: NkiTensor,
+    num_elem_per_idx: int = 1,
+    num_valid_indices: int | None = None,
+    name: str = "",
+) -> None:
+    """Gather on GpSimd: each of its 8 cores serves 16 partitions; it flattens its 16-partition slice of
+    ``index`` (uint16, partition-major: column by column) into element offsets and gathers, for each of its
+    partitions, ``num_elem_per_idx`` contiguous elements of ``src_buffer``'s free dims at each offset:
+    ``dst[p] = concat(src_flat[p, i : i + num_elem_per_idx] for i in offsets[:num_valid_indices])``.
+
+    Without ``num_valid_indices`` every index counts (the NKI 0.7 default); NKI 0.8 leaves that result
+    undefined and warns (:class:`NkiWarning`)."""
+    where = "local_gather"
+    dst, src, idx = _t(dst, where, "dst"), _t(src_buffer, where, "src_buffer"), _t(index, where, "index")
+    for t, role in ((dst, "dst"), (src, "src_buffer"), (idx, "index")):
+        _buf(t, ("sbuf",), where, role)
+        _partition_start(where, t)
+    if src.partitions != idx.partitions or src.partitions % 16 or dst.partitions != src.partitions:
+        raise NkiValidationError(
+            f"nisa.{where}: src_buffer {_fmt_shape(src)}, index {_fmt_shape(idx)} and dst {_fmt_shape(dst)} must "
+            "have the same partition count, a multiple of 16 (each GpSimd core serves 16 partitions)"
+        )
+    if idx.dtype != "uint16":
+        raise NkiValidationError(f"nisa.{where}: index {_fmt_shape(idx)} must be uint16, got {idx.dtype}")
+    if dst.dtype != src.dtype:
+        raise NkiValidationError(f"nisa.{where}: dst dtype {dst.dtype} must equal src_buffer's {src.dtype} (no cast)")
+    if num_elem_per_idx not in _GATHER_ELEMS:
+        raise NkiValidationError(f"nisa.{where}: num_elem_per_idx={num_elem_per_idx} must be one of {_GATHER_ELEMS}")
+    per_core = 16 * idx.free_size
+    if num_valid_indices is None:
+        if _versions.at_least("0.8"):
+            _versions.warn(
+                f"nisa.{where} without num_valid_indices: NKI 0.8 leaves the result undefined (a later release "
+                f"makes the default dst_free_size / num_elem_per_idx); pass num_valid_indices explicitly (the "
+                f"emulator gathers all {per_core} indices per core, the NKI 0.7 default)"
+            )
+        valid = per_core
+    else:
+        valid = int(num_valid_indices)
+        if not 0 < valid <= per_core:
+            raise NkiValidationError(
+                f"nisa.{where}: num_valid_indices={valid} must be in 1..{per_core} (the index elements of one "
+                "16-partition slice)"
+            )
+    if valid > 4096:
+        raise NkiValidationError(f"nisa.{where}: {valid} indices per GpSimd core; at most 4096")
+    if dst.free_size != valid * num_elem_per_idx:
+        raise NkiValidationError(
+            f"nisa.{where}: dst {_fmt_shape(dst)} must hold num_valid_indices x num_elem_per_idx = "
+            f"{valid} x {num_elem_per_idx} elements per partition"
+        )
+    current_run().count(
+        "gpsimd", "gather", dst.partitions, dst.free_size, dst.itemsize, reads=(src, idx), writes=(dst,)
+    )
+    if _shape_only():
+        return
+    flat = np.asarray(src._arr).reshape(src.partitions, -1)
+    offsets = np.asarray(idx._arr).reshape(idx.partitions, -1).astype(np.int64)
+    span = np.arange(num_elem_per_idx)
+    out = np.empty((dst.partitions, valid, num_elem_per_idx), flat.dtype)
+    for c0 in range(0, src.partitions, 16):
+        core = offsets[c0 : c0 + 16].flatten(order="F")[:valid]
+        cols = core[:, None] + span[None, :]
+        if cols.size and (cols.min() < 0 or cols.max() >= flat.shape[1]):
+            raise NkiValidationError(
+                f"nisa.{where}: an index of GpSimd core {c0 // 16} reaches element {int(cols.max())} of a "
+                f"{flat.shape[1]}-element partition (out-of-bound access is undefined on the device)"
+            )
+        out[c0 : c0 + 16] = flat[c0 : c0 + 16][:, cols]
+    dst._arr[...] = out.reshape(dst.shape)
 
 
 # ---- documented, refused (each raises NkiUnsupportedError naming itself)
@@ -1148,12 +1292,9 @@ _REFUSED = {
     "range_select": "not emulated",
     "select_reduce": "not emulated",
     "sequence_bounds": "not emulated",
-    "local_gather": "not emulated",
     "nc_n_gather": "not emulated",
     "dma_compute": "DMA read-modify-write is not emulated",
     "nc_stream_shuffle": "not emulated",
-    "core_barrier": "cross-core synchronisation is not emulated (LNC programs run one after another)",
-    "sendrecv": "collectives are not emulated",
     "rng": "the device's random stream is not reproduced",
     "rand2": "the device's random stream is not reproduced",
     "rand_set_state": "the device's random stream is not reproduced",
@@ -1176,7 +1317,6 @@ class NkiInstruction:
 __all__ += [
     "NkiInstruction",
     "NkiScalar",
-    "VirtualRegister",
     "dma_engine",
     "dma_transpose",
     "dropout",
@@ -1188,12 +1328,16 @@ __all__ += [
     "nc_find_index8",
     "nc_match_replace8",
     "nc_version",
+    "core_barrier",
+    "local_gather",
     "register_alloc",
     "register_load",
     "register_move",
     "register_store",
     "scalar_load",
     "scalar_store",
+    "sendrecv",
+    "sendrecv_compute",
     "tensor_copy_predicated",
     "tensor_scalar_reduce",
     "tensor_tensor_scan",

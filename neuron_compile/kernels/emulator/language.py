@@ -9,6 +9,7 @@ Vector for the rest).
 from __future__ import annotations
 
 import builtins
+import functools
 import math
 from typing import Any
 
@@ -17,6 +18,7 @@ import numpy as np
 from . import grids as _grids
 from . import isa as _isa
 from . import ops as _ops
+from . import versions as _versions
 from .core import (
     PMAX,
     NkiError,
@@ -252,7 +254,16 @@ def affine_range(start: int, stop: int | None = None, step: int = 1) -> Any:
 
 
 sequential_range = static_range = affine_range
-dynamic_range = unsupported("nki.language.dynamic_range", "removed in NKI 0.7; use nl.fori_loop")
+
+
+def dynamic_range(start: Any, stop: Any = None, step: int = 1) -> Any:
+    """NKI 0.6's run-time loop (``for i in nl.dynamic_range(reg):``, ``i`` an NkiScalar): deprecated in 0.6,
+    removed in 0.7 (use ``nl.fori_loop``)."""
+    _versions.removed("nki.language.dynamic_range", "0.7", "nl.fori_loop(lower, upper, body_fun)")
+    _versions.deprecated("nki.language.dynamic_range", "nl.fori_loop", since="0.6")
+    lo, hi = (0, start) if stop is None else (start, stop)
+    r = builtins.range(_runtime_int(lo, "nl.dynamic_range"), _runtime_int(hi, "nl.dynamic_range"), int(step))
+    return (NkiScalar(i) for i in _LoopRange(r))
 
 
 def program_id(axis: int = 0) -> int:
@@ -464,7 +475,22 @@ def where(condition: NkiTensor, x: Any, y: Any, dtype: Any = None) -> NkiTensor:
 NkiTensor = NkiTensor
 NkiScalar = NkiScalar
 NkiGrid, NkiTileGrid, NkiBlockGrid = _grids.NkiGrid, _grids.NkiTileGrid, _grids.NkiBlockGrid
-tiles, blocks, alloc_tiles, alloc_blocks = _grids.tiles, _grids.blocks, _grids.alloc_tiles, _grids.alloc_blocks
+
+
+def _since(version: str, fn: Any) -> Any:
+    """``fn`` refusing to run under NKI releases older than ``version`` (same signature, for the API table)."""
+
+    @functools.wraps(fn)
+    def gated(*args: Any, **kwargs: Any) -> Any:
+        _versions.require(f"nki.language.{fn.__name__}", version)
+        return fn(*args, **kwargs)
+
+    return gated
+
+
+# NKI 0.7's tile/block grids
+tiles, blocks = _since("0.7", _grids.tiles), _since("0.7", _grids.blocks)
+alloc_tiles, alloc_blocks = _since("0.7", _grids.alloc_tiles), _since("0.7", _grids.alloc_blocks)
 
 # operator identifiers that are not functions
 bypass = MathOp("bypass", "unary", "scalar")
@@ -672,7 +698,9 @@ def while_loop(init: Any, body_fun: Any) -> None:
 
 
 def if_else(cond: Any, then_fn: Any, else_fn: Any = None) -> None:
-    """Run ``then_fn()`` if the run-time scalar ``cond`` is nonzero, else ``else_fn()``."""
+    """Run ``then_fn()`` if the run-time scalar ``cond`` is nonzero, else ``else_fn()`` (documented from the
+    NKI 0.8 pages on)."""
+    _versions.require("nki.language.if_else", "0.8")
     if _scalar_arg(cond, "nl.if_else(cond)") != 0:
         then_fn()
     elif else_fn is not None:

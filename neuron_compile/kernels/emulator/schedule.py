@@ -128,9 +128,18 @@ class Timeline:
             self.written[k] = (weakref.ref(owner), max(end, prev[1] if prev else 0.0), engine)
         self.end = max(self.end, end)
 
-    def compute(self, engine: str, cycles: float, reads: tuple, writes: tuple) -> None:
+    def compute_ready(self, engine: str, reads: tuple, writes: tuple) -> float:
+        """When an instruction on ``engine`` with these operands could start, as far as its inputs go."""
+        return self._ready(reads, writes, _cost.DEP_CYCLES / (self.clock[engine] * 1e9), engine)
+
+    def dma_ready(self, reads: tuple, writes: tuple, latency: bool = True) -> float:
+        """When a transfer with these operands could start (its fixed latency included unless ``latency=False``)."""
+        return self._ready(reads, writes, 0.0, "dma") + (_cost.DMA_FIXED_LATENCY_S if latency else 0.0)
+
+    def compute(self, engine: str, cycles: float, reads: tuple, writes: tuple, not_before: float = 0.0) -> None:
+        """Schedule one compute instruction; ``not_before`` holds it for an event outside this core (a barrier)."""
         clk = self.clock[engine] * 1e9
-        ready = self._ready(reads, writes, _cost.DEP_CYCLES / clk, engine)
+        ready = max(not_before, self.compute_ready(engine, reads, writes))
         dur = cycles / clk
         if engine == "tensor" and self.gen.name != "trn1":
             # the throttle follows the PE's recent activity: estimated at the earliest start the PE allows
@@ -146,8 +155,11 @@ class Timeline:
         self.busy[engine] += dur
         self._record(reads, writes, end, engine)
 
-    def dma(self, nbytes: int, partitions: int, reads: tuple, writes: tuple) -> None:
-        ready = self._ready(reads, writes, 0.0, "dma") + _cost.DMA_FIXED_LATENCY_S
+    def dma(
+        self, nbytes: int, partitions: int, reads: tuple, writes: tuple, not_before: float = 0.0, latency: bool = True
+    ) -> None:
+        """Schedule one transfer; ``not_before`` holds it for the peer core of a send/receive pair."""
+        ready = max(not_before, self.dma_ready(reads, writes, latency))
         share = _cost.dma_engines_used(partitions) / _cost.DMA_ENGINES
         dur = _cost.dma_transfer_seconds(self.gen, nbytes, partitions)
         start = self.res["dma"].place(ready, dur * share)
