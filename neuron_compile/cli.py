@@ -382,10 +382,10 @@ def add_cache_commands(sub: "argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .precompile import explain_key
+    from .precompile import main_explain
 
     _no_url(args)
-    return explain_key(args.key, args.dir, args.manifest, sys.stdout)
+    return main_explain(args.key, args.dir, args.manifest, sys.stdout)
 
 
 PRECOMPILE_EPILOG = """\

@@ -18,6 +18,12 @@
 Not recorded: graphs the cache does not hold in any run (debug dumps, emulated or user NKI kernels,
 uncacheable graphs), and graphs with collectives, which the CPU target splits into pieces around them
 where the neuron target compiles them whole.
+
+A manifest is input like any file a user hands over: every read is checked against ``MANIFEST_SCHEMA`` (a
+JSON Schema, checked with ``jsonschema``) and a bad one raises ``ManifestError``, one line per problem naming
+the file and the field (the commands print them and exit 2). Its modules are named by their sha256 only, so
+no path can be smuggled in; they are read from ``modules/`` beside it as regular files, opened without
+blocking (``cache.store.read_regular_file``), inside the manifest's folder.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -40,7 +47,7 @@ import filelock
 import torch
 
 from .artifact import Artifact
-from .options import Options, from_env
+from .options import GENERATIONS, LNC_SIZES, OPT_LEVELS, Options, from_env
 from .provenance import module_path, user_frame
 
 log = logging.getLogger("neuron_compile.precompile")
@@ -82,16 +89,164 @@ def objects_dir(manifest: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(manifest)), OBJECTS_DIR)
 
 
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+_DIGEST = {"type": ["string", "null"], "pattern": "^[0-9a-f]{64}$",
+           "description": f"the sha256 (64 lowercase hex digits) of a file in {OBJECTS_DIR}/, or null"}  # fmt: skip
+_KEY = {"type": "string", "pattern": "^[0-9a-f]{40}$", "description": "a cache key (40 lowercase hex digits)"}
+#: THE shape of a manifest: every field a command reads, with the type it reads it as. Fields of the key
+#: summary that only go into its digest (graph, target, tag...) may be anything JSON.
+MANIFEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["format", "graphs"],
+    "properties": {
+        "format": {"const": MANIFEST_FORMAT},
+        "graphs": {
+            "type": "object",
+            "propertyNames": _KEY,
+            "additionalProperties": {
+                "type": "object",
+                "required": ["key", "summary", "name", "source", "inputs"],
+                "properties": {
+                    "key": _KEY,
+                    "summary": {
+                        "type": "object",
+                        "required": ["options", "versions", "inputs"],
+                        "properties": {
+                            "inputs": _STRINGS,
+                            "versions": {"type": "object", "additionalProperties": {"type": "string"}},
+                            "options": {
+                                "type": "object",
+                                "required": ["generation", "neuron_cc_flags", "opt_level"],
+                                "properties": {
+                                    "generation": {"enum": list(GENERATIONS)},
+                                    "neuron_cc_flags": _STRINGS,
+                                    "opt_level": {"enum": list(OPT_LEVELS)},
+                                    "lnc": {"enum": list(LNC_SIZES)},
+                                },
+                            },
+                        },
+                    },
+                    "name": {"type": "string"},
+                    "source": {"type": "string"},
+                    "inputs": _STRINGS,
+                    "module": _DIGEST,
+                    "plan": _DIGEST,
+                    "num_ops": {"type": "integer", "minimum": 0},
+                    "lower_seconds": {"type": "number", "minimum": 0},
+                    "error": {"type": ["string", "null"]},
+                },
+            },
+        },
+    },
+}
+#: At most this many problems are listed (then how many more).
+MAX_PROBLEMS = 20
+
+
+class ManifestError(ValueError):
+    """A file that is not a usable manifest; ``problems``: one line per problem, each naming the file and,
+    where there is one, the field."""
+
+    def __init__(self, path: str, problems: list[str]) -> None:
+        shown = problems[:MAX_PROBLEMS]
+        if len(problems) > len(shown):
+            shown.append(f"... and {len(problems) - len(shown)} more problems")
+        self.problems = [f"{path}: {p}" for p in shown]
+        super().__init__("\n".join(self.problems))
+
+
+def _field(path: Any) -> str:
+    """``graphs.<key>.summary.inputs[0]`` of a jsonschema error path."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif re.fullmatch(r"[A-Za-z0-9_-]+", part):
+            out += f".{part}" if out else part
+        else:
+            out += f"[{part[:60]!r}]"
+    return out
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "object", list: "list", str: "str", bool: "bool", int: "int", float: "float"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+_EXPECTED = {"object": "an object", "array": "a list", "string": "a string", "integer": "an integer",
+             "number": "a number", "null": "null", "boolean": "a boolean"}  # fmt: skip
+
+
+def _describe(error: Any) -> str:
+    """One line of a jsonschema ``ValidationError``: the field, what was expected, what is there."""
+    where, value, schema = _field(error.absolute_path), error.instance, error.schema
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    kind = error.validator
+    if kind == "type":
+        types = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+        why = f"expected {' or '.join(_EXPECTED.get(t, t) for t in types)}, got {_json_type(value)}"
+    elif kind == "required":
+        missing = re.match(r"'(.*)' is a required property", error.message)
+        name = missing.group(1) if missing else "?"
+        where = f"{where}.{name}" if where else name
+        why = "missing"
+    elif kind in ("enum", "const"):
+        allowed = error.validator_value if kind == "enum" else [error.validator_value]
+        why = f"expected {' or '.join(map(repr, allowed))}, got {shown}"
+    elif kind == "propertyNames":
+        why = f"{shown} is not {_KEY['description']}"
+    elif kind == "pattern":
+        why = f"expected {schema.get('description', 'a match of ' + error.validator_value)}, got {shown}"
+    elif kind == "minimum":
+        why = f"expected a number >= {error.validator_value}, got {shown}"
+    else:
+        why = error.message
+    return f"{where}: {why}" if where else why
+
+
+def check_manifest_document(doc: Any) -> list[str]:
+    """Every problem of the parsed manifest ``doc`` (``MANIFEST_SCHEMA``, and each graph filed under its own
+    key), one line each: "field: problem". Empty: a manifest every command can read."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(MANIFEST_SCHEMA)
+    problems = sorted(_describe(e) for e in validator.iter_errors(doc))
+    if not problems:
+        for key, record in doc["graphs"].items():
+            if record["key"] != key:
+                problems.append(f"{_field(['graphs', key, 'key'])}: {record['key']!r} is not the key it is filed under")
+    return problems
+
+
 def read_manifest(path: str) -> dict[str, Recorded]:
-    """The graphs of manifest ``path`` by key ({} when the file does not exist). Raises ``ValueError`` for a
-    file that is not a manifest."""
+    """The graphs of manifest ``path`` by key ({} when the file does not exist). Raises ``ManifestError``
+    for a file that is not a usable manifest, saying why field by field. Reads a regular file only, without
+    blocking (a FIFO there is refused, not waited on)."""
+    from .cache.entry import CorruptEntry
+    from .cache.store import read_regular_file
+
     try:
-        with open(path) as f:
-            doc = json.load(f)
+        raw = read_regular_file(path, follow_symlinks=True)
     except FileNotFoundError:
         return {}
-    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT or not isinstance(doc.get("graphs"), dict):
-        raise ValueError(f"{path} is not a neuron-compile precompile manifest (format {MANIFEST_FORMAT})")
+    except CorruptEntry as e:
+        raise ManifestError(path, [f"cannot be read: {e}"]) from None
+    except OSError as e:
+        raise ManifestError(path, [f"cannot be read: {e.strerror or e}"]) from None
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ManifestError(
+            path, [f"not a manifest: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); a manifest is "
+                   "the JSON file `neuron-compile precompile collect` writes"]
+        ) from None  # fmt: skip
+    except json.JSONDecodeError as e:
+        raise ManifestError(path, [f"not a manifest: not JSON (line {e.lineno} column {e.colno}: {e.msg})"]) from None
+    except RecursionError:
+        raise ManifestError(path, ["not a manifest: JSON nested too deeply to read"]) from None
+    problems = check_manifest_document(doc)
+    if problems:
+        raise ManifestError(path, problems)
     return {k: Recorded.from_json(v) for k, v in doc["graphs"].items()}
 
 
@@ -109,9 +264,22 @@ def _write_object(manifest: str, data: bytes, suffix: str) -> str:
 
 
 def read_object(manifest: str, digest: str, suffix: str) -> bytes:
-    """A content-addressed file of the manifest, checked against its name."""
-    with open(os.path.join(objects_dir(manifest), digest + suffix), "rb") as f:
-        data = f.read()
+    """A content-addressed file of the manifest, checked against its name: inside the manifest's folder, a
+    regular file opened without blocking (a planted FIFO or symlink is refused, never waited on)."""
+    from .cache.entry import CorruptEntry
+    from .cache.paths import is_within
+    from .cache.store import read_regular_file
+
+    name = f"{OBJECTS_DIR}/{digest[:12]}{suffix}"
+    if re.fullmatch(r"[0-9a-f]{64}", digest) is None:
+        raise ValueError(f"{digest[:80]!r} does not name a file of {OBJECTS_DIR}/ (a sha256 does)")
+    path = os.path.join(objects_dir(manifest), digest + suffix)
+    if not is_within(path, os.path.dirname(os.path.abspath(manifest))):
+        raise ValueError(f"{name} resolves outside the manifest's folder; collect again")
+    try:
+        data = read_regular_file(path)
+    except CorruptEntry as e:
+        raise ValueError(f"{name} cannot be used ({e}); collect again") from None
     if hashlib.sha256(data).hexdigest() != digest:
         raise ValueError(f"{OBJECTS_DIR}/{digest[:12]}{suffix} is damaged (checksum mismatch); collect again")
     return data
@@ -384,10 +552,10 @@ def compile_manifest(
 
     out = out or sys.stderr
     jobs = jobs or os.cpu_count() or 1
+    graphs = read_manifest(manifest)
     if shutil.which("neuronx-cc") is None:
         raise SystemExit("neuron-compile: neuronx-cc is not on PATH: install the Neuron SDK's aws-neuronx-cc "
                          "(it runs on any x86-64 Linux host; no Trainium needed to compile)")  # fmt: skip
-    graphs = read_manifest(manifest)
     if not graphs:
         raise SystemExit(f"neuron-compile: {manifest} holds no graph (run precompile collect first)")
     store, remote = _stores(cache_dir, cache_url)
@@ -549,8 +717,21 @@ def explain_key(prefix: str, cache_dir: str | None, manifest: str | None, out: T
 
 
 # ------------------------------------------------------------------------------------------ commands
+#: The exit status of a command given a manifest it cannot use (as for any usage error).
+EXIT_BAD_MANIFEST = 2
+
+
+def _bad_manifest(e: ManifestError) -> int:
+    for line in e.problems:
+        print(f"neuron-compile: {line}", file=sys.stderr)
+    return EXIT_BAD_MANIFEST
+
+
 def main_collect(manifest: str, command: list[str]) -> int:
-    return collect(manifest, command)
+    try:
+        return collect(manifest, command)
+    except ManifestError as e:
+        return _bad_manifest(e)
 
 
 def main_compile(
@@ -559,6 +740,8 @@ def main_compile(
     try:
         parsed = parse_shard(shard) if shard else None
         result = compile_manifest(manifest, jobs, parsed, cache_dir, cache_url)
+    except ManifestError as e:
+        return _bad_manifest(e)
     except ValueError as e:
         raise SystemExit(f"neuron-compile: {e}") from None
     return 1 if result.failed else 0
@@ -568,13 +751,23 @@ def main_check(manifest: str, cache_dir: str | None, cache_url: str | None, out:
     out = out or sys.stdout
     try:
         coverage = check_manifest(manifest, cache_dir, cache_url)
+    except ManifestError as e:
+        return _bad_manifest(e)
     except ValueError as e:
         raise SystemExit(f"neuron-compile: {e}") from None
     print_coverage(coverage, out)
     return 0 if not coverage.misses else 1
 
 
+def main_explain(prefix: str, cache_dir: str | None, manifest: str | None, out: TextIO) -> int:
+    try:
+        return explain_key(prefix, cache_dir, manifest, out)
+    except ManifestError as e:
+        return _bad_manifest(e)
+
+
 __all__: list[str] = [
-    "Recorded", "Recorder", "CompileResult", "Coverage", "Failure", "add_records", "check_manifest", "collect",
-    "compile_manifest", "explain_key", "read_manifest", "resolve", "shard_of", "start_collecting",
+    "Recorded", "Recorder", "CompileResult", "Coverage", "Failure", "ManifestError", "MANIFEST_SCHEMA", "add_records",
+    "check_manifest", "check_manifest_document", "collect", "compile_manifest", "explain_key", "read_manifest",
+    "resolve", "shard_of", "start_collecting",
 ]  # fmt: skip

@@ -167,3 +167,109 @@ def test_doctor_names_a_visible_cores_value_the_runtime_refuses(tmp_path: Path, 
     assert proc.returncode == doctor.EXIT_FAILED, proc.stdout + proc.stderr
     assert says in verdict, verdict
     assert "does not answer" not in proc.stdout, proc.stdout
+
+
+# ------------------------------------------------------------------------- 5, 6: precompile manifests
+KEY = "a" * 40
+GOOD_RECORD = {
+    "key": KEY,
+    "summary": {"options": {"generation": "trn2", "neuron_cc_flags": [], "opt_level": 2, "lnc": 2},
+                "versions": {"neuronx-cc": "2.0"}, "inputs": ["float32[2] stride=(1,) cpu"]},
+    "name": "graph0_inference", "source": "train.py:3", "inputs": ["float32[2] stride=(1,) cpu"],
+    "module": "b" * 64, "plan": "c" * 64, "num_ops": 1, "lower_seconds": 0.1, "error": None,
+}  # fmt: skip
+
+
+def _manifest(**record_changes: object) -> dict:
+    return {"format": 1, "graphs": {KEY: {**GOOD_RECORD, **record_changes}}}
+
+
+@pytest.mark.parametrize(
+    "document, lines",
+    [
+        # the drills' tracebacks: 'int' object has no attribute 'items'; Recorded.__init__() missing 4 required
+        # positional arguments; '<' not supported between 'str' and 'NoneType'
+        ({"format": 1, "graphs": 3}, ["graphs: expected an object, got int"]),
+        ({"format": 1, "graphs": {KEY: {"key": KEY}}},
+         [f"graphs.{KEY}.{f}: missing" for f in ("inputs", "name", "source", "summary")]),
+        (_manifest(name=None), [f"graphs.{KEY}.name: expected a string, got null"]),
+        (_manifest(inputs=3, num_ops="many"),
+         [f"graphs.{KEY}.inputs: expected a list, got int", f"graphs.{KEY}.num_ops: expected an integer, got str"]),
+        (_manifest(summary={"options": {"generation": "trn9", "neuron_cc_flags": "-O3", "opt_level": 2},
+                            "versions": {}, "inputs": []}),
+         [f"graphs.{KEY}.summary.options.generation: expected 'trn2' or 'trn3', got 'trn9'",
+          f"graphs.{KEY}.summary.options.neuron_cc_flags: expected a list, got str"]),
+        (_manifest(key="d" * 40), [f"graphs.{KEY}.key: '{'d' * 40}' is not the key it is filed under"]),
+        ({"format": 2, "graphs": {}}, ["format: expected 1, got 2"]),
+        ([], ["expected an object, got list"]),
+        # item 6: a module path is a sha256, never a path
+        (_manifest(module="../fifo"),
+         [f"graphs.{KEY}.module: expected the sha256 (64 lowercase hex digits) of a file in modules/, or null, "
+          "got '../fifo'"]),
+    ],
+    ids=["graphs-int", "record-missing-fields", "name-null", "wrong-types", "options", "key-mismatch", "format",
+         "not-an-object", "module-path"],
+)  # fmt: skip
+def test_a_bad_manifest_gives_one_line_per_problem_naming_file_and_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], document: object, lines: list[str]
+) -> None:
+    import json
+
+    from neuron_compile import precompile
+
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(document))
+    assert precompile.main_check(str(path), str(tmp_path / "cache"), "") == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"neuron-compile: {path}: {line}" for line in lines], err
+
+
+@pytest.mark.parametrize(
+    "data, line",
+    [(b"\x89PNG\r\n\x1a\n\x00\xff", "not a manifest: not UTF-8 text (byte 0x89 at offset 0)"),
+     (b"[" * 100_000 + b"]" * 100_000, "not a manifest: JSON nested too deeply to read"),
+     (b'{"format": 1, "graphs": {', "not a manifest: not JSON (line 1 column 26")],
+    ids=["binary", "recursion", "truncated"],
+)  # fmt: skip
+def test_a_file_that_is_not_json_is_named(tmp_path: Path, data: bytes, line: str) -> None:
+    from neuron_compile import precompile
+
+    path = tmp_path / "manifest.json"
+    path.write_bytes(data)
+    with pytest.raises(precompile.ManifestError) as raised:
+        precompile.read_manifest(str(path))
+    assert raised.value.problems[0].startswith(f"{path}: {line}"), raised.value.problems
+
+
+def test_precompile_compile_of_a_manifest_naming_a_fifo_exits_2_without_hanging(tmp_path: Path) -> None:
+    import json
+
+    pre = tmp_path / "pre"
+    (pre / "modules").mkdir(parents=True)
+    os.mkfifo(pre / "fifo.mlir")  # what "modules/../fifo" + ".mlir" named: it blocked the compile forever
+    (pre / "manifest.json").write_text(json.dumps(_manifest(module="../fifo")))
+    env = {**_no_stack_env(NEURON_COMPILE_CACHE_DIR=str(tmp_path / "cache")), "PYTHONPATH": str(REPO)}
+    env["PATH"] = str(device_sim.bin_dir()) + os.pathsep + env["PATH"]  # a neuronx-cc to get past its check
+    proc = _run(_cli("precompile", "compile", str(pre / "manifest.json")), env, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr and f"manifest.json: graphs.{KEY}.module: expected the sha256" in proc.stderr
+
+
+@pytest.mark.parametrize("planted", ["fifo", "symlink-outside", "directory"])
+def test_a_module_file_that_is_not_a_regular_file_inside_the_folder_is_refused(tmp_path: Path, planted: str) -> None:
+    from neuron_compile import precompile
+
+    manifest = tmp_path / "pre" / "manifest.json"
+    modules = manifest.parent / precompile.OBJECTS_DIR
+    modules.mkdir(parents=True)
+    digest = "e" * 64
+    target = modules / f"{digest}.mlir"
+    if planted == "fifo":
+        os.mkfifo(target)
+    elif planted == "symlink-outside":
+        (tmp_path / "elsewhere.mlir").write_text("module {}")
+        target.symlink_to(tmp_path / "elsewhere.mlir")
+    else:
+        target.mkdir()
+    with pytest.raises(ValueError, match=r"modules/eeeeeeeeeeee\.mlir (cannot be used|resolves outside)"):
+        precompile.read_object(str(manifest), digest, ".mlir")

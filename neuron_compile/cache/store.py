@@ -82,20 +82,22 @@ class Leftover:
     mtime: float
 
 
-def read_regular_file(path: str) -> bytes:
-    """The bytes of ``path`` if it is a regular file (not a symlink, FIFO, device...); raises
-    ``CorruptEntry`` for anything else and ``OSError`` (e.g. ``FileNotFoundError``) when unreadable."""
+def read_regular_file(path: str, follow_symlinks: bool = False) -> bytes:
+    """The bytes of ``path`` if it is a regular file (not a symlink unless ``follow_symlinks``, nor a FIFO,
+    device...), opened without blocking; raises ``CorruptEntry`` for anything else and ``OSError`` (e.g.
+    ``FileNotFoundError``) when unreadable."""
     name = os.path.basename(path)
     try:
-        fd = os.open(path, _OPEN_FLAGS)
+        fd = os.open(path, _OPEN_FLAGS & ~os.O_NOFOLLOW if follow_symlinks else _OPEN_FLAGS)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise E.CorruptEntry(f"{name} is a symbolic link") from None
         raise
+    mode = os.fstat(fd).st_mode  # before fdopen, which refuses a directory with an OSError of its own
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise E.CorruptEntry(f"{name} is not a regular file (mode {mode:o})")
     with os.fdopen(fd, "rb") as f:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise E.CorruptEntry(f"{name} is not a regular file (mode {mode:o})")
         return f.read()
 
 
