@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 import tests.device_sim as device_sim
 from neuron_compile import doctor
@@ -273,3 +274,43 @@ def test_a_module_file_that_is_not_a_regular_file_inside_the_folder_is_refused(t
         target.mkdir()
     with pytest.raises(ValueError, match=r"modules/eeeeeeeeeeee\.mlir (cannot be used|resolves outside)"):
         precompile.read_object(str(manifest), digest, ".mlir")
+
+
+# ----------------------------------------------------------------- 9: evaluate of a model with no tensor
+class _Returns(torch.nn.Module):
+    """Returns ``value`` whatever its input; with ``weight`` a parameter, so that it trains."""
+
+    def __init__(self, value: object, trains: bool = False) -> None:
+        super().__init__()
+        self.value = value
+        self.weight = torch.nn.Parameter(torch.ones(2)) if trains else None
+
+    def forward(self, x: torch.Tensor) -> object:
+        return self.value
+
+
+@pytest.mark.parametrize(
+    "value, trains, said",
+    [("abc", False, "a str ('abc')"), (None, False, "None"), (3, False, "an int (3)"),
+     ((1, "a"), False, "a tuple ((1, 'a'))"), ("abc", True, "a str ('abc')")],
+    ids=["str", "none", "int", "tuple", "str-training"],
+)  # fmt: skip
+def test_evaluate_of_a_model_returning_no_tensor_is_not_a_pass(value: object, trains: bool, said: str) -> None:
+    from neuron_compile.evaluate import evaluate
+
+    report = evaluate(_Returns(value, trains), (torch.ones(2),), options={"target": "cpu"}, progress=False)
+    assert not report.ok and report.nothing_to_judge.startswith(f"the model returned {said}, no tensor"), report
+    assert "CANNOT JUDGE: the model returned" in str(report) and "YES" not in str(report)
+    assert report.to_dict()["nothing_to_judge"] == report.nothing_to_judge
+
+
+def test_evaluate_cli_of_a_model_returning_none_exits_2_saying_what_it_returned(tmp_path: Path) -> None:
+    factory = tmp_path / "returns_none.py"
+    factory.write_text(
+        "import torch\n\nclass M(torch.nn.Module):\n    def forward(self, x):\n        return None\n\n"
+        "def make():\n    return M(), (torch.ones(2),)\n"
+    )
+    proc = _run(_cli("evaluate", f"{factory}:make"), {**os.environ, "NEURON_COMPILE_TARGET": "cpu"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-3000:]
+    assert "the model returned None, no tensor" in proc.stderr and "YES" not in proc.stdout, proc.stdout
+    assert "Traceback" not in proc.stderr

@@ -5,7 +5,8 @@ exit status 0 when no op is flagged, 1 otherwise.
 
 FACTORY() returns ``(model, example_inputs)`` or ``(model, example_inputs, loss_fn)``. Exit status 0 when
 every graph compiles for Trainium and the numerics pass, 1 otherwise (a report says why), 2 for a usage or
-loading error (one line on stderr; under ``--json`` a JSON object ``{"ok": false, "error": ...}`` on stdout).
+loading error (one line on stderr; under ``--json`` a JSON object ``{"ok": false, "error": ...}`` on stdout)
+and for a model that returns no tensor (nothing to judge: the report says what it returned).
 The command's options and its --help epilog are in ``neuron_compile/cli.py`` (``EVALUATE_EPILOG``).
 """
 
@@ -165,4 +166,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(report.to_dict(), indent=2, default=str))
     else:
         print(report)
+    if getattr(report, "nothing_to_judge", ""):
+        print(f"neuron-compile evaluate: {report.nothing_to_judge}", file=sys.stderr)
+        return 2
     return 0 if report.ok else 1

@@ -121,6 +121,8 @@ class NumericsVerdict:
         }
 
     def describe(self) -> str:
+        if not self.tensors:
+            return "numerics: no tensor compared (nothing judged: not a pass)"
         lines = [
             f"numerics ({self.dtype} vs {self.reference_dtype} reference): "
             f"{'pass' if self.ok else 'FAIL'}, {len(self.tensors) - len(self.failures)}/{len(self.tensors)} tensors"

@@ -181,10 +181,21 @@ class EvaluationReport:
     errors: list[str] = field(default_factory=list)
     #: Random ops the model drew from in eager (dropout modules aside): numerics are then not compared.
     random_draws: list[RandomDraw] = field(default_factory=list)
+    #: Why the model cannot be evaluated at all (it returns no tensor); the CLI then exits 2, as for a
+    #: factory that does not load. "" when it can.
+    nothing_to_judge: str = ""
 
     @property
     def ok(self) -> bool:
-        return not self.unsupported and not self.errors and self.numerics is not None and self.numerics.ok
+        """Compiled, and numerics passed on at least one tensor: zero tensors compared is not a pass."""
+        return (
+            not self.unsupported
+            and not self.errors
+            and not self.nothing_to_judge
+            and self.numerics is not None
+            and self.numerics.ok
+            and bool(self.numerics.tensors)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -206,13 +217,16 @@ class EvaluationReport:
             "float64_downcasts": list(self.float64_downcasts),
             "errors": list(self.errors),
             "random_draws": [asdict(d) for d in self.random_draws],
+            "nothing_to_judge": self.nothing_to_judge,
         }
 
     def __str__(self) -> str:
         def fmt(v: float | None, unit: str) -> str:
             return "-" if v is None else f"{v:.3f} {unit}" if unit == "s" else f"{v:.2f} {unit}"
 
-        if self.ok:
+        if self.nothing_to_judge:
+            verdict = f"CANNOT JUDGE: {self.nothing_to_judge}"
+        elif self.ok:
             verdict = "YES: compiles for Trainium and numerics pass"
         elif self.random_draws and not self.unsupported and not self.errors:
             verdict = "NOT VERIFIED: compiles for Trainium; numerics not compared (random draws, see below)"

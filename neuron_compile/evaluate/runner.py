@@ -38,6 +38,24 @@ def _progress(enabled: bool, message: str) -> None:
         print(f"[neuron evaluate] {message}", file=sys.stderr, flush=True)
 
 
+class NothingToJudge(Exception):
+    """The model returned no tensor: compiled and eager cannot be compared (``EvaluationReport.nothing_to_judge``)."""
+
+
+def _no_tensor_returned(output: Any) -> str | None:
+    """What ``output`` is when it holds no tensor (None when it holds one): zero tensors compared is no pass."""
+    tree = dict(output.items()) if hasattr(output, "to_tuple") and hasattr(output, "keys") else output
+    if any(isinstance(x, torch.Tensor) for x in pytree.tree_leaves(tree)):
+        return None
+    shown = repr(output) if len(repr(output)) <= 80 else repr(output)[:77] + "..."
+    kind = type(output).__name__
+    what = "None" if output is None else f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} ({shown})"
+    return (
+        f"the model returned {what}, no tensor: there is nothing to compare between compiled and eager. Return "
+        "the model's tensors from forward (every tensor output is judged, and every gradient when training)"
+    )
+
+
 class PhaseTimeout(Exception):
     """A phase of ``evaluate`` ran past ``phase_timeout``: reported in ``errors`` with the phase named."""
 
@@ -131,6 +149,8 @@ class _Step:
         for p in params.parameters():
             p.grad = None
         out = model(*args, **kwargs)
+        if self.loss_fn is default_loss and (why := _no_tensor_returned(out)) is not None:
+            raise NothingToJudge(why)  # rather than the default loss's "no floating-point tensor"
         loss = self.loss_fn(out)
         loss.backward()
         grads = {f"grad:{n}": p.grad for n, p in params.named_parameters() if p.grad is not None}
@@ -329,6 +349,11 @@ def _run(
     dropped = _disable_dropout(eager_model)
     try:
         eager, report.random_draws = random_draws(lambda: step(eager_model, eager_model, args, kwargs))
+        if not step.training and (why := _no_tensor_returned(eager["outputs"]["output"])) is not None:
+            raise NothingToJudge(why)
+    except NothingToJudge as e:  # no compile either: nothing it gives could be judged
+        report.nothing_to_judge = str(e)
+        return
     except Exception as e:  # nothing to compare the compiled model with
         report.errors.append(f"eager step: {_one_line(e)} (the model fails without torch.compile; fix that first)")
         return
