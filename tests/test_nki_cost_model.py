@@ -111,3 +111,23 @@ def test_tensor_engine_warm_up() -> None:
             assert pe == pytest.approx(n * 512 / 2.8e9)  # no throttle documented for trn1
         else:  # the ramp costs a quarter of 3 us of work-equivalent at the start
             assert pe == pytest.approx(n * full + 0.5 * cost.PE_WARMUP_S * (1 / 0.5 - 1) * 0.5, rel=0.15)
+
+
+def test_queued_small_transfers_stream_at_full_rate() -> None:
+    """The single-transfer efficiency curve is latency, not occupancy: 64 independent 512 B-per-partition
+    loads take about their bytes at the full DMA rate (the matmul tutorial's naive kernel keeps the PE 87%
+    busy on such loads), while one such load alone completes only after its curve time (21% efficiency)."""
+
+    @nki.jit
+    def loads(x, n):
+        for i in range(n):
+            t = nl.ndarray((128, 128), x.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=t, src=x[i * 128 : (i + 1) * 128])
+
+    x = np.broadcast_to(np.zeros((), np.float32), (128 * 64, 128))
+    many, one = _schedule(loads, x, 64), _schedule(loads, x, 1)
+    nbytes = 128 * 128 * 4
+    full_rate = cost.dma_occupancy_seconds(TRN2, nbytes, 128)
+    assert one.seconds == pytest.approx(cost.DMA_FIXED_LATENCY_S + full_rate / 0.21, rel=0.02)
+    assert many.seconds < cost.DMA_FIXED_LATENCY_S + 64 * full_rate * 1.1 + full_rate / 0.21
+    assert many.dma_seconds == pytest.approx(64 * full_rate, rel=1e-6)

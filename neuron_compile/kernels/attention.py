@@ -34,6 +34,7 @@ CHUNK = 512
 NEG = -30000.0
 MAX_SEQ = 16384
 ROW_GROUP = 16  # 128-row tiles per bulk DMA (16 x 128 bf16 = 4 KiB per partition)
+DMA_T_EVERY = 4
 LNC = 2  # launch degree: the two physical cores of one trn2/trn3 logical NeuronCore (LNC=2)
 
 
@@ -51,8 +52,14 @@ def _load_rows(dst: Any, src_hbm: Any, s: int) -> None:
 
 
 def _load_transposed(dst_t: Any, src_hbm: Any, s: int, d: int, dt: str, natural: Any = None) -> None:
-    """dst_t[D, S] = src_hbm[S, D].T: rows loaded in bulk (:func:`_load_rows`), then 128 at a time through
-    the PE; ``natural`` ([P, tiles, D]) keeps the rows, else a temporary holds them."""
+    """dst_t[D, S] = src_hbm[S, D].T: for 2-byte dtypes one DMA transpose from HBM (and, with ``natural``
+    ([P, tiles, D]), the rows loaded in bulk beside it); fp32 (or trn1): rows loaded in bulk
+    (:func:`_load_rows`), then 128 at a time through the PE."""
+    if _dma_transpose_ok(dt):
+        nisa.dma_transpose(dst=dst_t[:d, :s], src=src_hbm[:s, :d], axes=(1, 0))
+        if natural is not None:
+            _load_rows(natural, src_hbm, s)
+        return
     if natural is None:
         natural = sbuf((P, -(-s // P), d), dt, "ld_rows")
     _load_rows(natural, src_hbm, s)
@@ -83,7 +90,7 @@ def _my_work(items: list[Any]) -> list[Any]:
 
 def _attend_block(
     q_t: Any,
-    k_block: Any,
+    chunks: Any,
     k0_block: int,
     v_sb: Any,
     qs: int,
@@ -92,14 +99,17 @@ def _attend_block(
     dt: str,
     causal: bool,
     scale: float,
-    state: tuple[Any, Any, Any],
+    state: list[Any],
 ) -> None:
-    """Online-softmax update of one 128-query tile with one key block (up to KV_BLOCK keys in CHUNK-wide
-    tiles of the K^T block grid): S = Q K^T on TensorE into one PSUM bank per chunk, the block's row max on
-    Vector, m_new/alpha on GpSimd, P = exp(scale*S - m_new) with its row sum fused on Scalar, P^T on the PE,
-    O_blk = P V accumulated in PSUM over the block, then ``l = l*alpha + rowsum``, ``o = o*alpha + O_blk``."""
-    m, l_sum, o_acc = state
-    chunks = nl.tiles(k_block)
+    """Online-softmax update of one 128-query tile with one key block (up to KV_BLOCK keys; ``chunks``: the
+    block's K^T as a grid of CHUNK-wide tiles, ``v_sb``: the block's V rows). ``state = [neg_m, o_acc]``: the negated running max (scaled units) and the
+    fp32 accumulator ``[P, d+1]`` whose last column is the row sum ``l`` (V carries a column of ones, so the
+    P V matmul sums P's rows too). S = Q K^T on TensorE into one PSUM bank per chunk; the block's row max on
+    Vector; the new max on GpSimd; P = exp(scale*S - m_new) on Scalar; P^T through the PE (or, for every
+    ``DMA_T_EVERY``-th chunk of 2-byte P, one DMA transpose, which spares the PE and the Vector copy);
+    ``O_blk|l_blk = P [V|1]`` in PSUM over the block; ``o_acc = o_acc*alpha + O_blk|l_blk``."""
+    neg_m, o_acc = state
+    dma_t = _dma_transpose_ok(dt)
     n_chunks = chunks.shape[1]
     cmax = sbuf((P, n_chunks), F32, "chunk_max")
     srcs = []
@@ -115,65 +125,62 @@ def _attend_block(
             _causal_mask(src, src, qs, cs, q0, k0)
         srcs.append((src, cs))
         nisa.tensor_reduce(dst=cmax[:qs, c : c + 1], op=nl.maximum, data=src[:qs, :cs], axis=1, keepdims=True)
-    # running max in scaled units; alpha rescales what was accumulated so far
-    m_new = sbuf((P, 1), F32, "m_new")
-    nisa.tensor_reduce(dst=m_new[:qs], op=nl.maximum, data=cmax[:qs], axis=1, keepdims=True)
-    nisa.tensor_scalar(
-        dst=m_new[:qs],
-        data=m_new[:qs],
-        op0=nl.multiply,
-        operand0=scale,
-        op1=nl.maximum,
-        operand1=m[:qs],
-        engine=nisa.engine.gpsimd,
-    )
-    neg_m = sbuf((P, 1), F32, "neg_m")
-    nisa.tensor_scalar(dst=neg_m[:qs], data=m_new[:qs], op0=nl.multiply, operand0=-1.0, engine=nisa.engine.gpsimd)
-    alpha = sbuf((P, 1), F32, "alpha")
-    nisa.activation(dst=alpha[:qs], op=nl.exp, data=m[:qs], bias=neg_m[:qs])
-    nisa.tensor_copy(dst=m[:qs], src=m_new[:qs], engine=nisa.engine.gpsimd)
-    sums = sbuf((P, n_chunks), F32, "row_sums")
-    pv = psum((P, d), F32, "pv")
+    # the new negated running max: min(-scale * blockmax, neg_m); alpha = exp(m_old - m_new)
+    neg_m_new = sbuf((P, 1), F32, "neg_m")
+    nisa.tensor_reduce(dst=neg_m_new[:qs], op=nl.maximum, data=cmax[:qs], axis=1, negate=True, keepdims=True)
+    first = neg_m is None  # the tile's first block: no running max, nothing accumulated yet
+    if first:
+        nisa.tensor_scalar(
+            dst=neg_m_new[:qs], data=neg_m_new[:qs], op0=nl.multiply, operand0=scale, engine=nisa.engine.gpsimd
+        )
+    else:
+        nisa.tensor_scalar(
+            dst=neg_m_new[:qs],
+            data=neg_m_new[:qs],
+            op0=nl.multiply,
+            operand0=scale,
+            op1=nl.minimum,
+            operand1=neg_m[:qs],
+            engine=nisa.engine.gpsimd,
+        )
+        alpha = sbuf((P, 1), F32, "alpha")
+        nisa.activation(dst=alpha[:qs], op=nl.exp, data=neg_m[:qs], scale=-1.0, bias=neg_m_new[:qs])
+    pv = psum((P, d + 1), F32, "pv")
     j = 0
     for c, (src, cs) in enumerate(srcs):
         p_sb = sbuf((P, CHUNK), dt, "p")
-        nisa.activation(
-            dst=p_sb[:qs, :cs],
-            op=nl.exp,
-            data=src[:qs, :cs],
-            bias=neg_m[:qs],
-            scale=scale,
-            reduce_op=nl.add,
-            reduce_res=sums[:qs, c : c + 1],
-        )
-        p_tp = psum((P, CHUNK // P, P), dt, "pT_psum")
+        nisa.activation(dst=p_sb[:qs, :cs], op=nl.exp, data=src[:qs, :cs], bias=neg_m_new[:qs], scale=scale)
         p_t = sbuf((P, CHUNK // P, P), dt, "pT")
         sub = list(tiles(cs))
-        for i, (j0, js) in enumerate(sub):
-            nisa.nc_transpose(dst=p_tp[:js, i, :qs], data=p_sb[:qs, j0 : j0 + js])
-        if cs % P == 0:
-            nisa.tensor_copy(dst=p_t[:, : len(sub), :qs], src=p_tp[:, : len(sub), :qs])
+        if dma_t and cs % P == 0 and c % DMA_T_EVERY != 0:
+            nisa.dma_transpose(
+                dst=p_t[:, : len(sub), :qs], src=p_sb[:qs, :cs].reshape_dim(1, (len(sub), P)), axes=(2, 1, 0)
+            )
         else:
+            p_tp = psum((P, CHUNK // P, P), dt, "pT_psum")
             for i, (j0, js) in enumerate(sub):
-                nisa.tensor_copy(dst=p_t[:js, i, :qs], src=p_tp[:js, i, :qs])
+                nisa.nc_transpose(dst=p_tp[:js, i, :qs], data=p_sb[:qs, j0 : j0 + js])
+            if cs % P == 0:
+                nisa.tensor_copy(dst=p_t[:, : len(sub), :qs], src=p_tp[:, : len(sub), :qs])
+            else:
+                for i, (j0, js) in enumerate(sub):
+                    nisa.tensor_copy(dst=p_t[:js, i, :qs], src=p_tp[:js, i, :qs])
         for i, (j0, js) in enumerate(sub):
-            kt = (k0_block + c * CHUNK + j0) // P
-            nisa.nc_matmul(dst=pv[:qs, :d], stationary=p_t[:js, i, :qs], moving=v_sb[:js, kt, :], accumulate=j > 0)
+            kt = (c * CHUNK + j0) // P
+            nisa.nc_matmul(dst=pv[:qs], stationary=p_t[:js, i, :qs], moving=v_sb[:js, kt, :], accumulate=j > 0)
             j += 1
-    blk_sum = sbuf((P, 1), F32, "blk_sum")
-    nisa.tensor_reduce(dst=blk_sum[:qs], op=nl.add, data=sums[:qs], axis=1, keepdims=True)
-    nisa.scalar_tensor_tensor(
-        dst=l_sum[:qs],
-        data=l_sum[:qs],
-        op0=nl.multiply,
-        operand0=alpha[:qs],
-        op1=nl.add,
-        operand1=blk_sum[:qs],
-        engine=nisa.engine.gpsimd,
-    )
-    nisa.scalar_tensor_tensor(
-        dst=o_acc[:qs], data=o_acc[:qs], op0=nl.multiply, operand0=alpha[:qs], op1=nl.add, operand1=pv[:qs, :d]
-    )
+    if first:
+        nisa.tensor_copy(dst=o_acc[:qs], src=pv[:qs])
+    else:
+        nisa.scalar_tensor_tensor(
+            dst=o_acc[:qs], data=o_acc[:qs], op0=nl.multiply, operand0=alpha[:qs], op1=nl.add, operand1=pv[:qs]
+        )
+    state[0] = neg_m_new
+
+
+def _dma_transpose_ok(dt: str) -> bool:
+    """DMA transposes take 2-byte dtypes and need NeuronCore-v3 or newer."""
+    return dt != F32 and nisa.get_nc_version() != nisa.nc_version.gen2
 
 
 @jit
@@ -189,35 +196,39 @@ def _flash_attention_fwd(q: Any, k: Any, v: Any, causal: bool = False, scale: fl
     lse = nl.ndarray((b_n, h_n, sq), F32, buffer=nl.shared_hbm, name="lse")
     q_grid = nl.tiles(q, tile_shape=(P, d))  # [B, H, query tiles, 1]
     o_grid = nl.tiles(out, tile_shape=(P, d))
-    nkt = -(-sk // P)
     mine = _my_work([(b, h, t) for b in range(b_n) for h in range(h_n) for t in range(q_grid.shape[2])])
     for b, h in dict.fromkeys((b, h) for b, h, _ in mine):
-        k_t = sbuf((P, sk), dt, "kT")
-        _load_transposed(k_t, k[b, h], sk, d, dt)
-        v_sb = sbuf((P, nkt, d), dt, "v")
-        _load_rows(v_sb, v[b, h], sk)
+        # K^T and V per key block, each its own tile, loaded when first needed: the first block's work starts
+        # after its own loads, not the whole head's
+        k_t, v_sb = [], []
         for t in (t for bb, hh, t in mine if (bb, hh) == (b, h)):
             q0 = t * P
             qs = q_grid[b, h, t, 0].element_shape[0]
             q_t = sbuf((P, P), dt, "qT")
             _load_transposed(q_t, q_grid[b, h, t, 0].data, qs, d, dt)
-            state = (sbuf((P, 1), F32, "m"), sbuf((P, 1), F32, "l"), sbuf((P, d), F32, "o_acc"))
-            nisa.memset(dst=state[0], value=NEG, engine=nisa.engine.gpsimd)
-            nisa.memset(dst=state[1], value=0.0, engine=nisa.engine.gpsimd)
-            nisa.memset(dst=state[2], value=0.0)
+            state = [None, sbuf((P, d + 1), F32, "o_acc")]
             kv_end = min(sk, q0 + qs) if causal else sk
-            k_blocks = nl.blocks(k_t[:, :kv_end], tile_shape=(P, CHUNK), block_shape=(1, KV_BLOCK // CHUNK))
-            for j in range(k_blocks.shape[1]):
-                _attend_block(q_t, k_blocks[0, j], j * KV_BLOCK, v_sb, qs, q0, d, dt, causal, scale, state)
-            m, l_sum, o_acc = state
+            for j, (k0b, kbs) in enumerate(tiles(kv_end, KV_BLOCK)):
+                if j == len(k_t):
+                    kbs_all = min(KV_BLOCK, sk - k0b)
+                    kt = sbuf((P, KV_BLOCK), dt, "kT")
+                    _load_transposed(kt, k[b, h, k0b : k0b + kbs_all], kbs_all, d, dt)
+                    vb = sbuf((P, KV_BLOCK // P, d + 1), dt, "v")  # V and a column of ones: P [V|1] sums P's rows
+                    nisa.memset(dst=vb[:, :, d : d + 1], value=1.0, engine=nisa.engine.gpsimd)
+                    _load_rows(vb[:, :, :d], v[b, h, k0b : k0b + kbs_all], kbs_all)
+                    k_t.append(kt)
+                    v_sb.append(vb)
+                chunks = nl.tiles(k_t[j][:, :kbs], tile_shape=(P, CHUNK))
+                _attend_block(q_t, chunks, k0b, v_sb[j], qs, q0, d, dt, causal, scale, state)
+            neg_m, o_acc = state
             inv_l = sbuf((P, 1), F32, "inv_l")
-            nisa.reciprocal(dst=inv_l[:qs], data=l_sum[:qs])
+            nisa.reciprocal(dst=inv_l[:qs], data=o_acc[:qs, d : d + 1])
             o_sb = sbuf((P, d), dt, "o")
-            nisa.tensor_scalar(dst=o_sb[:qs], data=o_acc[:qs], op0=nl.multiply, operand0=inv_l[:qs])
+            nisa.tensor_scalar(dst=o_sb[:qs], data=o_acc[:qs, :d], op0=nl.multiply, operand0=inv_l[:qs])
             nisa.dma_copy(dst=o_grid[b, h, t, 0].data, src=o_sb[:qs])
             lse_sb = sbuf((P, 1), F32, "lse")
-            nisa.activation(dst=lse_sb[:qs], op=nl.log, data=l_sum[:qs])
-            nisa.tensor_tensor(dst=lse_sb[:qs], data1=lse_sb[:qs], data2=m[:qs], op=nl.add)
+            nisa.activation(dst=lse_sb[:qs], op=nl.log, data=o_acc[:qs, d : d + 1])
+            nisa.tensor_tensor(dst=lse_sb[:qs], data1=lse_sb[:qs], data2=neg_m[:qs], op=nl.subtract)
             nisa.dma_copy(dst=lse[b, h, q0 : q0 + qs].reshape((qs, 1)), src=lse_sb[:qs])
         del k_t, v_sb  # tiles are scoped to the head: free them before the next head allocates
     return out, lse

@@ -161,10 +161,10 @@ class Timeline:
         """Schedule one transfer; ``not_before`` holds it for the peer core of a send/receive pair."""
         ready = max(not_before, self.dma_ready(reads, writes, latency))
         share = _cost.dma_engines_used(partitions) / _cost.DMA_ENGINES
-        dur = _cost.dma_transfer_seconds(self.gen, nbytes, partitions)
-        start = self.res["dma"].place(ready, dur * share)
-        end = start + dur
-        self.busy["dma"] += dur * share
+        busy = _cost.dma_occupancy_seconds(self.gen, nbytes, partitions)  # engines busy at full rate
+        start = self.res["dma"].place(ready, busy * share)
+        end = start + _cost.dma_transfer_seconds(self.gen, nbytes, partitions)  # the data is complete
+        self.busy["dma"] += busy * share
         self._record(reads, writes, end, "dma")
 
     def summary(self) -> dict[str, Any]:
