@@ -10,6 +10,7 @@ from __future__ import annotations
 from .cache import cache_stats  # importing the cache registers its mega-cache artifact type
 from .errors import (
     NeuronCompileError,
+    NeuronCompileTimeoutError,
     NeuronDynamicShapeError,
     NeuronForkedProcessError,
     NeuronMemoryMapError,
@@ -23,9 +24,15 @@ from .options import Options
 from .stats import STATS
 from .version import __version__
 
+# The `neuron` device (PrivateUse1), unless another library holds PrivateUse1: neuron_compile/device.
+from .device import register as _register_device
+
+_register_device()
+
 __all__ = [
     "EvaluationReport",
     "NeuronCompileError",
+    "NeuronCompileTimeoutError",
     "NeuronDynamicShapeError",
     "NeuronForkedProcessError",
     "NeuronMemoryMapError",

@@ -3,6 +3,7 @@ non-aten nodes, the recompile limit. Pure torch: nothing here imports jax or the
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from typing import Any, Callable
@@ -58,6 +59,39 @@ def check_static_shapes(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> 
         raise NeuronDynamicShapeError(
             "neuron backend: the graph has dynamic shapes:\n" + "\n".join(problems) + "\n" + STATIC_SHAPE_FIX
         )
+
+
+_STATIC_SHAPES_MARK = "_neuron_compile_static_shapes"
+
+
+def keep_shapes_static(is_neuron_backend: Callable[[Any], bool]) -> None:
+    """Turn Dynamo's automatic dynamic shapes off for the frames a neuron backend compiles (idempotent).
+
+    Under ``torch.compile``'s default ``dynamic=None``, Dynamo traces a frame static and, when a guard on a
+    size fails (a partial last batch), traces it again with that size symbolic, which the Neuron compiler
+    cannot take. Dynamo reads ``torch._dynamo.config.automatic_dynamic_shapes`` only while it converts a frame
+    (``ConvertFrameAssert.__call__``, which holds its backend in ``_torchdynamo_orig_backend``), so the config
+    is False around that call when ``is_neuron_backend(backend)``: each new shape is a new static graph, a
+    recompile counted against ``recompile_limit``, as under ``dynamic=False``. ``dynamic=True`` and
+    ``mark_dynamic`` still give symbolic sizes (refused by ``check_static_shapes``); other backends' frames
+    see the config unchanged.
+    """
+    from torch._dynamo import config as dynamo_config
+    from torch._dynamo.convert_frame import ConvertFrameAssert
+
+    convert = ConvertFrameAssert.__call__
+    if getattr(convert, _STATIC_SHAPES_MARK, False):
+        return
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not is_neuron_backend(getattr(self, "_torchdynamo_orig_backend", None)):
+            return convert(self, *args, **kwargs)
+        with dynamo_config.patch(automatic_dynamic_shapes=False):
+            return convert(self, *args, **kwargs)
+
+    functools.update_wrapper(__call__, convert)
+    setattr(__call__, _STATIC_SHAPES_MARK, True)
+    ConvertFrameAssert.__call__ = __call__
 
 
 def refuse_silent_eager_fallback(allow: bool) -> None:
@@ -148,19 +182,26 @@ def unsupported_tensor_kind(t: torch.Tensor) -> str | None:
     return None
 
 
-#: Devices whose tensors the backend takes: CPU tensors run; meta tensors give meta outputs (shapes only).
-INPUT_DEVICES = ("cpu", "meta")
+#: Devices whose tensors the backend takes: CPU tensors run; meta tensors give meta outputs (shapes only);
+#: tensors of this package's ``neuron`` device (neuron_compile/device) run where they lie.
+INPUT_DEVICES = ("cpu", "meta", "neuron")
 
 
 def unsupported_device(t: torch.Tensor) -> str | None:
     """Why a graph input on ``t.device`` cannot be run, with what to do, or None."""
-    if t.device.type in INPUT_DEVICES:
+    if t.device.type in INPUT_DEVICES and (t.device.type != "neuron" or _our_neuron_device()):
         return None
     return (
         f"tensor on device '{t.device}': the neuron backend takes CPU tensors (it moves data to the "
         f"NeuronCore itself; the cpu target runs on XLA CPU) or meta tensors (shapes only); move the "
         f"model and inputs to CPU with .cpu() / .to('cpu')"
     )
+
+
+def _our_neuron_device() -> bool:
+    from .device import is_registered
+
+    return is_registered()
 
 
 def unsupported_inputs(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> list[UnsupportedNode]:

@@ -28,8 +28,12 @@ GENERATIONS = ("trn2", "trn3")
 OPT_LEVELS = (1, 2, 3)
 #: NKI kernel modes (see the ``kernels`` field); kernel_routing.py acts on them.
 KERNEL_MODES = ("reference", "emulate", "off")
+#: What an eager op on the ``neuron`` device that cannot be compiled does (``eager_fallback``).
+EAGER_FALLBACKS = ("off", "cpu")
 #: Which graph inputs may stay on the NeuronCore between calls (``input_residency``; runtime/libnrt.py).
 INPUT_RESIDENCY = ("off", "version_counter")
+#: What the neuron target hands neuronx-cc: a StableHLO module, an HLO proto, or "auto" (runtime/neuronx_cc.py).
+COMPILER_INPUTS = ("auto", "mlir", "hlo")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -124,6 +128,18 @@ def _seconds(value: Any) -> float:
             raise _Rejected from None
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if number and math.isfinite(value) and 0 < value <= MAX_REMOTE_TIMEOUT:
+        return float(value)
+    raise _Rejected
+
+
+def _duration(value: Any) -> float:
+    """A finite number of seconds >= 0 (an int, a float or their string)."""
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise _Rejected from None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
         return float(value)
     raise _Rejected
 
@@ -225,6 +241,24 @@ _FIELDS: dict[str, _Field] = {
         _flags, "a str of flags (split as a shell would) or a list/tuple of str", "NEURON_CC_FLAGS"
     ),
     "opt_level": _Field(_opt_level, f"an int in {OPT_LEVELS} (or its digit string)", "NEURON_COMPILER_OPT_LEVEL"),
+    "compiler_input": _Field(_choice(COMPILER_INPUTS), f"one of {COMPILER_INPUTS}", "NEURON_COMPILE_COMPILER_INPUT"),
+    "compile_timeout": _Field(
+        _duration, "a number of seconds >= 0 (0: no limit), or its string", "NEURON_COMPILE_TIMEOUT"
+    ),
+    "compile_progress_seconds": _Field(
+        _duration, "a number of seconds >= 0 (0: no progress lines), or its string", "NEURON_COMPILE_PROGRESS_SECONDS"
+    ),
+    "compile_jobs": _Field(
+        _optional(_small_int(None)),
+        "an int >= 0 (0: each graph compiled when it is traced, in the caller's thread) or None (cores and memory)",
+        "NEURON_COMPILE_JOBS",
+    ),
+    "hbm_limit": _Field(
+        _size,
+        "an int >= 0 (bytes; 0: no check) or a size string such as '24G' (K/M/G/T are powers of 1024), or None "
+        "(one NeuronCore's HBM for generation and lnc)",
+        "NEURON_COMPILE_HBM_LIMIT",
+    ),
     "kernels": _Field(_choice(KERNEL_MODES), f"one of {KERNEL_MODES}", "NEURON_COMPILE_KERNELS"),
     # the runtime's own variable: the compiler's --lnc then always agrees with the runtime it runs on
     "lnc": _Field(_small_int(LNC_SIZES), f"an int in {LNC_SIZES} (or its digit string)", "NEURON_LOGICAL_NC_CONFIG"),
@@ -233,8 +267,13 @@ _FIELDS: dict[str, _Field] = {
         "an int >= 0 (a logical NeuronCore of those visible), or None",
         "NEURON_COMPILE_CORE",
     ),
-    "input_residency": _Field(
-        _choice(INPUT_RESIDENCY), f"one of {INPUT_RESIDENCY}", "NEURON_COMPILE_INPUT_RESIDENCY"
+    "input_residency": _Field(_choice(INPUT_RESIDENCY), f"one of {INPUT_RESIDENCY}", "NEURON_COMPILE_INPUT_RESIDENCY"),
+    "eager_fallback": _Field(_choice(EAGER_FALLBACKS), f"one of {EAGER_FALLBACKS}", "NEURON_COMPILE_EAGER_FALLBACK"),
+    "device_memory_limit": _Field(
+        _size,
+        "an int > 0 (bytes) or a size string such as '24G' (K/M/G/T are powers of 1024), or None (the target's: "
+        "24 GiB per logical core of a Trn2 at LNC=2)",
+        "NEURON_COMPILE_DEVICE_MEMORY_LIMIT",
     ),
     "precompile_manifest": _Field(
         _path,
@@ -335,6 +374,24 @@ class Options:
     neuron_cc_flags: tuple[str, ...] = field(default_factory=tuple)
     #: neuronx-cc optimization level, -O1..-O3 (neuron target only). Env: NEURON_COMPILER_OPT_LEVEL.
     opt_level: int = 2
+    #: What neuronx-cc is given (neuron target): "mlir" a StableHLO module, "hlo" an HloModuleProto made from it
+    #: by jaxlib, "auto" mlir until the compiler refuses it as unparsable, then hlo, remembered per compiler
+    #: version beside the cache. Part of the cache key. Env: NEURON_COMPILE_COMPILER_INPUT.
+    compiler_input: str = "auto"
+    #: Seconds one neuronx-cc run may take before it is stopped with an error naming the graph (0: no limit).
+    #: Not part of the cache key. Env: NEURON_COMPILE_TIMEOUT (default 7200: two hours).
+    compile_timeout: float = 7200.0
+    #: Seconds between the progress lines of a running neuronx-cc (0: none). Env: NEURON_COMPILE_PROGRESS_SECONDS.
+    compile_progress_seconds: float = 60.0
+    #: neuronx-cc runs at once (neuron target): a graph's compile starts in the background as soon as it is
+    #: lowered, so a forward's and its backward's (and other graphs of a step) compile side by side; its first
+    #: call waits for it. 0: compiled in the caller's thread when traced. None: the cores, at most one per 8 GiB
+    #: of available memory (runtime/compile_pool.py). Not part of the cache key. Env: NEURON_COMPILE_JOBS.
+    compile_jobs: int | None = None
+    #: Peak HBM a graph may need (bytes) before it is refused, on the neuron target before neuronx-cc runs (a
+    #: warning on the CPU target); None: one NeuronCore's (generation and lnc: 24 GiB on trn2 at LNC 2, hbm.py);
+    #: 0: no check. Not part of the cache key. Env: NEURON_COMPILE_HBM_LIMIT.
+    hbm_limit: int | None = None
     #: NKI kernel sites (lowering/kernel_routing.py): "reference" runs each site's StableHLO reference on
     #: the CPU target, "emulate" runs the NKI kernels themselves in the emulator (slow), "off" routes
     #: nothing to kernels. On the neuron target sites are NKI custom calls. Env: NEURON_COMPILE_KERNELS.
@@ -352,6 +409,15 @@ class Options:
     #: values. Not part of the cache key. Env: NEURON_COMPILE_INPUT_RESIDENCY. (Tensors on the ``neuron`` device
     #: stay on the core anyway.)
     input_residency: str = "off"
+    #: An eager op on the ``neuron`` device that cannot be compiled: "off" raises the unsupported-op error (with
+    #: the op, shapes and your line); "cpu" runs it on the host (inputs copied there and back, counted in
+    #: ``STATS.eager_ops_fallback``, a warning once per op). Not part of the cache key. Env:
+    #: NEURON_COMPILE_EAGER_FALLBACK.
+    eager_fallback: str = "off"
+    #: Bytes of device memory per logical core that tensors of the ``neuron`` device may hold; None: the target's
+    #: HBM (12 GiB per physical core on Trn2, 18 GiB on Trn3, times lnc). Not part of the cache key. Env:
+    #: NEURON_COMPILE_DEVICE_MEMORY_LIMIT.
+    device_memory_limit: int | None = None
     #: Collect for ``neuron-compile precompile`` (docs/precompile.md): run on the CPU target and record every
     #: graph, as the neuron target with these options would key and compile it, in this manifest file.
     #: Not part of the cache key. Env: NEURON_COMPILE_PRECOMPILE_MANIFEST.
@@ -397,5 +463,5 @@ class Options:
             "neuron_cc_flags": list(self.neuron_cc_flags),
             "opt_level": self.opt_level,
             "kernels": self.kernels,
-            **({"lnc": self.lnc} if self.target == "neuron" else {}),
+            **({"lnc": self.lnc, "compiler_input": self.compiler_input} if self.target == "neuron" else {}),
         }

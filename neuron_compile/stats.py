@@ -16,6 +16,9 @@ class GraphRecord:
     cache: str  # "miss" | "hit" | "off"
     #: NKI kernel sites in the graph (routed aten nodes, attention, user kernels).
     nki_kernels: int = 0
+    #: Estimated peak HBM on one NeuronCore (bytes, ``neuron_compile.hbm``); None where not estimated (a cache hit
+    #: of the neuron target).
+    hbm_peak: int | None = None
 
 
 @dataclass
@@ -28,6 +31,17 @@ class Stats:
     device_bytes_read: int = 0
     device_executions: int = 0
     device_bytes_kept_resident: int = 0
+    #: Every byte that crosses between host and device, whatever caused it (a graph's host-tensor inputs and
+    #: outputs, ``.to("neuron")``, ``.cpu()``, ``.item()``, an eager op's fallback), and how many transfers.
+    host_to_device_bytes: int = 0
+    device_to_host_bytes: int = 0
+    host_to_device_calls: int = 0
+    device_to_host_calls: int = 0
+    #: Eager ops on the ``neuron`` device: run (each a one-op graph), compiled (first use of a graph in this
+    #: process: from the compile cache or the compiler), and run on the host instead (``eager_fallback="cpu"``).
+    eager_ops_run: int = 0
+    eager_ops_compiled: int = 0
+    eager_ops_fallback: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def record(self, rec: GraphRecord) -> None:
@@ -40,6 +54,16 @@ class Stats:
             self.device_bytes_read += read
             self.device_bytes_kept_resident += kept_resident
             self.device_executions += 1
+        self.record_transfer(written, read)
+
+    def record_transfer(self, host_to_device: int = 0, device_to_host: int = 0) -> None:
+        with self._lock:
+            if host_to_device:
+                self.host_to_device_bytes += host_to_device
+                self.host_to_device_calls += 1
+            if device_to_host:
+                self.device_to_host_bytes += device_to_host
+                self.device_to_host_calls += 1
 
     def count(self, kind: str | None = None) -> int:
         return sum(1 for g in self.graphs if kind is None or g.kind == kind)
@@ -49,6 +73,9 @@ class Stats:
             self.graphs.clear()
             self.device_bytes_written = self.device_bytes_read = self.device_executions = 0
             self.device_bytes_kept_resident = 0
+            self.host_to_device_bytes = self.device_to_host_bytes = 0
+            self.host_to_device_calls = self.device_to_host_calls = 0
+            self.eager_ops_run = self.eager_ops_compiled = self.eager_ops_fallback = 0
 
 
 #: Process-wide record of compiled graphs. ``neuron_compile.stats.STATS.count("backward")`` etc.

@@ -35,6 +35,7 @@ NEG = -30000.0
 MAX_SEQ = 16384
 ROW_GROUP = 16  # 128-row tiles per bulk DMA (16 x 128 bf16 = 4 KiB per partition)
 DMA_T_EVERY = 4
+GPSIMD = nisa.engine.gpsimd
 LNC = 2  # launch degree: the two physical cores of one trn2/trn3 logical NeuronCore (LNC=2)
 
 
@@ -69,6 +70,24 @@ def _load_transposed(dst_t: Any, src_hbm: Any, s: int, d: int, dt: str, natural:
         nisa.tensor_copy(dst=dst_t[:d, s0 : s0 + ss], src=tp[:d, :ss], engine=nisa.engine.scalar)
 
 
+def _mask_tiles(dt: str) -> tuple[Any, Any]:
+    """``(identity, mask)`` [P, P] tiles in SBUF for adding the causal mask on the PE: ``mask[q, k]`` is 0 for
+    k <= q and NEG above the diagonal, and ``identity^T @ mask`` accumulated into a PSUM score tile masks it
+    (exp of score + NEG is exactly 0 in fp32, as exp of NEG is) without copying the scores out of PSUM."""
+    ident = sbuf((P, P), dt, "identity")
+    nl.shared_identity_matrix(P, dt, dst=ident)
+    mask = sbuf((P, P), dt, "causal_mask")
+    nisa.memset(dst=mask, value=0.0, engine=nisa.engine.gpsimd)
+    _causal_mask(mask, mask, P, P, 0, 0)
+    return ident, mask
+
+
+def _add_causal_mask(s_ps: Any, masks: tuple[Any, Any], qs: int, col0: int) -> None:
+    """s_ps[:qs, col0 : col0 + qs] += the causal mask of a diagonal block (query i, key col0 + j: kept iff j <= i)."""
+    ident, mask = masks
+    nisa.nc_matmul(dst=s_ps[:qs, col0 : col0 + qs], stationary=ident[:qs, :qs], moving=mask[:qs, :qs], accumulate=True)
+
+
 def _causal_mask(dst: Any, src: Any, rows: int, cols: int, q0: int, k0: int) -> None:
     """dst = src where key index <= query index (query on partitions, key on the free dim), else NEG."""
     nisa.affine_select(
@@ -97,7 +116,7 @@ def _attend_block(
     q0: int,
     d: int,
     dt: str,
-    causal: bool,
+    masks: tuple[Any, Any] | None,
     scale: float,
     state: list[Any],
 ) -> None:
@@ -119,29 +138,37 @@ def _attend_block(
         s_ps = psum((P, CHUNK), F32, f"s{c}")  # one PSUM bank per chunk, fresh for each block
         nisa.nc_matmul(dst=s_ps[:qs, :cs], stationary=q_t[:d, :qs], moving=chunks[0, c].data[:d], accumulate=False)
         src = s_ps
-        if causal and k0 + cs - 1 > q0:
-            src = sbuf((P, CHUNK), F32, "s_masked")
-            nisa.tensor_copy(dst=src[:qs, :cs], src=s_ps[:qs, :cs], engine=nisa.engine.scalar)
-            _causal_mask(src, src, qs, cs, q0, k0)
+        if masks is not None and k0 + cs - 1 > q0:  # the chunk ends with the diagonal block (kv_end = q0 + qs)
+            _add_causal_mask(s_ps, masks, qs, cs - qs)
         srcs.append((src, cs))
         nisa.tensor_reduce(dst=cmax[:qs, c : c + 1], op=nl.maximum, data=src[:qs, :cs], axis=1, keepdims=True)
     # the new negated running max: min(-scale * blockmax, neg_m); alpha = exp(m_old - m_new)
+    # the block max of the chunk maxima, pairwise on GpSimd (idle otherwise; Vector is the busiest engine)
+    red, n = cmax, n_chunks
+    while n > 1:
+        half = n // 2
+        pairs = sbuf((P, half), F32, "cmax_pairs")
+        nisa.tensor_tensor(
+            dst=pairs[:qs], data1=red[:qs, :half], data2=red[:qs, half : 2 * half], op=nl.maximum, engine=GPSIMD
+        )
+        if n % 2:
+            nisa.tensor_tensor(
+                dst=pairs[:qs, :1], data1=pairs[:qs, :1], data2=red[:qs, n - 1 : n], op=nl.maximum, engine=GPSIMD
+            )
+        red, n = pairs, half
     neg_m_new = sbuf((P, 1), F32, "neg_m")
-    nisa.tensor_reduce(dst=neg_m_new[:qs], op=nl.maximum, data=cmax[:qs], axis=1, negate=True, keepdims=True)
     first = neg_m is None  # the tile's first block: no running max, nothing accumulated yet
     if first:
-        nisa.tensor_scalar(
-            dst=neg_m_new[:qs], data=neg_m_new[:qs], op0=nl.multiply, operand0=scale, engine=nisa.engine.gpsimd
-        )
+        nisa.tensor_scalar(dst=neg_m_new[:qs], data=red[:qs, :1], op0=nl.multiply, operand0=-scale, engine=GPSIMD)
     else:
         nisa.tensor_scalar(
             dst=neg_m_new[:qs],
-            data=neg_m_new[:qs],
+            data=red[:qs, :1],
             op0=nl.multiply,
-            operand0=scale,
+            operand0=-scale,
             op1=nl.minimum,
             operand1=neg_m[:qs],
-            engine=nisa.engine.gpsimd,
+            engine=GPSIMD,
         )
         alpha = sbuf((P, 1), F32, "alpha")
         nisa.activation(dst=alpha[:qs], op=nl.exp, data=neg_m[:qs], scale=-1.0, bias=neg_m_new[:qs])
@@ -152,7 +179,7 @@ def _attend_block(
         nisa.activation(dst=p_sb[:qs, :cs], op=nl.exp, data=src[:qs, :cs], bias=neg_m_new[:qs], scale=scale)
         p_t = sbuf((P, CHUNK // P, P), dt, "pT")
         sub = list(tiles(cs))
-        if dma_t and cs % P == 0 and c % DMA_T_EVERY != 0:
+        if dma_t and cs % P == 0 and (DMA_T_EVERY == 1 or c % DMA_T_EVERY != 0):
             nisa.dma_transpose(
                 dst=p_t[:, : len(sub), :qs], src=p_sb[:qs, :cs].reshape_dim(1, (len(sub), P)), axes=(2, 1, 0)
             )
@@ -197,6 +224,9 @@ def _flash_attention_fwd(q: Any, k: Any, v: Any, causal: bool = False, scale: fl
     q_grid = nl.tiles(q, tile_shape=(P, d))  # [B, H, query tiles, 1]
     o_grid = nl.tiles(out, tile_shape=(P, d))
     mine = _my_work([(b, h, t) for b in range(b_n) for h in range(h_n) for t in range(q_grid.shape[2])])
+    if causal:  # the longest query tiles first, so the last ones to finish are short
+        mine.sort(key=lambda item: -item[2])
+    masks = _mask_tiles(dt) if causal else None
     for b, h in dict.fromkeys((b, h) for b, h, _ in mine):
         # K^T and V per key block, each its own tile, loaded when first needed: the first block's work starts
         # after its own loads, not the whole head's
@@ -219,16 +249,17 @@ def _flash_attention_fwd(q: Any, k: Any, v: Any, causal: bool = False, scale: fl
                     k_t.append(kt)
                     v_sb.append(vb)
                 chunks = nl.tiles(k_t[j][:, :kbs], tile_shape=(P, CHUNK))
-                _attend_block(q_t, chunks, k0b, v_sb[j], qs, q0, d, dt, causal, scale, state)
+                _attend_block(q_t, chunks, k0b, v_sb[j], qs, q0, d, dt, masks, scale, state)
             neg_m, o_acc = state
+            # the epilogue off Vector: 1/l and log(l) on Scalar, the products on GpSimd (all SBUF)
             inv_l = sbuf((P, 1), F32, "inv_l")
-            nisa.reciprocal(dst=inv_l[:qs], data=o_acc[:qs, d : d + 1])
+            nisa.activation(dst=inv_l[:qs], op=nl.reciprocal, data=o_acc[:qs, d : d + 1])
             o_sb = sbuf((P, d), dt, "o")
-            nisa.tensor_scalar(dst=o_sb[:qs], data=o_acc[:qs, :d], op0=nl.multiply, operand0=inv_l[:qs])
+            nisa.tensor_scalar(dst=o_sb[:qs], data=o_acc[:qs, :d], op0=nl.multiply, operand0=inv_l[:qs], engine=GPSIMD)
             nisa.dma_copy(dst=o_grid[b, h, t, 0].data, src=o_sb[:qs])
             lse_sb = sbuf((P, 1), F32, "lse")
             nisa.activation(dst=lse_sb[:qs], op=nl.log, data=o_acc[:qs, d : d + 1])
-            nisa.tensor_tensor(dst=lse_sb[:qs], data1=lse_sb[:qs], data2=neg_m[:qs], op=nl.subtract)
+            nisa.tensor_tensor(dst=lse_sb[:qs], data1=lse_sb[:qs], data2=neg_m[:qs], op=nl.subtract, engine=GPSIMD)
             nisa.dma_copy(dst=lse[b, h, q0 : q0 + qs].reshape((qs, 1)), src=lse_sb[:qs])
         del k_t, v_sb  # tiles are scoped to the head: free them before the next head allocates
     return out, lse

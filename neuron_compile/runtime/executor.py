@@ -24,6 +24,9 @@ _CALL_CLOCK = itertools.count(1)
 #: How many of the most recently called graphs keep their executable through a relief: a training step's
 #: forward and backward, with room for a few graph breaks, run without reloading.
 KEEP_LOADED = 8
+#: (is_device_call, call_on_device) of the ``neuron`` device (neuron_compile/device, set when it registers):
+#: a call whose tensors are on the device runs there, inputs bound where they lie, outputs left on it.
+DEVICE_CALL: tuple[Callable[..., bool], Callable[..., list[Any]]] | None = None
 #: Held while a graph's executable is dropped or loaded again (reentrant: a reload's JIT may run the reliefs).
 _RELOAD_LOCK = threading.RLock()
 
@@ -139,6 +142,8 @@ class CompiledGraph:
             out = self._outputs_without_running(args)
             args.clear()
             return out
+        if DEVICE_CALL is not None and DEVICE_CALL[0](args, self._feed):
+            return DEVICE_CALL[1](self, args)
         to_device = self.target.to_device
         buffers = []
         for i, f64, perm in self._feed:

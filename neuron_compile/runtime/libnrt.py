@@ -400,6 +400,9 @@ def runtime() -> Runtime:
                     "dlopen",
                 )
             _own_core_under_torchrun()
+            from . import visible_cores
+
+            visible_cores.from_environment()  # a value nrt_init would refuse with a bare NRT_FAILURE, named now
             _RUNTIME = Runtime(path)
         return _RUNTIME
 
@@ -668,3 +671,73 @@ def _bind(
         sets[NRT_TENSOR_USAGE_INPUT],
         sets[NRT_TENSOR_USAGE_OUTPUT],
     )
+
+
+# -- device tensors of the ``neuron`` device (neuron_compile/device): allocated, written, read, freed here --
+def tensor_allocate(vnc: int, nbytes: int, name: str = "neuron_compile") -> Any:
+    """A device tensor of ``nbytes`` on logical core ``vnc`` (``nrt_tensor_allocate``)."""
+    lib = runtime().lib
+    handle = ctypes.c_void_p()
+    check(
+        lib.nrt_tensor_allocate(NRT_TENSOR_PLACEMENT_DEVICE, vnc, nbytes, name.encode(), ctypes.byref(handle)),
+        "nrt_tensor_allocate",
+        f"{nbytes} bytes on NeuronCore {vnc}",
+    )
+    return handle
+
+
+def tensor_free(handle: Any) -> None:
+    rt = _RUNTIME
+    if rt is None or rt.closed or not handle:
+        return
+    rt.lib.nrt_tensor_free(ctypes.byref(handle))
+
+
+def tensor_write(handle: Any, data: torch.Tensor, offset: int = 0) -> None:
+    """Write the bytes of contiguous CPU tensor ``data`` at byte ``offset`` of device tensor ``handle``."""
+    nbytes = data.numel() * data.element_size()
+    check(runtime().lib.nrt_tensor_write(handle, data.data_ptr(), offset, nbytes), "nrt_tensor_write")
+    STATS.record_transfer(host_to_device=nbytes)
+
+
+def tensor_read(handle: Any, nbytes: int, offset: int = 0) -> torch.Tensor:
+    """``nbytes`` of device tensor ``handle`` from byte ``offset``, as a new uint8 CPU tensor."""
+    out = torch.empty(nbytes, dtype=torch.uint8)
+    check(runtime().lib.nrt_tensor_read(handle, out.data_ptr(), offset, nbytes), "nrt_tensor_read")
+    STATS.record_transfer(device_to_host=nbytes)
+    return out
+
+
+def execute_on_device(model: LoadedModel, inputs: Sequence[Any]) -> list[Any]:
+    """Run ``model`` on device tensors ``inputs`` (one per module parameter, of its byte size); its results in
+    new device tensors, which the caller owns. Nothing crosses the host boundary."""
+    lib = runtime().lib
+    ins, outs = model._by_usage
+    outputs = [tensor_allocate(model.vnc, spec.size, spec.name) for spec in outs]
+    sets = []
+    try:
+        for specs, tensors in ((ins, inputs), (outs, outputs)):
+            tensor_set = ctypes.c_void_p()
+            check(lib.nrt_allocate_tensor_set(ctypes.byref(tensor_set)), "nrt_allocate_tensor_set")
+            sets.append(tensor_set)
+            for spec, handle in zip(specs, tensors):
+                check(
+                    lib.nrt_add_tensor_to_tensor_set(tensor_set, spec.name.encode(), handle),
+                    "nrt_add_tensor_to_tensor_set",
+                    spec.name,
+                )
+        with model.lock:
+            check(
+                lib.nrt_execute(model.handle, sets[0], sets[1]),
+                "nrt_execute",
+                f"NEFF {model.key[0][:12]} on NeuronCore {model.vnc}",
+            )
+    except BaseException:
+        for handle in outputs:
+            tensor_free(handle)
+        raise
+    finally:
+        for tensor_set in sets:
+            lib.nrt_destroy_tensor_set(ctypes.byref(tensor_set))
+    STATS.record_execution(0, 0)
+    return outputs

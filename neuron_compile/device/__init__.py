@@ -1,0 +1,182 @@
+"""The ``neuron`` device: PyTorch tensors whose data stays on the NeuronCore (or, on the CPU target, in XLA CPU
+buffers), so a training step moves only its batch across the host boundary.
+
+``import neuron_compile`` registers it on PyTorch's PrivateUse1 dispatch key (``register()``) through the
+hooks PyTorch provides for a device written in Python (``torch.utils.backend_registration.
+_setup_privateuseone_for_python_backend``, marked experimental: ``tests/test_device.py`` pins what we rely
+on). Tensors: ``storage.py`` (memory), ``context.py`` (moving values), ``eager.py`` (every other op as a
+one-op graph), ``graphs.py`` (compiled graphs on device tensors). ``torch.neuron`` is :class:`NeuronModule`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Iterator
+
+import torch
+
+log = logging.getLogger(__name__)
+
+#: Why the device is not registered in this process (None: it is, or registration was not tried yet).
+NOT_REGISTERED: str | None = None
+_REGISTERED = False
+_LIBRARIES: list[Any] = []
+
+
+class NeuronModule:
+    """``torch.neuron``: the device module PyTorch calls for the ``neuron`` device (as ``torch.cuda``)."""
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    def _is_in_bad_fork() -> bool:
+        return False
+
+    @staticmethod
+    def device_count() -> int:
+        """The logical NeuronCores this process may use (1 on the CPU target)."""
+        from . import context
+
+        dev = context.device()
+        if dev.target.name != "neuron":
+            return 1
+        from ..runtime import libnrt
+
+        path = libnrt.library_path()
+        return libnrt.library_info(path)["visible_cores"] if path else 0
+
+    @staticmethod
+    def current_device() -> int:
+        return _CURRENT[0]
+
+    @staticmethod
+    def set_device(device: Any) -> None:
+        index = torch.device(device).index if not isinstance(device, int) else device
+        _CURRENT[0] = index or 0
+
+    @staticmethod
+    @contextlib.contextmanager
+    def device(device: Any) -> Iterator[None]:
+        before = _CURRENT[0]
+        NeuronModule.set_device(device)
+        try:
+            yield
+        finally:
+            _CURRENT[0] = before
+
+    @staticmethod
+    def synchronize(device: Any = None) -> None:
+        """Wait for the device's work: every execution is synchronous here, so there is nothing to wait for."""
+
+    @staticmethod
+    def memory_allocated(device: Any = None) -> int:
+        """Bytes of device memory held by tensors on ``device`` (default: the current one)."""
+        from . import storage
+
+        return storage.account(_index(device)).allocated
+
+    @staticmethod
+    def max_memory_allocated(device: Any = None) -> int:
+        from . import storage
+
+        return storage.account(_index(device)).peak
+
+    @staticmethod
+    def reset_peak_memory_stats(device: Any = None) -> None:
+        from . import storage
+
+        acc = storage.account(_index(device))
+        acc.peak = acc.allocated
+
+    @staticmethod
+    def empty_cache() -> None:
+        """Nothing is cached: freed tensors give their memory back at once."""
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        """Random ops on the device draw their seeds from torch's default generator: seed that one."""
+        torch.random.default_generator.manual_seed(int(seed))
+
+    manual_seed_all = manual_seed
+
+    @staticmethod
+    def seed() -> int:
+        return torch.random.default_generator.seed()
+
+    seed_all = seed
+
+    @staticmethod
+    def initial_seed() -> int:
+        return torch.random.default_generator.initial_seed()
+
+    @staticmethod
+    def get_rng_state(device: Any = None) -> torch.Tensor:
+        return torch.random.default_generator.get_state()
+
+    @staticmethod
+    def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
+        torch.random.default_generator.set_state(state)
+
+    @staticmethod
+    def get_amp_supported_dtype() -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16]
+
+    @property
+    def OutOfMemoryError(self) -> type:
+        from .storage import NeuronOutOfMemoryError
+
+        return NeuronOutOfMemoryError
+
+
+_CURRENT = [0]
+
+
+def _index(device: Any) -> int:
+    if device is None:
+        return _CURRENT[0]
+    if isinstance(device, int):
+        return device
+    return torch.device(device).index or 0
+
+
+def register() -> bool:
+    """Register the ``neuron`` device on PrivateUse1, once per process; whether it is ours. Where another
+    library holds PrivateUse1 (TorchNeuron's ``torch_neuronx`` registers its own ``neuron`` device), nothing is
+    registered: the host-tensor path works as before, and ``NOT_REGISTERED`` says why."""
+    global _REGISTERED, NOT_REGISTERED
+    if _REGISTERED:
+        return True
+    if NOT_REGISTERED is not None:
+        return False
+    taken = torch._C._get_privateuse1_backend_name()
+    if taken != "privateuseone":
+        NOT_REGISTERED = (
+            f"PrivateUse1 is already registered as '{taken}' by another library (TorchNeuron's torch_neuronx "
+            "registers its own 'neuron' device), so neuron_compile's device is not registered; compiled graphs "
+            "take CPU tensors"
+        )
+        log.warning("neuron_compile: %s", NOT_REGISTERED)
+        return False
+    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
+
+    _setup_privateuseone_for_python_backend("neuron", backend_module=NeuronModule())
+    from . import kernels
+
+    _LIBRARIES.extend(kernels.register())
+    from ..runtime import executor
+    from .graphs import call_on_device, is_device_call
+
+    executor.DEVICE_CALL = (is_device_call, call_on_device)
+    _REGISTERED = True
+    return True
+
+
+def is_registered() -> bool:
+    return _REGISTERED

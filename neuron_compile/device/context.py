@@ -1,0 +1,206 @@
+"""The ``neuron`` device of this process: its target, its buffers, and moving values in, out and around.
+
+Every value a kernel of the device reads or writes goes through :func:`parameter` (a tensor's values as an
+executable's parameter), :func:`set_values` (a tensor's values replaced by an executable's result) or the host
+transfers :func:`upload` / :func:`download`. A tensor that is exactly its storage's bytes is handed over as it
+lies; any other view is gathered into a new buffer, and written through a scatter, by one-op graphs on the
+device (``eager.py``), never through the host.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+import torch
+
+from ..errors import NeuronCompileError
+from ..options import Options
+from . import storage as mem
+from .buffers import buffers_for
+
+#: HBM of one logical NeuronCore (bytes) by (generation, LNC): a Trn2 chip has 96 GiB for 8 physical cores, a
+#: Trn3 chip 144 GiB for 8 (the Neuron architecture guides); a logical core of LNC=2 has two physical ones.
+HBM_PER_PHYSICAL_CORE = {"trn2": 12 * 2**30, "trn3": 18 * 2**30}
+
+
+def default_memory_limit(generation: str, lnc: int) -> int:
+    return HBM_PER_PHYSICAL_CORE[generation] * lnc
+
+
+class Device:
+    """What the device needs of the backend: options (read once, from the environment), the target and its
+    buffers, and the memory limit."""
+
+    def __init__(self, opts: Options) -> None:
+        from ..runtime.targets import target_for
+
+        self.opts = opts
+        self.target = target_for(opts)
+        self.buffers = buffers_for(self.target)
+        self.memory_limit = opts.device_memory_limit or default_memory_limit(opts.generation, opts.lnc)
+
+    def new_buffer(self, payload: Any, nbytes: int, index: int) -> mem.DeviceBuffer:
+        return mem.DeviceBuffer(self.buffers, payload, nbytes, index)
+
+    def allocate(self, nbytes: int, index: int) -> mem.DeviceBuffer:
+        mem.reserve(index, nbytes, self.memory_limit)
+        try:
+            return self.new_buffer(self.buffers.allocate(nbytes, index), nbytes, index)
+        except BaseException:
+            mem.release(index, nbytes)
+            raise
+
+
+_DEVICE: Device | None = None
+_LOCK = threading.Lock()
+
+
+def device() -> Device:
+    """The device of this process, set up at its first use (options from the environment)."""
+    global _DEVICE
+    with _LOCK:
+        if _DEVICE is None:
+            _DEVICE = Device(Options.from_user(None))
+        return _DEVICE
+
+
+def reset_for_tests(opts: Options | None = None) -> None:
+    """Forget the device (tests switch targets between cases): tensors made before keep their buffers."""
+    global _DEVICE
+    with _LOCK:
+        _DEVICE = None if opts is None else Device(opts)
+
+
+def empty(size: list[int], stride: list[int] | None, dtype: torch.dtype, index: int) -> torch.Tensor:
+    """A new neuron tensor of uninitialized values (as ``torch.empty``)."""
+    check_dtype(dtype)
+    if stride is None:
+        stride = list(torch._prims_common.make_contiguous_strides_for(size))
+    numel = _storage_numel(size, stride)
+    nbytes = numel * dtype.itemsize
+    dev = device()
+    storage = mem.new_storage(nbytes, index, dev.allocate(nbytes, index))
+    return mem.make_tensor(size, stride, 0, dtype, storage)
+
+
+def _storage_numel(size: list[int], stride: list[int]) -> int:
+    if any(s == 0 for s in size):
+        return 0
+    return 1 + sum((s - 1) * st for s, st in zip(size, stride))
+
+
+def from_payload(payload: Any, nbytes: int, shape: tuple[int, ...], dtype: torch.dtype, index: int) -> torch.Tensor:
+    """A dense neuron tensor holding an executable's result (counted in the device's memory)."""
+    dev = device()
+    mem.reserve(index, nbytes, dev.memory_limit)
+    storage = mem.new_storage(nbytes, index, dev.new_buffer(payload, nbytes, index))
+    return mem.make_tensor(shape, torch._prims_common.make_contiguous_strides_for(shape), 0, dtype, storage)
+
+
+def with_buffer_of(source: torch.Tensor) -> torch.Tensor:
+    """A new tensor (own storage) with ``source``'s geometry and buffer: a copy that costs nothing, since
+    buffers are never written."""
+    st = mem.device_storage(source)
+    storage = mem.new_storage(st.nbytes, st.index, st.buffer)
+    return mem.make_tensor(source.shape, source.stride(), source.storage_offset(), source.dtype, storage)
+
+
+def check_dtype(dtype: torch.dtype) -> None:
+    """The device has no float64 and no complex dtype (as MPS): refused with what to do."""
+    if dtype in (torch.float64, torch.complex64, torch.complex128, torch.complex32):
+        from .eager import printing
+
+        if printing():
+            return
+        raise TypeError(
+            f"Cannot put a {dtype} tensor on the neuron device: Trainium has no "
+            f"{'float64' if dtype == torch.float64 else 'complex'} arithmetic. Convert it first "
+            f"({'.float()' if dtype == torch.float64 else 'torch.view_as_real(t) for complex'}), or keep this "
+            "tensor on CPU and compile the code that uses it (torch.compile computes float64 as float32 "
+            "with a warning)."
+        )
+
+
+def upload(t: torch.Tensor, index: int) -> torch.Tensor:
+    """A dense neuron tensor with the values of CPU tensor ``t`` (counted as bytes to the device)."""
+    check_dtype(t.dtype)
+    dev = device()
+    data = t.detach().contiguous()
+    nbytes = data.numel() * data.element_size()
+    mem.reserve(index, nbytes, dev.memory_limit)
+    try:
+        payload = dev.buffers.from_host(data, index)
+    except BaseException:
+        mem.release(index, nbytes)
+        raise
+    storage = mem.new_storage(nbytes, index, dev.new_buffer(payload, nbytes, index))
+    return mem.make_tensor(data.shape, data.stride(), 0, data.dtype, storage)
+
+
+def download(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor with the values of neuron tensor ``t`` (contiguous; counted as bytes to the host)."""
+    dense = densify(t)
+    st = mem.device_storage(dense)
+    nbytes = dense.numel() * dense.element_size()
+    raw = device().buffers.to_host(st.buffer.payload, dense.storage_offset() * dense.element_size(), nbytes)
+    return raw.view(dense.dtype).view(dense.shape) if dense.dim() else raw.view(dense.dtype).reshape(())
+
+
+def densify(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when it is a row-major run of its storage, else a new dense copy made on the device."""
+    if mem.contiguous_byte_range(t) is not None and mem.device_storage(t).buffer is not None:
+        return t
+    from .eager import gather
+
+    return gather(t)
+
+
+def parameter(t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> tuple[Any, torch.Tensor]:
+    """(executable parameter, the tensor that keeps its buffer alive) for ``t``'s values as a dense array of
+    ``shape`` and ``dtype`` (``t`` may be any view: it is gathered first when its bytes are not one run)."""
+    if t.dtype != dtype:
+        raise NeuronCompileError(f"neuron device: a {t.dtype} tensor given where the graph takes {dtype}")
+    dev = device()
+    dense = densify(t)
+    st = mem.device_storage(dense)
+    param = dev.buffers.parameter(st.buffer.payload, dense.storage_offset() * dense.element_size(), shape, dtype)
+    if param is None:  # its bytes cannot be handed over where they lie: gather them into a buffer of their own
+        from .eager import gather
+
+        dense = gather(dense, force=True)
+        st = mem.device_storage(dense)
+        param = dev.buffers.parameter(st.buffer.payload, 0, shape, dtype)
+    return param, dense
+
+
+def set_values(dst: torch.Tensor, value: torch.Tensor) -> None:
+    """Write the values of neuron tensor ``value`` (dst's shape; its dtype) into neuron tensor ``dst``, which
+    may be any view: its storage gets a new buffer (a scatter graph when ``dst`` is not the whole storage)."""
+    if value.dtype != dst.dtype:
+        raise NeuronCompileError(f"neuron device: cannot write {value.dtype} values into a {dst.dtype} tensor")
+    st = mem.device_storage(dst)
+    if mem.is_whole(dst):
+        dense = densify(value)
+        src = mem.device_storage(dense)
+        if mem.is_whole(dense):
+            st.buffer = src.buffer  # buffers are never written: sharing one is a copy
+            return
+        dense = _own_buffer(dense)
+        st.buffer = mem.device_storage(dense).buffer
+        return
+    from .eager import scatter
+
+    st.buffer = scatter(dst, value)
+
+
+def _own_buffer(dense: torch.Tensor) -> torch.Tensor:
+    from .eager import gather
+
+    return gather(dense, force=True)
+
+
+@functools.lru_cache(maxsize=None)
+def neuron_device(index: int = 0) -> torch.device:
+    return torch.device("neuron", index)

@@ -1,0 +1,141 @@
+"""The ``neuron`` device's kernels on PrivateUse1: memory (``empty``, ``resize_``, ``set_``), copies across
+devices, ``.item()``, and one boxed fallback for every other op (a view, or a one-op graph: ``eager.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import context, eager
+from . import storage as mem
+
+aten = torch.ops.aten
+
+
+def _index(device: Any) -> int:
+    if device is None:
+        from . import NeuronModule
+
+        return NeuronModule.current_device()
+    return torch.device(device).index or 0
+
+
+def empty_memory_format(
+    size: list[int], dtype=None, layout=None, device=None, pin_memory=None, memory_format=None
+) -> torch.Tensor:
+    dtype = dtype or torch.get_default_dtype()
+    stride = None
+    if memory_format is torch.channels_last and len(size) == 4:
+        stride = list(torch._prims_common.make_channels_last_strides_for(size))
+    elif memory_format is torch.channels_last_3d and len(size) == 5:
+        stride = list(torch._prims_common.make_channels_last_strides_for(size))
+    return context.empty(list(size), stride, dtype, _index(device))
+
+
+def empty_strided(size: list[int], stride: list[int], dtype=None, layout=None, device=None, pin_memory=None):
+    return context.empty(list(size), list(stride), dtype or torch.get_default_dtype(), _index(device))
+
+
+def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    """``dst.copy_(src)`` where either is on the device (PyTorch routes such copies here)."""
+    if dst.device.type == "neuron" and src.device.type != "neuron":
+        value = src.to(dst.dtype).expand(dst.shape).contiguous()
+        context.set_values(dst, context.upload(value, dst.device.index or 0))
+    elif src.device.type == "neuron" and dst.device.type != "neuron":
+        dst.copy_(context.download(src))
+    elif src.dtype == dst.dtype and src.shape == dst.shape:
+        context.set_values(dst, src)
+    else:
+        eager.run_or_fall_back(aten.copy_.default, (dst, src), {})
+    return dst
+
+
+def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    if dst.numel() == 0 or tuple(dst.shape) != tuple(src.shape):
+        resize_(dst, list(src.shape))
+    return copy_from(src, dst)
+
+
+def local_scalar_dense(t: torch.Tensor) -> Any:
+    return context.download(t).item()
+
+
+def resize_(t: torch.Tensor, size: list[int], memory_format=None) -> torch.Tensor:
+    """New geometry; a larger storage keeps its old bytes first (as torch's ``resize_``)."""
+    size = list(size)
+    stride = list(torch._prims_common.make_contiguous_strides_for(size))
+    needed = (t.storage_offset() + _numel(size)) * t.element_size()
+    st = mem.device_storage(t)
+    if needed > st.nbytes:
+        old = t.detach()
+        grown = context.empty([needed // t.element_size()], None, t.dtype, t.device.index or 0)
+        if st.nbytes and st.buffer is not None:
+            keep = st.nbytes // t.element_size()
+            context.set_values(grown[:keep], mem.make_tensor((keep,), (1,), 0, t.dtype, old.untyped_storage()))
+        storage = grown.untyped_storage()
+        torch.ops.aten.set_.source_Storage_storage_offset.redispatch(mem._META, t, storage, 0, [0], [1])
+    torch.ops.aten.as_strided_.default.redispatch(mem._NON_FUNCTIONAL, t, size, stride, t.storage_offset())
+    return t
+
+
+def _numel(size: list[int]) -> int:
+    n = 1
+    for s in size:
+        n *= s
+    return n
+
+
+def set_storage(t: torch.Tensor, source: Any, storage_offset: int = 0, size=None, stride=None) -> torch.Tensor:
+    storage = source.untyped_storage() if isinstance(source, torch.Tensor) else source
+    if isinstance(source, torch.Tensor) and size is None:
+        size, stride, storage_offset = list(source.shape), list(source.stride()), source.storage_offset()
+    if size is None:
+        size, stride = [storage.nbytes() // t.element_size()], [1]
+    if stride is None:
+        stride = list(torch._prims_common.make_contiguous_strides_for(size))
+    torch.ops.aten.set_.source_Storage_storage_offset.redispatch(mem._META, t, storage, 0, [0], [1])
+    torch.ops.aten.as_strided_.default.redispatch(mem._NON_FUNCTIONAL, t, list(size), list(stride), storage_offset)
+    return t
+
+
+def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape:
+        return False
+    return bool(torch.eq(a, b).all().item())
+
+
+def fused_sdp_choice(*args: Any, **kwargs: Any) -> int:
+    """Scaled dot-product attention in eager takes torch's math path (one op at a time) on the device."""
+    return int(torch.nn.attention.SDPBackend.MATH)
+
+
+def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    if eager.is_view_op(op):
+        return eager.run_view(op, args, kwargs)
+    return eager.run_or_fall_back(op, args, kwargs)
+
+
+_KERNELS = {
+    "empty.memory_format": empty_memory_format,
+    "empty_strided": empty_strided,
+    "_copy_from": copy_from,
+    "_copy_from_and_resize": copy_from_and_resize,
+    "_local_scalar_dense": local_scalar_dense,
+    "resize_": resize_,
+    "set_.source_Storage": lambda t, source: set_storage(t, source),
+    "set_.source_Storage_storage_offset": set_storage,
+    "set_.source_Tensor": lambda t, source: set_storage(t, source),
+    "equal": equal,
+    "_fused_sdp_choice": fused_sdp_choice,
+}
+
+
+def register() -> list[Any]:
+    """Register the kernels and the fallback; the libraries to keep alive."""
+    lib = torch.library.Library("aten", "IMPL")
+    for name, fn in _KERNELS.items():
+        lib.impl(name, fn, "PrivateUse1")
+    everything = torch.library.Library("_", "IMPL")
+    everything.fallback(fallback, dispatch_key="PrivateUse1", with_keyset=False)
+    return [lib, everything]
