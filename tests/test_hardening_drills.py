@@ -170,6 +170,62 @@ def test_doctor_names_a_visible_cores_value_the_runtime_refuses(tmp_path: Path, 
     assert "does not answer" not in proc.stdout, proc.stdout
 
 
+#: Runs one tiny graph on the neuron target; prints the error's type and message instead of a traceback.
+RUN_ONE_GRAPH = """\
+import sys, torch
+options = {"target": "neuron", "cache": False, **eval(sys.argv[1])}
+try:
+    print(torch.compile(lambda x: x * 2 + 1, backend="neuron", dynamic=False, options=options)(torch.ones(4)))
+except Exception as e:
+    print("ERROR", type(e).__name__, " ".join(str(e).split()))
+"""
+
+
+def _run_one_graph(tmp_path: Path, options: str, **env_changes: str | None) -> str:
+    env = {**os.environ, **device_sim.environment(state_dir=tmp_path / "state")}
+    for name, value in env_changes.items():
+        env.pop(name, None) if value is None else env.__setitem__(name, value)
+    proc = _run([sys.executable, "-c", RUN_ONE_GRAPH, options], env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("value", ["0-", "abc", "3-1"])
+def test_a_run_names_the_visible_cores_value_before_nrt_init(tmp_path: Path, value: str) -> None:
+    # the runtime's start, as a graph's first run makes it (compiling first adds nothing to the drill)
+    start = (
+        "from neuron_compile.runtime import libnrt\ntry:\n    libnrt.runtime()\nexcept Exception as e:\n"
+        "    print('ERROR', type(e).__name__, ' '.join(str(e).split()))\n"
+    )
+    env = {**os.environ, **device_sim.environment(state_dir=tmp_path / "state"), "NEURON_RT_VISIBLE_CORES": value}
+    proc = _run([sys.executable, "-c", start], env)
+    out = proc.stdout
+    assert f"ERROR VisibleCoresError neuron runtime: NEURON_RT_VISIBLE_CORES={value!r} " in out, out + proc.stderr
+    assert "another process" not in out and "nrt_init returned" not in out, out
+    assert not list((tmp_path / "state").glob("core*.lock")), "nrt_init ran"
+
+
+# -------------------------------------------------------------------------------- 12: an LNC mismatch
+def test_a_neff_of_another_lnc_than_the_runtimes_names_the_mismatch(tmp_path: Path) -> None:
+    out = _run_one_graph(tmp_path, "{'lnc': 1}", NEURON_LOGICAL_NC_CONFIG=None)
+    assert "ERROR NeuronRuntimeError neuron runtime: nrt_load refused the NEFF (NRT_INVALID = 2)" in out, out
+    assert (
+        "compiled for logical-core size LNC 1 (option lnc, neuronx-cc --lnc 1) but the runtime runs with LNC 2" in out
+    )
+    assert "neuron-compile cache clear" not in out, out
+
+
+def test_other_load_refusals_keep_their_own_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    from neuron_compile.errors import NeuronRuntimeError
+    from neuron_compile.runtime.neuron import NeuronTarget
+
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)  # the runtime's LNC: its default, 2
+    target = NeuronTarget(lnc=1)
+    assert target._lnc_mismatch(NeuronRuntimeError("x", 10, "nrt_load")) is None  # not NRT_INVALID
+    assert target._lnc_mismatch(NeuronRuntimeError("x", 2, "nrt_execute")) is None  # not a load
+    assert NeuronTarget(lnc=2)._lnc_mismatch(NeuronRuntimeError("x", 2, "nrt_load")) is None  # same LNC
+
+
 # ------------------------------------------------------------------------- 5, 6: precompile manifests
 KEY = "a" * 40
 GOOD_RECORD = {

@@ -209,7 +209,51 @@ class NeuronTarget:
         return compiler_version()
 
     def run(self, executable: NeuronExecutable, buffers: list[Any]) -> list[Any]:
-        return executable.model(self.core).execute(buffers, executable.resident_inputs)
+        try:
+            model = executable.model(self.core)
+        except NeuronCompileError as e:
+            mismatch = self._lnc_mismatch(e)
+            if mismatch is None:
+                raise
+            raise mismatch from e
+        return model.execute(buffers, executable.resident_inputs)
+
+    def _lnc_mismatch(self, error: NeuronCompileError) -> NeuronCompileError | None:
+        """The runtime refused the NEFF (NRT_INVALID) while it runs another logical-core size than the NEFF
+        was compiled for (``--lnc``, option ``lnc``): an error naming both, instead of advice to clear the cache
+        (the LNC is part of the key: the entry is right, the setting is not). None for any other refusal."""
+        from ..errors import NeuronRuntimeError
+        from ..options import from_env
+
+        if (
+            not isinstance(error, NeuronRuntimeError)
+            or error.status != 2
+            or error.call not in ("nrt_load", "nrt_load_collectives")
+        ):
+            return None
+        try:
+            runtime_lnc = from_env("lnc")  # the runtime's own variables, as the option reads them
+        except NeuronCompileError:
+            return None
+        if runtime_lnc == self.lnc:
+            return None
+        source = next(
+            (
+                f"{name}={os.environ[name].strip()}"
+                for name in ("NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VIRTUAL_CORE_SIZE")
+                if os.environ.get(name, "").strip()
+            ),
+            f"NEURON_LOGICAL_NC_CONFIG unset: the runtime's default {runtime_lnc}",
+        )
+        return NeuronRuntimeError(
+            f"neuron runtime: {error.call} refused the NEFF (NRT_INVALID = 2): it was compiled for logical-core size "
+            f"LNC {self.lnc} (option lnc, neuronx-cc --lnc {self.lnc}) but the runtime runs with LNC {runtime_lnc} "
+            f"({source}). Compile for the runtime's: options={{'lnc': {runtime_lnc}}} (or unset the option: it "
+            f"follows NEURON_LOGICAL_NC_CONFIG), or run the runtime with NEURON_LOGICAL_NC_CONFIG={self.lnc}; the "
+            "compile cache is not at fault",
+            error.status,
+            error.call,
+        )
 
     # Buffers of this target are CPU tensors: libnrt copies them to the device (when they changed).
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
