@@ -393,7 +393,8 @@ PRECOMPILE_EPILOG = """\
                                    as the neuron target will key and compile it (NEURON_COMPILE_PRECOMPILE_MANIFEST)
   compile M [--jobs N] [--shard I/N]   compile what the caches lack, N neuronx-cc at once; exit 1 if any failed
   check M [--cache-url URL]        coverage per graph (and why each miss); exit 1 below 100%
-See docs/precompile.md.
+A manifest that is not one (wrong types, missing fields, not JSON) exits 2, one line per problem naming the
+file and the field. See docs/precompile.md.
 """
 
 
