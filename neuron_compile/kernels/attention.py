@@ -36,6 +36,7 @@ MAX_SEQ = 16384
 ROW_GROUP = 16  # 128-row tiles per bulk DMA (16 x 128 bf16 = 4 KiB per partition)
 DMA_T_EVERY = 4
 GPSIMD = nisa.engine.gpsimd
+KEY_GROUP = 4  # backward: key tiles whose dK/dV accumulate in PSUM together (one dQ add per query tile per group)
 LNC = 2  # launch degree: the two physical cores of one trn2/trn3 logical NeuronCore (LNC=2)
 
 
@@ -226,7 +227,7 @@ def _flash_attention_fwd(q: Any, k: Any, v: Any, causal: bool = False, scale: fl
     mine = _my_work([(b, h, t) for b in range(b_n) for h in range(h_n) for t in range(q_grid.shape[2])])
     if causal:  # the longest query tiles first, so the last ones to finish are short
         mine.sort(key=lambda item: -item[2])
-    masks = _mask_tiles(dt) if causal else None
+    masks = _mask_tiles(dt) if causal and mine else None
     for b, h in dict.fromkeys((b, h) for b, h, _ in mine):
         # K^T and V per key block, each its own tile, loaded when first needed: the first block's work starts
         # after its own loads, not the whole head's
@@ -283,9 +284,11 @@ def _flash_attention_bwd(
     dk = nl.ndarray(k.shape, dt, buffer=nl.shared_hbm, name="dk")
     dv = nl.ndarray(v.shape, dt, buffer=nl.shared_hbm, name="dv")
     nq, nk = -(-sq // P), -(-sk // P)
-    s_ps, dp_ps = psum((P, P), F32, "s"), psum((P, P), F32, "dp")
-    dq_ps, dk_ps, dv_ps = psum((P, d), F32, "dq"), psum((P, d), F32, "dk"), psum((P, d), F32, "dv")
+    masks = None
+    dma_t = _dma_transpose_ok(dt)
     for b, h in _my_work([(b, h) for b in range(b_n) for h in range(h_n)]):
+        if causal and masks is None:
+            masks = _mask_tiles(dt)
         q_sb, do_sb = sbuf((P, nq, d), dt, "q"), sbuf((P, nq, d), dt, "do")
         k_sb, v_sb = sbuf((P, nk, d), dt, "k"), sbuf((P, nk, d), dt, "v")
         q_t, do_t = sbuf((P, sq), dt, "qT"), sbuf((P, sq), dt, "doT")
@@ -295,8 +298,6 @@ def _flash_attention_bwd(
         _load_transposed(k_t, k[b, h], sk, d, dt, natural=k_sb)
         _load_transposed(v_t, v[b, h], sk, d, dt, natural=v_sb)
         neg_lse, di = sbuf((P, nq), F32, "neg_lse"), sbuf((P, nq), F32, "Di")
-        dq_acc = sbuf((P, nq, d), F32, "dq_acc")
-        nisa.memset(dst=dq_acc, value=0.0)
         for i, (q0, qs) in enumerate(tiles(sq)):
             nisa.dma_copy(dst=neg_lse[:qs, i : i + 1], src=lse[b, h, q0 : q0 + qs].reshape((qs, 1)))
             o_tile = sbuf((P, d), dt, "o")
@@ -304,61 +305,88 @@ def _flash_attention_bwd(
             prod = sbuf((P, d), F32, "do_o")
             nisa.tensor_tensor(dst=prod[:qs], data1=do_sb[:qs, i, :], data2=o_tile[:qs], op=nl.multiply)
             nisa.tensor_reduce(dst=di[:qs, i : i + 1], op=nl.add, data=prod[:qs], axis=1, keepdims=True)
-        nisa.tensor_scalar(dst=neg_lse, data=neg_lse, op0=nl.multiply, operand0=-1.0)
-        for j, (k0, ks) in enumerate(tiles(sk)):
-            first = True
+        nisa.tensor_scalar(dst=neg_lse, data=neg_lse, op0=nl.multiply, operand0=-1.0, engine=GPSIMD)
+        dq_acc = sbuf((P, nq, d), F32, "dq_acc")
+        dq_started = [False] * nq
+        key_tiles = list(tiles(sk))
+        for g0 in range(0, nk, KEY_GROUP):
+            group = list(range(g0, min(g0 + KEY_GROUP, nk)))
+            # dK and dV of the group's key tiles accumulate in PSUM over every query tile
+            dk_ps = {j: psum((P, d), F32, "dk") for j in group}
+            dv_ps = {j: psum((P, d), F32, "dv") for j in group}
+            started = dict.fromkeys(group, False)
             for i, (q0, qs) in enumerate(tiles(sq)):
-                if causal and k0 > q0 + qs - 1:
+                live = [j for j in group if not (causal and key_tiles[j][0] > q0 + qs - 1)]
+                if not live:
                     continue
-                nisa.nc_matmul(
-                    dst=s_ps[:qs, :ks], stationary=q_t[:d, q0 : q0 + qs], moving=k_t[:d, k0 : k0 + ks], accumulate=False
-                )
-                src = s_ps
-                if causal and k0 + ks - 1 > q0:
-                    src = sbuf((P, P), F32, "s_masked")
-                    nisa.tensor_copy(dst=src[:qs, :ks], src=s_ps[:qs, :ks], engine=nisa.engine.scalar)
-                    _causal_mask(src, src, qs, ks, q0, k0)
-                p_sb = sbuf((P, P), dt, "p")
-                nisa.activation(
-                    dst=p_sb[:qs, :ks], op=nl.exp, data=src[:qs, :ks], bias=neg_lse[:qs, i : i + 1], scale=scale
-                )
-                nisa.nc_matmul(
-                    dst=dv_ps[:ks, :d], stationary=p_sb[:qs, :ks], moving=do_sb[:qs, i, :], accumulate=not first
-                )
-                nisa.nc_matmul(
-                    dst=dp_ps[:qs, :ks],
-                    stationary=do_t[:d, q0 : q0 + qs],
-                    moving=v_t[:d, k0 : k0 + ks],
-                    accumulate=False,
-                )
-                ds_f = sbuf((P, P), F32, "dp_minus_di")
-                nisa.tensor_scalar(
-                    dst=ds_f[:qs, :ks], data=dp_ps[:qs, :ks], op0=nl.subtract, operand0=di[:qs, i : i + 1]
-                )
-                ds = sbuf((P, P), dt, "ds")
-                nisa.tensor_tensor(dst=ds[:qs, :ks], data1=ds_f[:qs, :ks], data2=p_sb[:qs, :ks], op=nl.multiply)
-                nisa.nc_matmul(
-                    dst=dk_ps[:ks, :d], stationary=ds[:qs, :ks], moving=q_sb[:qs, i, :], accumulate=not first
-                )
-                ds_tp = psum((P, P), dt, "dsT_psum")
-                nisa.nc_transpose(dst=ds_tp[:ks, :qs], data=ds[:qs, :ks])
-                ds_t = sbuf((P, P), dt, "dsT")
-                nisa.tensor_copy(dst=ds_t[:ks, :qs], src=ds_tp[:ks, :qs], engine=nisa.engine.scalar)
-                nisa.nc_matmul(dst=dq_ps[:qs, :d], stationary=ds_t[:ks, :qs], moving=k_sb[:ks, j, :], accumulate=False)
-                nisa.tensor_tensor(dst=dq_acc[:qs, i, :], data1=dq_acc[:qs, i, :], data2=dq_ps[:qs, :d], op=nl.add)
-                first = False
-            dk_sb, dv_sb = sbuf((P, d), dt, "dk"), sbuf((P, d), dt, "dv")
-            if first:  # no query attends to this key tile
-                nisa.memset(dst=dk_sb, value=0.0)
-                nisa.memset(dst=dv_sb, value=0.0)
-            else:
-                nisa.tensor_scalar(dst=dk_sb[:ks], data=dk_ps[:ks, :d], op0=nl.multiply, operand0=scale)
-                nisa.tensor_copy(dst=dv_sb[:ks], src=dv_ps[:ks, :d])
-            nisa.dma_copy(dst=dk[b, h, k0 : k0 + ks, :], src=dk_sb[:ks])
-            nisa.dma_copy(dst=dv[b, h, k0 : k0 + ks, :], src=dv_sb[:ks])
+                dq_ps = psum((P, d), F32, "dq")  # dQ of this query tile over the group's key tiles
+                for n_done, j in enumerate(live):
+                    k0, ks = key_tiles[j]
+                    s_ps = psum((P, P), F32, "s")
+                    nisa.nc_matmul(
+                        dst=s_ps[:qs, :ks],
+                        stationary=q_t[:d, q0 : q0 + qs],
+                        moving=k_t[:d, k0 : k0 + ks],
+                        accumulate=False,
+                    )
+                    if causal and k0 + ks - 1 > q0:  # the diagonal tile (square: sq == sk)
+                        _add_causal_mask(s_ps, masks, qs, 0)
+                    p_sb = sbuf((P, P), dt, "p")
+                    nisa.activation(
+                        dst=p_sb[:qs, :ks], op=nl.exp, data=s_ps[:qs, :ks], bias=neg_lse[:qs, i : i + 1], scale=scale
+                    )
+                    nisa.nc_matmul(
+                        dst=dv_ps[j][:ks], stationary=p_sb[:qs, :ks], moving=do_sb[:qs, i, :], accumulate=started[j]
+                    )
+                    dp_ps = psum((P, P), F32, "dp")
+                    nisa.nc_matmul(
+                        dst=dp_ps[:qs, :ks],
+                        stationary=do_t[:d, q0 : q0 + qs],
+                        moving=v_t[:d, k0 : k0 + ks],
+                        accumulate=False,
+                    )
+                    ds = sbuf((P, P), dt, "ds")  # dS = P * (dP - Di), one Vector pass out of PSUM
+                    nisa.scalar_tensor_tensor(
+                        dst=ds[:qs, :ks],
+                        data=dp_ps[:qs, :ks],
+                        op0=nl.subtract,
+                        operand0=di[:qs, i : i + 1],
+                        op1=nl.multiply,
+                        operand1=p_sb[:qs, :ks],
+                    )
+                    nisa.nc_matmul(
+                        dst=dk_ps[j][:ks], stationary=ds[:qs, :ks], moving=q_sb[:qs, i, :], accumulate=started[j]
+                    )
+                    started[j] = True
+                    ds_t = sbuf((P, P), dt, "dsT")
+                    if dma_t:
+                        nisa.dma_transpose(dst=ds_t[:ks, :qs], src=ds[:qs, :ks], axes=(1, 0))
+                    else:
+                        ds_tp = psum((P, P), dt, "dsT_psum")
+                        nisa.nc_transpose(dst=ds_tp[:ks, :qs], data=ds[:qs, :ks])
+                        nisa.tensor_copy(dst=ds_t[:ks, :qs], src=ds_tp[:ks, :qs], engine=nisa.engine.scalar)
+                    nisa.nc_matmul(
+                        dst=dq_ps[:qs], stationary=ds_t[:ks, :qs], moving=k_sb[:ks, j, :], accumulate=n_done > 0
+                    )
+                if dq_started[i]:
+                    nisa.tensor_tensor(dst=dq_acc[:qs, i, :], data1=dq_acc[:qs, i, :], data2=dq_ps[:qs], op=nl.add)
+                else:
+                    nisa.tensor_copy(dst=dq_acc[:qs, i, :], src=dq_ps[:qs])
+                    dq_started[i] = True
+            for j in group:
+                k0, ks = key_tiles[j]
+                dk_sb, dv_sb = sbuf((P, d), dt, "dk"), sbuf((P, d), dt, "dv")
+                if not started[j]:  # no query attends to this key tile
+                    nisa.memset(dst=dk_sb, value=0.0, engine=GPSIMD)
+                    nisa.memset(dst=dv_sb, value=0.0, engine=GPSIMD)
+                else:
+                    nisa.activation(dst=dk_sb[:ks], op=nl.copy, data=dk_ps[j][:ks], scale=scale)
+                    nisa.tensor_copy(dst=dv_sb[:ks], src=dv_ps[j][:ks], engine=nisa.engine.scalar)
+                nisa.dma_copy(dst=dk[b, h, k0 : k0 + ks, :], src=dk_sb[:ks])
+                nisa.dma_copy(dst=dv[b, h, k0 : k0 + ks, :], src=dv_sb[:ks])
         for i, (q0, qs) in enumerate(tiles(sq)):
             dq_sb = sbuf((P, d), dt, "dq")
-            nisa.tensor_scalar(dst=dq_sb[:qs], data=dq_acc[:qs, i, :], op0=nl.multiply, operand0=scale)
+            nisa.tensor_scalar(dst=dq_sb[:qs], data=dq_acc[:qs, i, :], op0=nl.multiply, operand0=scale, engine=GPSIMD)
             nisa.dma_copy(dst=dq[b, h, q0 : q0 + qs, :], src=dq_sb[:qs])
         del q_sb, do_sb, k_sb, v_sb, q_t, do_t, k_t, v_t, dq_acc  # scoped to the head
     return dq, dk, dv
