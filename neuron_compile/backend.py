@@ -20,6 +20,7 @@ from .graph_checks import (
     check_static_shapes,
     check_tensor_kinds,
     data_dependent_error,
+    keep_shapes_static,
     refuse_silent_eager_fallback,
     warn_mode,
 )
@@ -115,3 +116,6 @@ def neuron_backend(
 # Before any frame is traced: torch's wrong Autograd kernels replaced, Dynamo's splits of addcdiv & co. undone
 # for neuron compiles (trace_fixes.py says why).
 trace_fixes.install(neuron_backend)
+# Under the default dynamic=None, a new shape compiles a new static graph instead of a symbolic one
+# (graph_checks.keep_shapes_static says how).
+keep_shapes_static(trace_fixes.is_neuron_backend)

@@ -52,9 +52,14 @@ def _links(fn: Any) -> Any:
         )  # fmt: skip
 
 
+def is_neuron_backend(fn: Any) -> bool:
+    """Whether the backend callable ``fn`` (or one it wraps) compiles with the neuron backend."""
+    return any(getattr(link, NEURON_BACKEND_MARK, False) for link in _links(fn))
+
+
 def compiles_for_neuron(tx: Any) -> bool:
     """Whether the frame ``tx`` traces is compiled by the neuron backend."""
-    return any(getattr(fn, NEURON_BACKEND_MARK, False) for fn in _links(getattr(tx.output, "compiler_fn", None)))
+    return is_neuron_backend(getattr(tx.output, "compiler_fn", None))
 
 
 def _is_number(var: Any) -> bool:

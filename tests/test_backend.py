@@ -250,11 +250,38 @@ def test_dynamic_true_is_refused_with_the_fix() -> None:
     assert "dynamic=False" in str(err) and "symbolic" in str(err) and "pad" in str(err)
 
 
-def test_automatic_dynamic_is_refused() -> None:
-    fn = torch.compile(lambda x: x * 2, backend="neuron")  # dynamic=None: 2nd shape arrives symbolic
+def test_dynamic_none_compiles_a_static_graph_per_shape() -> None:
+    """Under the default dynamic=None, Dynamo would trace the 2nd shape with a symbolic size; for a neuron
+    compile it traces it static (graph_checks.keep_shapes_static), and a shape seen before reuses its graph."""
+    STATS.reset()
+    fn = torch.compile(lambda x: x * 2, backend="neuron")
+    for n in (3, 5, 3):
+        x = torch.randn(n)
+        torch.testing.assert_close(fn(x), x * 2)
+    assert STATS.count() == 2
+
+
+def test_dynamic_none_is_left_to_dynamo_for_other_backends() -> None:
+    """Only neuron frames compile static: another backend's 2nd shape still arrives symbolic (Dynamo's
+    automatic dynamic shapes), and the process-wide config is unchanged."""
+    symbolic = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        symbolic.append(any(isinstance(x, torch.SymInt) for x in example_inputs))
+        return gm.forward
+
+    fn = torch.compile(lambda x: x * 2, backend=backend)
     fn(torch.randn(3))
+    fn(torch.randn(5))
+    assert symbolic == [False, True] and torch._dynamo.config.automatic_dynamic_shapes
+
+
+def test_mark_dynamic_is_still_refused() -> None:
+    fn = torch.compile(lambda x: x * 2, backend="neuron")
+    x = torch.randn(3)
+    torch._dynamo.mark_dynamic(x, 0)
     with pytest.raises(BackendCompilerFailed) as info:
-        fn(torch.randn(5))
+        fn(x)
     assert isinstance(root_cause(info.value), NeuronDynamicShapeError)
 
 

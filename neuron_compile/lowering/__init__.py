@@ -9,6 +9,7 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)  # n
     creation,
     distances,
     distributions,
+    export_checks,
     factorizations,
     fft,
     fused_losses,
