@@ -280,29 +280,34 @@ def add_evaluate_command(sub: "argparse._SubParsersAction[argparse.ArgumentParse
     ev.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                     help="seconds each phase may take (default: no limit); a phase past it is reported")  # fmt: skip
     ev.add_argument("--bisect", action="store_true",
-                    help="instead of the report, judge every aten op alone: compiled vs eager, each against a "
-                         "float64 reference of the same inputs; prints the first ops whose compiled error "
-                         "exceeds eager's by the multiple (docs/bisect.md)")  # fmt: skip
+                    help="instead of the report, find where compiled is less precise than eager, each against a "
+                         "float64 reference; prints what is flagged: compiled error past eager's by the multiple "
+                         "(docs/bisect.md)")  # fmt: skip
+    ev.add_argument("--bisect-mode", choices=("ops", "prefix", "modules"), default=None,
+                    help="what --bisect judges (implies --bisect): ops, every aten op alone (default); prefix, "
+                         "each graph's prefixes, bisected to the node where composed drift enters; modules, every "
+                         "submodule's output and gradients")  # fmt: skip
     ev.add_argument("--bisect-multiple", type=float, default=2.0, metavar="X",
-                    help="--bisect flags an op whose compiled error exceeds X times eager's (default 2)")  # fmt: skip
+                    help="--bisect flags what has a compiled error above X times eager's (default 2)")  # fmt: skip
     ev.set_defaults(fn=cmd_evaluate)
 
 
 #: Kept here (not in evaluate/cli.py) so that --help does not import torch; evaluate/cli.py's docstring agrees.
 EVALUATE_EPILOG = """\
 exit status:
-  0  every graph compiles for Trainium and the numerics pass (--bisect: no op flagged)
+  0  every graph compiles for Trainium and the numerics pass (--bisect: nothing flagged)
   1  the report says why not: an unsupported op, a crash in a phase (the model's own error included), a
-     phase past --timeout, numerics that fail, or random draws that leave them unverified (--bisect: an op
-     flagged, or a graph it could not judge)
+     phase past --timeout, numerics that fail, or random draws that leave them unverified (--bisect: an op,
+     prefix or module flagged, a graph it could not judge, or a phase past --timeout)
   2  usage or loading error: FILE.py:FACTORY malformed or not a .py file, the file fails to import,
      FACTORY missing, raising, calling sys.exit() or returning the wrong types, --steps < 1, --timeout <= 0,
      --bisect-multiple < 1,
      a bad backend option in the environment: one line on stderr, and with --json the JSON object
      {"ok": false, "factory": ..., "error": ..., "exit_status": 2} on stdout
 
---timeout SECONDS bounds each phase (default: none). It interrupts Python code only: a phase blocked in one
-native call (a compiler run, a deadlock in C) stops when that call returns. The file is imported under a
+--timeout SECONDS bounds each phase (default: none; under --bisect: the capture, each graph, each run of
+the model). It interrupts Python code only: a phase blocked in one native call (a compiler run, a deadlock
+in C) stops when that call returns. The file is imported under a
 private module name (a factory file named copy.py does not replace the standard library's copy); its
 directory is put first on sys.path, as python FILE.py would.
 """

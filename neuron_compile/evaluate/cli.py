@@ -1,7 +1,9 @@
-"""``neuron-compile evaluate FILE.py:FACTORY [--json] [--steps N] [--timeout SECONDS] [--bisect [--bisect-multiple X]]``.
+"""``neuron-compile evaluate FILE.py:FACTORY [--json] [--steps N] [--timeout SECONDS] [--bisect [--bisect-mode M]
+[--bisect-multiple X]]``.
 
-``--bisect`` runs ``bisect.bisect`` instead of ``evaluate``: every aten op judged alone (docs/bisect.md);
-exit status 0 when no op is flagged, 1 otherwise.
+``--bisect`` runs ``bisect.bisect`` instead of ``evaluate`` (``--bisect-mode``: ops, every aten op judged alone;
+prefix; modules; docs/bisect.md), each phase bounded by ``--timeout``; exit status 0 when nothing is flagged, 1
+otherwise.
 
 FACTORY() returns ``(model, example_inputs)`` or ``(model, example_inputs, loss_fn)``. Exit status 0 when
 every graph compiles for Trainium and the numerics pass, 1 otherwise (a report says why), 2 for a usage or
@@ -150,10 +152,13 @@ def run(args: argparse.Namespace) -> int:
             failed: str | None = str(e)
         else:
             failed = None
-            if getattr(args, "bisect", False):
+            if getattr(args, "bisect", False) or getattr(args, "bisect_mode", None):
                 from .bisect import bisect
 
-                report: Any = bisect(model, inputs, loss_fn=loss_fn, multiple=args.bisect_multiple)
+                report: Any = bisect(
+                    model, inputs, loss_fn=loss_fn, method=getattr(args, "bisect_mode", None) or "ops",
+                    multiple=args.bisect_multiple, phase_timeout=getattr(args, "timeout", None),
+                )  # fmt: skip
             else:
                 from . import evaluate
 
