@@ -185,23 +185,19 @@ def unsupported_tensor_kind(t: torch.Tensor) -> str | None:
 #: Devices whose tensors the backend takes: CPU tensors run; meta tensors give meta outputs (shapes only);
 #: tensors of this package's ``neuron`` device (neuron_compile/device) run where they lie.
 INPUT_DEVICES = ("cpu", "meta", "neuron")
+#: Set by neuron_compile.device when it registers the ``neuron`` device (not another library's of that name).
+NEURON_DEVICE_REGISTERED = False
 
 
 def unsupported_device(t: torch.Tensor) -> str | None:
     """Why a graph input on ``t.device`` cannot be run, with what to do, or None."""
-    if t.device.type in INPUT_DEVICES and (t.device.type != "neuron" or _our_neuron_device()):
+    if t.device.type in INPUT_DEVICES and (t.device.type != "neuron" or NEURON_DEVICE_REGISTERED):
         return None
     return (
         f"tensor on device '{t.device}': the neuron backend takes CPU tensors (it moves data to the "
         f"NeuronCore itself; the cpu target runs on XLA CPU) or meta tensors (shapes only); move the "
         f"model and inputs to CPU with .cpu() / .to('cpu')"
     )
-
-
-def _our_neuron_device() -> bool:
-    from .device import is_registered
-
-    return is_registered()
 
 
 def unsupported_inputs(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> list[UnsupportedNode]:

@@ -33,6 +33,8 @@ ALLOWED: dict[str, set[str]] = {
     "distributed": set(),
     "lowering": {"graph_checks", "kernels", "distributed"},
     "legality": {"lowering", "runtime"},
+    # the HBM estimate names a tensor's aten node and user line through the legality pass's MLIR locations
+    "hbm": {"legality"},
     "cache": {"graph_checks", "runtime"},
     "compiler": {
         "cache",
@@ -40,6 +42,7 @@ ALLOWED: dict[str, set[str]] = {
         "distributed",
         "heap",
         "graph_checks",
+        "hbm",
         "kernels",
         "legality",
         "lowering",
@@ -59,13 +62,15 @@ ALLOWED: dict[str, set[str]] = {
         "recompiles",
         "trace_fixes",
     },
-    "__init__": {"cache", "kernels", "nki", "lowering", "evaluate", "bucketing"},
-    "evaluate": {"backend", "cache", "compiler", "graph_checks", "kernels", "lowering", "runtime", "debug"},
+    "__init__": {"cache", "kernels", "nki", "lowering", "evaluate", "bucketing", "device"},
+    # the neuron device: its graphs go through the compiler; executor.DEVICE_CALL is its hook into the runtime
+    "device": {"compiler", "decompositions", "graph_checks", "runtime"},
+    "evaluate": {"backend", "cache", "compiler", "graph_checks", "hbm", "kernels", "lowering", "runtime", "debug"},
     "bucketing": set(),
     "cli": {"cache", "evaluate", "doctor", "precompile"},
     "precompile": {"cache", "compiler", "runtime"},
     "doctor": {"cache", "runtime", "kernels", "debug"},
-    "demo": {"cache"},
+    "demo": {"cache", "hbm"},
 }
 
 

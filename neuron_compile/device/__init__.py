@@ -54,22 +54,28 @@ class NeuronModule:
 
     @staticmethod
     def current_device() -> int:
-        return _CURRENT[0]
+        from . import context
+
+        return context.current_index()
 
     @staticmethod
     def set_device(device: Any) -> None:
+        from . import context
+
         index = torch.device(device).index if not isinstance(device, int) else device
-        _CURRENT[0] = index or 0
+        context.CURRENT[0] = index or 0
 
     @staticmethod
     @contextlib.contextmanager
     def device(device: Any) -> Iterator[None]:
-        before = _CURRENT[0]
+        from . import context
+
+        before = context.CURRENT[0]
         NeuronModule.set_device(device)
         try:
             yield
         finally:
-            _CURRENT[0] = before
+            context.CURRENT[0] = before
 
     @staticmethod
     def synchronize(device: Any = None) -> None:
@@ -135,12 +141,11 @@ class NeuronModule:
         return NeuronOutOfMemoryError
 
 
-_CURRENT = [0]
-
-
 def _index(device: Any) -> int:
     if device is None:
-        return _CURRENT[0]
+        from . import context
+
+        return context.current_index()
     if isinstance(device, int):
         return device
     return torch.device(device).index or 0
@@ -174,6 +179,9 @@ def register() -> bool:
     from .graphs import call_on_device, is_device_call
 
     executor.DEVICE_CALL = (is_device_call, call_on_device)
+    from .. import graph_checks
+
+    graph_checks.NEURON_DEVICE_REGISTERED = True
     _REGISTERED = True
     return True
 

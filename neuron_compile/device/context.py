@@ -17,6 +17,8 @@ import torch
 
 from ..errors import NeuronCompileError
 from ..options import Options
+from ..stats import STATS
+from . import onegraph
 from . import storage as mem
 from .buffers import buffers_for
 
@@ -51,6 +53,14 @@ class Device:
         except BaseException:
             mem.release(index, nbytes)
             raise
+
+
+#: The current device index (``torch.neuron.set_device``), a list so that it is shared by reference.
+CURRENT = [0]
+
+
+def current_index() -> int:
+    return CURRENT[0]
 
 
 _DEVICE: Device | None = None
@@ -110,9 +120,7 @@ def with_buffer_of(source: torch.Tensor) -> torch.Tensor:
 def check_dtype(dtype: torch.dtype) -> None:
     """The device has no float64 and no complex dtype (as MPS): refused with what to do."""
     if dtype in (torch.float64, torch.complex64, torch.complex128, torch.complex32):
-        from .eager import printing
-
-        if printing():
+        if onegraph.printing():
             return
         raise TypeError(
             f"Cannot put a {dtype} tensor on the neuron device: Trainium has no "
@@ -152,8 +160,6 @@ def densify(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself when it is a row-major run of its storage, else a new dense copy made on the device."""
     if mem.contiguous_byte_range(t) is not None and mem.device_storage(t).buffer is not None:
         return t
-    from .eager import gather
-
     return gather(t)
 
 
@@ -167,8 +173,6 @@ def parameter(t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> tu
     st = mem.device_storage(dense)
     param = dev.buffers.parameter(st.buffer.payload, dense.storage_offset() * dense.element_size(), shape, dtype)
     if param is None:  # its bytes cannot be handed over where they lie: gather them into a buffer of their own
-        from .eager import gather
-
         dense = gather(dense, force=True)
         st = mem.device_storage(dense)
         param = dev.buffers.parameter(st.buffer.payload, 0, shape, dtype)
@@ -190,17 +194,60 @@ def set_values(dst: torch.Tensor, value: torch.Tensor) -> None:
         dense = _own_buffer(dense)
         st.buffer = mem.device_storage(dense).buffer
         return
-    from .eager import scatter
-
     st.buffer = scatter(dst, value)
 
 
 def _own_buffer(dense: torch.Tensor) -> torch.Tensor:
-    from .eager import gather
-
     return gather(dense, force=True)
 
 
 @functools.lru_cache(maxsize=None)
 def neuron_device(index: int = 0) -> torch.device:
     return torch.device("neuron", index)
+
+
+# -- gathers and scatters: views read and written on the device ------------------------------------------------
+def _flat_of(t: torch.Tensor) -> torch.Tensor:
+    """The whole storage of ``t`` as a 1-d tensor of ``t``'s dtype (a view)."""
+    st = mem.device_storage(t)
+    n = st.nbytes // t.element_size()
+    return mem.make_tensor((n,), (1,), 0, t.dtype, t.untyped_storage())
+
+
+def gather(t: torch.Tensor, force: bool = False) -> torch.Tensor:
+    """A new dense neuron tensor with ``t``'s values, computed on the device from ``t``'s storage."""
+    flat = _flat_of(t)
+    size, stride, offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
+    key = ("gather", tuple(flat.shape), t.dtype, size, stride, offset)
+    entry = onegraph.GRAPHS.get(key)
+    if entry is None:
+        with onegraph.GRAPHS_LOCK:
+
+            def fn(base: torch.Tensor) -> tuple[torch.Tensor]:
+                return (torch.as_strided(base, size, stride, offset).clone(),)
+
+            examples = [onegraph.example(flat)]
+            graph = onegraph.compile_one(onegraph.trace(fn, examples), "gather", device().opts)
+            entry = onegraph.GRAPHS.setdefault(key, onegraph.OpGraph(graph, 1))
+            STATS.eager_ops_compiled += 1
+    return entry.graph([flat])[0]
+
+
+def scatter(dst: torch.Tensor, value: torch.Tensor) -> mem.DeviceBuffer:
+    """The buffer of ``dst``'s storage with ``dst``'s elements replaced by ``value``'s, made on the device."""
+    flat = _flat_of(dst)
+    size, stride, offset = tuple(dst.shape), tuple(dst.stride()), dst.storage_offset()
+    key = ("scatter", tuple(flat.shape), dst.dtype, size, stride, offset)
+    entry = onegraph.GRAPHS.get(key)
+    if entry is None:
+        with onegraph.GRAPHS_LOCK:
+
+            def fn(base: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor]:
+                return (torch.as_strided_scatter(base, src, size, stride, offset),)
+
+            examples = [onegraph.example(flat), (size, dst.dtype)]
+            graph = onegraph.compile_one(onegraph.trace(fn, examples), "scatter", device().opts)
+            entry = onegraph.GRAPHS.setdefault(key, onegraph.OpGraph(graph, 1))
+            STATS.eager_ops_compiled += 1
+    new_flat = entry.graph([flat, value])[0]
+    return mem.device_storage(new_flat).buffer

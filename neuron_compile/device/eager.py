@@ -15,19 +15,16 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
-import threading
 import traceback
 import warnings
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..errors import NeuronCompileError, NeuronUnsupportedOpError, NeuronWarning, UnsupportedNode
 from ..stats import STATS
-from . import context
+from . import context, onegraph
 from . import storage as mem
 
 log = logging.getLogger(__name__)
@@ -42,17 +39,6 @@ class NeuronEagerFallbackWarning(NeuronWarning):
     once_per_process = True
 
 
-@dataclass
-class _OpGraph:
-    """A compiled one-op graph and how to read its outputs back into the op's results."""
-
-    graph: Callable[[list[Any]], list[Any]]
-    #: how many outputs are the op's own (the rest are the new values of the written arguments, in order)
-    num_results: int
-
-
-_GRAPHS: dict[Any, _OpGraph | NeuronUnsupportedOpError] = {}
-_GRAPHS_LOCK = threading.Lock()
 _FALLEN_BACK: set[str] = set()
 
 
@@ -139,7 +125,7 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         spec,
         tuple(_describe(flat[i]) if i in positions else _describe_scalar(flat[i]) for i in range(len(flat))),
     )
-    entry = _GRAPHS.get(key)
+    entry = onegraph.GRAPHS.get(key)
     if entry is None:
         entry = _build(key, op, flat, spec, positions, written_positions)
     if isinstance(entry, NeuronUnsupportedOpError):  # refused before: refused again without tracing
@@ -204,9 +190,9 @@ def _build(
     spec: Any,
     positions: list[int],
     written_positions: list[int],
-) -> _OpGraph:
-    with _GRAPHS_LOCK:
-        entry = _GRAPHS.get(key)
+) -> onegraph.OpGraph:
+    with onegraph.GRAPHS_LOCK:
+        entry = onegraph.GRAPHS.get(key)
         if entry is not None:
             return entry
         where = user_line()
@@ -221,20 +207,20 @@ def _build(
             outs = list(out) if isinstance(out, (tuple, list)) else [out]
             return (*outs, *[fl[p] for p in written_positions])
 
-        examples = [_example(flat[i]) for i in positions]
+        examples = [onegraph.example(flat[i]) for i in positions]
         try:
-            gm = _trace(one_op, examples)
+            gm = onegraph.trace(one_op, examples)
         except Exception as e:  # what cannot be traced with shapes alone (data-dependent output sizes)
-            _GRAPHS[key] = refusal = _unsupported(op, flat, positions, where, f"cannot be traced: {e}")
+            onegraph.GRAPHS[key] = refusal = _unsupported(op, flat, positions, where, f"cannot be traced: {e}")
             raise refusal from e
         num_results = _count_results(op)
         try:
-            graph = _compile(gm, examples, op)
+            graph = onegraph.compile_one(gm, op, context.device().opts)
         except NeuronUnsupportedOpError as e:
-            _GRAPHS[key] = refusal = _unsupported(op, flat, positions, where, _reasons(e))
+            onegraph.GRAPHS[key] = refusal = _unsupported(op, flat, positions, where, _reasons(e))
             raise refusal from e
-        entry = _OpGraph(graph, num_results)
-        _GRAPHS[key] = entry
+        entry = onegraph.OpGraph(graph, num_results)
+        onegraph.GRAPHS[key] = entry
         STATS.eager_ops_compiled += 1
         return entry
 
@@ -244,47 +230,6 @@ def _count_results(op: torch._ops.OpOverload) -> int:
     for r in op._schema.returns:
         n += 1
     return n
-
-
-def _example(t: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
-    """What a one-op graph's input is traced as: its shape and dtype (made into a tensor by ``_trace``)."""
-    return tuple(int(s) for s in t.shape), t.dtype
-
-
-def _outside_any_trace() -> Any:
-    """A context free of whatever traces the caller (Dynamo runs an optimizer's ``_init_group`` on real
-    tensors under its own fake mode): a one-op graph is traced and compiled on its own, with static shapes."""
-    import contextlib
-
-    from torch._guards import tracing
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    stack = contextlib.ExitStack()
-    stack.enter_context(tracing(None))
-    stack.enter_context(unset_fake_temporarily())
-    return stack
-
-
-def _trace(fn: Callable[..., Any], examples: list[tuple[tuple[int, ...], torch.dtype]]) -> torch.fx.GraphModule:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    from ..decompositions import decomposition_table
-
-    with _outside_any_trace():
-        mode = FakeTensorMode()  # static shapes: no ShapeEnv
-        with mode:
-            fakes = [torch.empty(shape, dtype=dtype) for shape, dtype in examples]
-            return make_fx(torch.func.functionalize(fn, remove="mutations_and_views"), decomposition_table())(*fakes)
-
-
-def _compile(gm: torch.fx.GraphModule, examples: list[Any], op: Any) -> Callable[[list[Any]], list[Any]]:
-    from ..compiler import compile_graph
-
-    fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
-    name = f"eager_{str(op).replace('.', '_')}"
-    with _outside_any_trace():
-        return compile_graph(gm, fakes, opts=context.device().opts, kind="inference", name=name)
 
 
 def _reasons(e: NeuronUnsupportedOpError) -> str:
@@ -317,7 +262,7 @@ def user_line() -> str:
 
 def run_or_fall_back(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     """``run``, or on an op the device cannot compile, the host (option ``eager_fallback="cpu"``)."""
-    if printing():
+    if onegraph.printing():
         return _on_host(op, args, kwargs, warn=False)
     try:
         return run(op, args, kwargs)
@@ -325,22 +270,6 @@ def run_or_fall_back(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> An
         if context.device().opts.eager_fallback != "cpu":
             raise
     return _on_host(op, args, kwargs)
-
-
-_TENSOR_STR = os.path.join("torch", "_tensor_str.py")
-
-
-def printing(depth: int = 16) -> bool:
-    """Whether torch is formatting a tensor for print/repr (``torch/_tensor_str.py`` is a caller): the values go
-    to the host anyway, and the formatter works in float64 and with data-dependent shapes, which the device
-    has not, so its ops run on the host, silently."""
-    frame = sys._getframe(2)
-    while frame is not None and depth:
-        if frame.f_code.co_filename.endswith(_TENSOR_STR):
-            return True
-        frame = frame.f_back
-        depth -= 1
-    return False
 
 
 def _on_host(op: torch._ops.OpOverload, args: tuple, kwargs: dict, warn: bool = True) -> Any:
@@ -386,50 +315,3 @@ def _original_of(copy: torch.Tensor, flat: list[Any], host: list[Any]) -> torch.
         if h is copy:
             return original
     raise NeuronCompileError("neuron device: an op's written result is none of its arguments")
-
-
-# -- gathers and scatters: views read and written on the device ------------------------------------------------
-def _flat_of(t: torch.Tensor) -> torch.Tensor:
-    """The whole storage of ``t`` as a 1-d tensor of ``t``'s dtype (a view)."""
-    st = mem.device_storage(t)
-    n = st.nbytes // t.element_size()
-    return mem.make_tensor((n,), (1,), 0, t.dtype, t.untyped_storage())
-
-
-def gather(t: torch.Tensor, force: bool = False) -> torch.Tensor:
-    """A new dense neuron tensor with ``t``'s values, computed on the device from ``t``'s storage."""
-    flat = _flat_of(t)
-    size, stride, offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
-    key = ("gather", tuple(flat.shape), t.dtype, size, stride, offset)
-    entry = _GRAPHS.get(key)
-    if entry is None:
-        with _GRAPHS_LOCK:
-
-            def fn(base: torch.Tensor) -> tuple[torch.Tensor]:
-                return (torch.as_strided(base, size, stride, offset).clone(),)
-
-            examples = [_example(flat)]
-            graph = _compile(_trace(fn, examples), examples, "gather")
-            entry = _GRAPHS.setdefault(key, _OpGraph(graph, 1))
-            STATS.eager_ops_compiled += 1
-    return entry.graph([flat])[0]
-
-
-def scatter(dst: torch.Tensor, value: torch.Tensor) -> mem.DeviceBuffer:
-    """The buffer of ``dst``'s storage with ``dst``'s elements replaced by ``value``'s, made on the device."""
-    flat = _flat_of(dst)
-    size, stride, offset = tuple(dst.shape), tuple(dst.stride()), dst.storage_offset()
-    key = ("scatter", tuple(flat.shape), dst.dtype, size, stride, offset)
-    entry = _GRAPHS.get(key)
-    if entry is None:
-        with _GRAPHS_LOCK:
-
-            def fn(base: torch.Tensor, src: torch.Tensor) -> tuple[torch.Tensor]:
-                return (torch.as_strided_scatter(base, src, size, stride, offset),)
-
-            examples = [_example(flat), (size, dst.dtype)]
-            graph = _compile(_trace(fn, examples), examples, "scatter")
-            entry = _GRAPHS.setdefault(key, _OpGraph(graph, 1))
-            STATS.eager_ops_compiled += 1
-    new_flat = entry.graph([flat, value])[0]
-    return mem.device_storage(new_flat).buffer

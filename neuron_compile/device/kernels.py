@@ -15,9 +15,7 @@ aten = torch.ops.aten
 
 def _index(device: Any) -> int:
     if device is None:
-        from . import NeuronModule
-
-        return NeuronModule.current_device()
+        return context.current_index()
     return torch.device(device).index or 0
 
 

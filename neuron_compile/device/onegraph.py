@@ -1,0 +1,87 @@
+"""One-op graphs: a function of a few tensors traced on its own (static shapes, our decomposition table) and
+compiled through the compiler, kept in one in-memory table (``GRAPHS``) by a key its caller chooses. Eager
+ops (``eager.py``) and the device's gathers and scatters of views (``context.py``) are such graphs."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..errors import NeuronUnsupportedOpError
+from ..options import Options
+
+
+@dataclass
+class OpGraph:
+    """A compiled one-op graph and how many of its outputs are the op's own results (the rest are the new
+    values of the arguments it writes, in order)."""
+
+    graph: Callable[[list[Any]], list[Any]]
+    num_results: int
+
+
+#: Compiled one-op graphs (or the refusal of one that cannot be compiled) by key, for the process.
+GRAPHS: dict[Any, OpGraph | NeuronUnsupportedOpError] = {}
+GRAPHS_LOCK = threading.RLock()
+
+
+def example(t: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
+    """What a one-op graph's input is traced as: its shape and dtype (made into a tensor by ``trace``)."""
+    return tuple(int(s) for s in t.shape), t.dtype
+
+
+def outside_any_trace() -> Any:
+    """A context free of whatever traces the caller (Dynamo runs an optimizer's ``_init_group`` on real
+    tensors under its own fake mode): a one-op graph is traced and compiled on its own, with static shapes."""
+    import contextlib
+
+    from torch._guards import tracing
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(tracing(None))
+    stack.enter_context(unset_fake_temporarily())
+    return stack
+
+
+def trace(fn: Callable[..., Any], examples: list[tuple[tuple[int, ...], torch.dtype]]) -> torch.fx.GraphModule:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from ..decompositions import decomposition_table
+
+    with outside_any_trace():
+        mode = FakeTensorMode()  # static shapes: no ShapeEnv
+        with mode:
+            fakes = [torch.empty(shape, dtype=dtype) for shape, dtype in examples]
+            return make_fx(torch.func.functionalize(fn, remove="mutations_and_views"), decomposition_table())(*fakes)
+
+
+def compile_one(gm: torch.fx.GraphModule, op: Any, opts: Options) -> Callable[[list[Any]], list[Any]]:
+    from ..compiler import compile_graph
+
+    fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    name = f"eager_{str(op).replace('.', '_')}"
+    with outside_any_trace():
+        return compile_graph(gm, fakes, opts=opts, kind="inference", name=name)
+
+
+_TENSOR_STR = os.path.join("torch", "_tensor_str.py")
+
+
+def printing(depth: int = 16) -> bool:
+    """Whether torch is formatting a tensor for print/repr (``torch/_tensor_str.py`` is a caller): the values go
+    to the host anyway, and the formatter works in float64 and with data-dependent shapes, which the device
+    has not, so its ops run on the host, silently."""
+    frame = sys._getframe(2)
+    while frame is not None and depth:
+        if frame.f_code.co_filename.endswith(_TENSOR_STR):
+            return True
+        frame = frame.f_back
+        depth -= 1
+    return False
