@@ -23,6 +23,10 @@ Installed by ``install(neuron_backend)`` once, when backend.py is imported, i.e.
    aten op (``addcdiv``, ``addcmul``, ``_foreach_lerp``), computed in opmath and rounded once
    (lowering/pointwise.py; decompositions.py). A tensor or symbolic coefficient keeps Dynamo's form (the
    graph break it avoids would cost more), and other backends' compiles are left as Dynamo makes them.
+3. ``flex_attention`` refuses gradients for CPU tensors in its Python checks ("FlexAttention does not support
+   backward on CPU"), which Dynamo traces: torch has no CPU kernel for its backward. The neuron backend lowers
+   the backward (lowering/flex_attention.py) and is handed CPU tensors, so for neuron compiles that one check
+   is skipped; eager and other backends' compiles still make it.
 """
 
 from __future__ import annotations
@@ -93,9 +97,32 @@ def _lerp_weight(*args: Any, **kwargs: Any) -> Any:
     return args[2] if len(args) == 3 and not kwargs else None
 
 
+@torch._dynamo.assume_constant_result
+def _tracing_for_neuron() -> bool:
+    """Whether Dynamo is tracing a frame for the neuron backend (a constant of the trace)."""
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    tx = InstructionTranslator.current_tx()
+    return tx is not None and compiles_for_neuron(tx)
+
+
+def _flex_backward_allowed(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``flex_attention``'s device check without its refusal of CPU gradients, in neuron compiles."""
+
+    @functools.wraps(original)
+    def validate_device(query: Any, key: Any, value: Any) -> Any:
+        if torch.compiler.is_dynamo_compiling() and query.device.type == "cpu" and _tracing_for_neuron():
+            return None
+        return original(query, key, value)
+
+    setattr(validate_device, _WRAPPED, True)
+    return validate_device
+
+
 def install(neuron_backend: Callable[..., Any]) -> None:
-    """Fix torch's Autograd kernels, mark ``neuron_backend`` and wrap Dynamo's handlers of the calls above
-    (idempotent)."""
+    """Fix torch's Autograd kernels, mark ``neuron_backend`` and wrap Dynamo's handlers of the calls above and
+    flex_attention's device check (idempotent)."""
+    import torch.nn.attention.flex_attention as flex
     from torch._dynamo.variables.tensor import TensorVariable
     from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
 
@@ -111,3 +138,6 @@ def install(neuron_backend: Callable[..., Any]) -> None:
         method = getattr(TensorVariable, name, None)
         if method is not None and not getattr(method, _WRAPPED, False):
             setattr(TensorVariable, name, _unless_neuron_number(method, _value_kwarg))
+    check = getattr(flex, "_validate_device", None)
+    if check is not None and not getattr(check, _WRAPPED, False):
+        flex._validate_device = _flex_backward_allowed(check)

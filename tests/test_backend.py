@@ -530,9 +530,9 @@ def _flex_case(kind: str) -> tuple[dict, int]:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("kind", ["score_mod", "causal", "padded", "gqa-softcap"])
 def test_flex_attention_matches_eager(kind: str, dtype: torch.dtype) -> None:
-    """flex_attention runs as torch's own math for it (eager's CPU path): score_mod and mask_mod graphs
-    applied densely, a fully masked query gives zeros. Forward only: torch's flex_attention refuses
-    gradients for CPU tensors itself ("FlexAttention does not support backward on CPU")."""
+    """flex_attention (lowering/flex_attention.py) as eager's math: score_mod and mask_mod graphs applied
+    elementwise, a fully masked query gives zeros. Forward only here; tests/test_flex_attention.py has the
+    backward and the block-sparse cases."""
     from torch.nn.attention.flex_attention import flex_attention
 
     kwargs, kv_heads = _flex_case(kind)

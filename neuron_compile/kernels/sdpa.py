@@ -1,4 +1,4 @@
-"""scaled_dot_product_attention and flex_attention, rewritten in the Dynamo graph before AOTAutograd.
+"""scaled_dot_product_attention, rewritten in the Dynamo graph before AOTAutograd.
 
 On CPU, AOTAutograd decomposes SDPA's forward to math but keeps the CPU-only
 ``_scaled_dot_product_flash_attention_for_cpu_backward`` in the backward graph. So the Dynamo graph's SDPA
@@ -13,7 +13,6 @@ importing any lowering module loads every op family (~0.3-0.5 s of a warm start)
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +20,6 @@ import torch.nn.functional as F
 from . import KERNELS
 
 _SDPA_TARGETS = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
-_FLEX = torch.ops.higher_order.flex_attention
 
 
 def sdpa_math(
@@ -75,39 +73,15 @@ def sdpa_flash(
     return flash_attention(query, key, value, bool(is_causal), attention_scale(query.size(-1), scale))[0]
 
 
-def flex_math(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    score_mod: Any,
-    block_mask: tuple,
-    scale: float,
-    kernel_options: dict[str, Any],
-    score_mod_other_buffers: tuple = (),
-    mask_mod_other_buffers: tuple = (),
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``flex_attention`` as torch's own math for it (what eager runs on CPU): dense scores, ``score_mod``
-    and the block mask's ``mask_mod`` applied elementwise over (batch, head, query, key) indices, a safe
-    softmax (a fully masked row is zeros), traced by AOTAutograd into plain ops. The block mask's sparse
-    block tables are not needed: every score is computed and the mask function hides the rest. torch's
-    ``flex_attention`` refuses gradients for CPU tensors itself, so only inference reaches this."""
-    from torch._higher_order_ops.flex_attention import math_attention
-
-    return math_attention(
-        query, key, value, score_mod, block_mask, scale, kernel_options, score_mod_other_buffers,
-        mask_mod_other_buffers,
-    )  # fmt: skip
-
-
 def _example(arg: object) -> object:
     return arg.meta.get("example_value") if isinstance(arg, torch.fx.Node) else arg
 
 
 def calls_attention(gm: torch.fx.GraphModule) -> bool:
-    """Does the Dynamo graph (or a nested subgraph) call SDPA or flex_attention, which ``rewrite_sdpa``
-    must replace?"""
+    """Does the Dynamo graph (or a nested subgraph) call SDPA, which ``rewrite_sdpa`` must replace?
+    (flex_attention stays whole: lowering/flex_attention.py lowers it and its backward.)"""
     return any(
-        node.op == "call_function" and (node.target in _SDPA_TARGETS or node.target is _FLEX)
+        node.op == "call_function" and node.target in _SDPA_TARGETS
         for module in gm.modules()
         if isinstance(module, torch.fx.GraphModule)
         for node in module.graph.nodes
@@ -116,16 +90,12 @@ def calls_attention(gm: torch.fx.GraphModule) -> bool:
 
 def rewrite_sdpa(gm: torch.fx.GraphModule, kernels: str = "reference") -> None:
     """Point every SDPA call of a Dynamo graph (and its nested subgraphs) at ``sdpa_flash`` where the
-    routing table sends it to the NKI kernel (``kernels`` not "off"), else at ``sdpa_math``, and every
-    ``flex_attention`` at ``flex_math``; in place."""
+    routing table sends it to the NKI kernel (``kernels`` not "off"), else at ``sdpa_math``; in place."""
     for module in gm.modules():
         if not isinstance(module, torch.fx.GraphModule):
             continue
         changed = False
         for node in module.graph.nodes:
-            if node.op == "call_function" and node.target is _FLEX:
-                node.target = flex_math
-                changed = True
             if node.op == "call_function" and node.target in _SDPA_TARGETS:
                 args = [_example(a) for a in node.args]
                 kwargs = {k: _example(v) for k, v in node.kwargs.items()}

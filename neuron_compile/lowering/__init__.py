@@ -12,6 +12,7 @@ from . import (  # noqa: F401  (importing a family registers its lowerings)  # n
     export_checks,
     factorizations,
     fft,
+    flex_attention,
     fused_losses,
     grid_sample,
     histograms,

@@ -246,7 +246,9 @@ class _GraphTracer:
         handler = dispatch.layout_handler(self.target, args, kwargs)
         if handler is None or routed is not None:
             args, kwargs, handler = layout.materialize(args), layout.materialize(kwargs), None
-        context = NodeContext(node, self.target, self.seed_for, self.kernels, self._count_kernel_site, self.generation)
+        context = NodeContext(
+            node, self.target, self.seed_for, self.kernels, self._count_kernel_site, self.generation, self.run_subgraph
+        )
         scope = provenance.scope_name(node)
         self.node_table[scope] = {
             "op": name,
@@ -271,6 +273,15 @@ class _GraphTracer:
             self.fail(node, mismatch)
             return _meta_structs(node.meta.get("val"))
         return result
+
+    def run_subgraph(self, gm: torch.fx.GraphModule, args: list[Any], where: str) -> list[Any] | None:
+        """A higher-order op's subgraph lowered inline (``NodeContext.run_subgraph``): its outputs, or None
+        when some of its ops were refused; those are reported as ops of ``where``."""
+        failures = len(self.failures)
+        outputs = self.run(gm, args)
+        for failure in self.failures[failures:]:
+            failure.reason = f"{failure.reason} (in {where})"
+        return outputs if len(self.failures) == failures else None
 
     def _loop(self, node: torch.fx.Node, body: torch.fx.GraphModule, *operands: Any) -> tuple[Any, ...]:
         """torch's ``scan(combine, init, xs, additional)`` (its forward, and the backward's scan over flipped

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from torch._ops import OpOverload, OpOverloadPacket
+from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
 
 LoweringFn = Callable[..., Any]
 
@@ -127,6 +127,10 @@ class NodeContext:
     kernel_site_sink: Any = None
     #: Trainium generation of the neuron target: what the real nki compiles a kernel site's kernel for.
     generation: str = "trn2"
+    #: ``run_subgraph(gm, args, where)``: a higher-order op's subgraph (flex_attention's score_mod) lowered by
+    #: the interpreter on jax values; returns its outputs, or None when some of its ops were refused (they are
+    #: in the graph's one error, each said to be ``where``).
+    run_subgraph: Any = None
 
     def note_kernel_site(self, name: str) -> None:
         if self.kernel_site_sink is not None:
@@ -293,8 +297,30 @@ COLLECTIVE_LOWERINGS: dict[OpOverload, LoweringFn] = {}
 LIBRARY_LOWERINGS: dict[str, LoweringFn] = {}
 
 
+#: Higher-order op (``torch.ops.higher_order.*``) -> its lowering, which gets the op's subgraphs as GraphModules
+#: and lowers them through ``NodeContext.run_subgraph``. Not aten ops: kept out of the records,
+#: ``supported_ops()`` and docs/ops.md. (scan, map_impl and invoke_subgraph are inlined by the interpreter.)
+HIGHER_ORDER_LOWERINGS: dict[HigherOrderOperator, LoweringFn] = {}
+
+
+def register_higher_order(op: HigherOrderOperator) -> Callable[[LoweringFn], LoweringFn]:
+    """Register ``fn`` as the lowering of the higher-order op ``op``; registering it twice raises."""
+
+    def decorate(fn: LoweringFn) -> LoweringFn:
+        if op in HIGHER_ORDER_LOWERINGS:
+            raise ValueError(
+                f"{op.name()} is registered twice: {_describe(HIGHER_ORDER_LOWERINGS[op])} and {_describe(fn)}"
+            )
+        HIGHER_ORDER_LOWERINGS[op] = fn
+        return fn
+
+    return decorate
+
+
 def lowering_for(op: Any) -> LoweringFn | None:
-    """The real-dtype lowering of ``op``: its record's, a collective's or a library op's."""
+    """The real-dtype lowering of ``op``: its record's, a collective's, a library op's or a higher-order op's."""
+    if isinstance(op, HigherOrderOperator):
+        return HIGHER_ORDER_LOWERINGS.get(op)
     if not isinstance(op, OpOverload):
         return None
     record = RECORDS.get(op)
