@@ -109,6 +109,12 @@ CASES = [
         lambda dt, g: (_rows(dt, g, 130, 200, 2) + (_vec(dt, g, 200),), (1e-6,)),
         lambda dy, x, w, eps: _grad(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps), (x, w), dy),
     ),
+    (  # more than 8 PSUM banks of columns: dw summed in SBUF instead of PSUM
+        "rms_norm_bwd",
+        "130x4700",
+        lambda dt, g: (_rows(dt, g, 130, 4700, 2) + (_vec(dt, g, 4700),), (1e-6,)),
+        lambda dy, x, w, eps: _grad(lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps), (x, w), dy),
+    ),
     (
         "layer_norm",
         "130x700",
@@ -119,6 +125,14 @@ CASES = [
         "layer_norm_bwd",
         "130x700",
         lambda dt, g: (_rows(dt, g, 130, 700, 2) + (_vec(dt, g, 700),), (1e-5,)),
+        lambda dy, x, w, eps: _grad(
+            lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, eps), (x, w, torch.zeros_like(w)), dy
+        ),
+    ),
+    (
+        "layer_norm_bwd",
+        "70x4700",
+        lambda dt, g: (_rows(dt, g, 70, 4700, 2) + (_vec(dt, g, 4700),), (1e-5,)),
         lambda dy, x, w, eps: _grad(
             lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, eps), (x, w, torch.zeros_like(w)), dy
         ),
