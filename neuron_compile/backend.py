@@ -118,4 +118,4 @@ def neuron_backend(
 trace_fixes.install(neuron_backend)
 # Under the default dynamic=None, a new shape compiles a new static graph instead of a symbolic one
 # (graph_checks.keep_shapes_static says how).
-keep_shapes_static(trace_fixes.is_neuron_backend)
+keep_shapes_static(trace_fixes.compiles_for_neuron)

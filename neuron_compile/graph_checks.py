@@ -64,34 +64,36 @@ def check_static_shapes(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> 
 _STATIC_SHAPES_MARK = "_neuron_compile_static_shapes"
 
 
-def keep_shapes_static(is_neuron_backend: Callable[[Any], bool]) -> None:
-    """Turn Dynamo's automatic dynamic shapes off for the frames a neuron backend compiles (idempotent).
+def keep_shapes_static(compiles_for_neuron: Callable[[Any], bool]) -> None:
+    """Turn Dynamo's automatic dynamic shapes off for the sizes and ints of neuron frames (idempotent).
 
     Under ``torch.compile``'s default ``dynamic=None``, Dynamo traces a frame static and, when a guard on a
-    size fails (a partial last batch), traces it again with that size symbolic, which the Neuron compiler
-    cannot take. Dynamo reads ``torch._dynamo.config.automatic_dynamic_shapes`` only while it converts a frame
-    (``ConvertFrameAssert.__call__``, which holds its backend in ``_torchdynamo_orig_backend``), so the config
-    is False around that call when ``is_neuron_backend(backend)``: each new shape is a new static graph, a
-    recompile counted against ``recompile_limit``, as under ``dynamic=False``. ``dynamic=True`` and
-    ``mark_dynamic`` still give symbolic sizes (refused by ``check_static_shapes``); other backends' frames
-    see the config unchanged.
+    size or an int fails (a partial last batch), traces it again with that value symbolic, which the Neuron
+    compiler cannot take. Dynamo decides this in one function, ``torch._dynamo.pgo.update_automatic_dynamic``
+    (what it has seen of each input, per frame: whether a value changed), which reads
+    ``config.automatic_dynamic_shapes``. For a frame whose tracer ``compiles_for_neuron(tx)``, it runs with that
+    config False for every input but a Python float: each new size or int is a new static graph, a recompile
+    counted against ``recompile_limit``, as under ``dynamic=False``. A float that changes still becomes a
+    float64 scalar input after its second value (a tensor input, not a shape: an LR scheduler's ``lr`` in a
+    compiled ``opt.step``). ``dynamic=True`` and ``mark_dynamic`` still give symbolic sizes (refused by
+    ``check_static_shapes``); other backends' frames are left as they are.
     """
     from torch._dynamo import config as dynamo_config
-    from torch._dynamo.convert_frame import ConvertFrameAssert
+    from torch._dynamo import pgo
 
-    convert = ConvertFrameAssert.__call__
-    if getattr(convert, _STATIC_SHAPES_MARK, False):
+    update = pgo.update_automatic_dynamic
+    if getattr(update, _STATIC_SHAPES_MARK, False):
         return
 
-    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not is_neuron_backend(getattr(self, "_torchdynamo_orig_backend", None)):
-            return convert(self, *args, **kwargs)
+    def update_automatic_dynamic(tx: Any, name: str, entry: Any, **kwargs: Any) -> Any:
+        if isinstance(entry.scalar, float) or not compiles_for_neuron(tx):
+            return update(tx, name, entry, **kwargs)
         with dynamo_config.patch(automatic_dynamic_shapes=False):
-            return convert(self, *args, **kwargs)
+            return update(tx, name, entry, **kwargs)
 
-    functools.update_wrapper(__call__, convert)
-    setattr(__call__, _STATIC_SHAPES_MARK, True)
-    ConvertFrameAssert.__call__ = __call__
+    functools.update_wrapper(update_automatic_dynamic, update)
+    setattr(update_automatic_dynamic, _STATIC_SHAPES_MARK, True)
+    pgo.update_automatic_dynamic = update_automatic_dynamic
 
 
 def refuse_silent_eager_fallback(allow: bool) -> None:

@@ -251,14 +251,15 @@ def test_dynamic_true_is_refused_with_the_fix() -> None:
 
 
 def test_dynamic_none_compiles_a_static_graph_per_shape() -> None:
-    """Under the default dynamic=None, Dynamo would trace the 2nd shape with a symbolic size; for a neuron
-    compile it traces it static (graph_checks.keep_shapes_static), and a shape seen before reuses its graph."""
+    """Under the default dynamic=None, Dynamo would trace the 2nd shape (or Python int) symbolic; for a neuron
+    compile it traces it static (graph_checks.keep_shapes_static), and a shape seen before reuses its graph.
+    (A changing float stays Dynamo's: tests/test_optimizer_steps.py's LR scheduler.)"""
     STATS.reset()
-    fn = torch.compile(lambda x: x * 2, backend="neuron")
-    for n in (3, 5, 3):
+    fn = torch.compile(lambda x, k: x * k, backend="neuron")
+    for n, k in ((3, 2), (5, 2), (3, 2), (3, 4)):
         x = torch.randn(n)
-        torch.testing.assert_close(fn(x), x * 2)
-    assert STATS.count() == 2
+        torch.testing.assert_close(fn(x, k), x * k)
+    assert STATS.count() == 3
 
 
 def test_dynamic_none_is_left_to_dynamo_for_other_backends() -> None:
