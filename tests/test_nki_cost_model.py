@@ -131,3 +131,22 @@ def test_queued_small_transfers_stream_at_full_rate() -> None:
     assert one.seconds == pytest.approx(cost.DMA_FIXED_LATENCY_S + full_rate / 0.21, rel=0.02)
     assert many.seconds < cost.DMA_FIXED_LATENCY_S + 64 * full_rate * 1.1 + full_rate / 0.21
     assert many.dma_seconds == pytest.approx(64 * full_rate, rel=1e-6)
+
+
+def test_short_transfers_do_not_leave_the_dma_pool_idle() -> None:
+    """Row sums of 8 row tiles: each tile's 4-byte-per-partition store, issued between two 2 MiB loads, must not
+    hold the next load back until a gap as long as the load opens (a transfer is a stream of descriptors the
+    queues interleave): the loads keep the DMA engines busy nearly all the time."""
+
+    @nki.jit
+    def row_sums(x):
+        out = nl.ndarray((x.shape[0], 1), nl.float32, buffer=nl.shared_hbm)
+        for r0 in range(0, x.shape[0], 128):
+            t = nl.load(x[r0 : r0 + 128])
+            s = nl.ndarray((128, 1), nl.float32, buffer=nl.sbuf)
+            nisa.tensor_reduce(dst=s, op=nl.add, data=t, axis=1, keepdims=True)
+            nl.store(out[r0 : r0 + 128], s)
+        return out
+
+    est = _schedule(row_sums, np.broadcast_to(np.zeros((), ml_dtypes.bfloat16), (128 * 8, 8192)))
+    assert est.active()["dma"] > 0.8

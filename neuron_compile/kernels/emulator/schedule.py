@@ -5,7 +5,9 @@ Each instruction starts at the earliest time its inputs are ready and its engine
 last write of every allocation it reads (RAW) and the last read of every allocation it writes (WAR). An
 engine may run an instruction in an idle gap left before later-issued ones (the compiler reorders
 independent instructions; NKI's program order binds only dependent ones). The 16 DMA engines are pooled: a
-transfer over P partitions uses ceil(P/8) of them, so it occupies that fraction of the pool for its duration. Dependencies are tracked per allocation, not per element: a kernel that reuses
+transfer over P partitions uses ceil(P/8) of them, so it occupies that fraction of the pool for its duration;
+being a stream of descriptors, it may be split over several idle stretches of the pool (a short transfer issued
+between two long ones does not leave the pool idle until a gap as long as the second one opens). Dependencies are tracked per allocation, not per element: a kernel that reuses
 one tile across loop iterations serializes the next writer behind this iteration's readers, as the
 hardware's semaphores would; a tile allocated inside the loop gets fresh storage and can overlap. Writes
 to HBM do not order each other (kernels write disjoint output regions).
@@ -73,6 +75,27 @@ class Resource:
         self.starts[lo:hi] = [s]
         self.ends[lo:hi] = [e]
         return t
+
+    def fill(self, ready: float, dur: float) -> tuple[float, float]:
+        """Occupy ``dur`` of idle time from ``ready`` on, split over as many gaps as needed (a DMA transfer is a
+        stream of descriptors, which the queues interleave with other transfers'): returns (start, end)."""
+        t, left, first = ready, dur, None
+        while left > 1e-15:
+            i = bisect.bisect_right(self.ends, t)
+            if i > 0 and self.ends[i - 1] > t:  # t inside a busy interval
+                t = self.ends[i - 1]
+                continue
+            gap_end = self.starts[i] if i < len(self.starts) else float("inf")
+            if gap_end <= t + 1e-15:
+                t = self.ends[i]
+                continue
+            piece = min(left, gap_end - t)
+            self.place(t, piece)
+            first = t if first is None else first
+            left -= piece
+            t += piece
+        start = ready if first is None else first
+        return start, t if first is not None else ready
 
 
 class Timeline:
@@ -162,8 +185,9 @@ class Timeline:
         ready = max(not_before, self.dma_ready(reads, writes, latency))
         share = _cost.dma_engines_used(partitions) / _cost.DMA_ENGINES
         busy = _cost.dma_occupancy_seconds(self.gen, nbytes, partitions)  # engines busy at full rate
-        start = self.res["dma"].place(ready, busy * share)
-        end = start + _cost.dma_transfer_seconds(self.gen, nbytes, partitions)  # the data is complete
+        start, last = self.res["dma"].fill(ready, busy * share)
+        # the data is complete when its last piece is through, and no sooner than the transfer alone takes
+        end = max(last, start + _cost.dma_transfer_seconds(self.gen, nbytes, partitions))
         self.busy["dma"] += busy * share
         self._record(reads, writes, end, "dma")
 
