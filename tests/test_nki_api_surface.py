@@ -374,3 +374,28 @@ def test_dma_transpose_and_tile_size() -> None:
 
     _run(sizes, _rand(2, 2), target="trn2")
     assert got == {"fmax": 208 * 1024, "total": 128 * 224 * 1024, "bank": 2048}
+
+
+def test_nki_object_dataclass_fields_and_install_as_nki() -> None:
+    """AWS's NKI library declares its configuration objects as ``@dataclass class C(nl.NKIObject)`` with bare class
+    attributes as fields, and imports ``nki.isa.constants``; ``install_as_nki`` makes ``import nki`` the emulator
+    (in a subprocess: it changes sys.modules)."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    @dataclasses.dataclass
+    class Params(nl.NKIObject):
+        size: int = 4
+        offset = None
+        active = False
+
+    p = Params(offset=3, active=True)
+    assert (p.size, p.offset, p.active) == (4, 3, True)
+    code = (
+        "from neuron_compile.kernels import nki_api; nki_api.install_as_nki(); "
+        "import nki, nki.language as nl, nki.isa as nisa; from nki.isa.constants import oob_mode; "
+        "from neuron_compile.kernels.emulator import language; "
+        "assert nl is language and oob_mode is nisa.oob_mode and nki.lnc.sendrecv"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

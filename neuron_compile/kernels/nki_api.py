@@ -67,10 +67,39 @@ else:
         simulate,
     )
 
+if EMULATED:
+    #: what kernels annotate dtypes with (``-> nki.dtype``): dtypes are strings here
+    dtype = str
+
+    def install_as_nki() -> None:
+        """Make ``import nki`` (``nki.language``, ``nki.isa``, ``nki.isa.constants``, ``nki.lnc``) give the emulator
+        in this process, so kernels written for the real package run unmodified (benchmarks/nki_samples.py).
+        Refused where the real package is importable: it would shadow it."""
+        import sys
+        import types
+
+        real = sys.modules.get("nki")
+        if real is not None and real is not sys.modules[__name__]:
+            raise NkiError("install_as_nki: a module named 'nki' is already imported; it would be shadowed")
+        constants = types.ModuleType("nki.isa.constants", "The enums of nki.isa (the NKI library imports them here).")
+        for name in ("engine", "reduce_cmd", "dge_mode", "oob_mode", "matmul_perf_mode", "dma_engine", "nc_version"):
+            setattr(constants, name, getattr(isa, name))
+        sys.modules.update(
+            {
+                "nki": sys.modules[__name__],
+                "nki.language": language,
+                "nki.isa": isa,
+                "nki.isa.constants": constants,
+                "nki.lnc": lnc,
+            }
+        )
+        isa.constants = constants
+
+
 __all__ = ["EMULATED", "NkiError", "NkiValidationError", "isa", "jit", "language", "lnc", "simulate"]
 if EMULATED:  # the emulator's extras: shape-only mode, counters, its error and tensor types
     __all__ += [
         "Kernel", "NkiBudgetError", "NkiCapacityError", "NkiDeadlockError", "NkiOutOfBoundsError", "NkiTensor",
         "NkiUndeclaredMutationError", "NkiUnsupportedError", "NkiVersionError", "NkiWarning", "RunStats",
-        "TensorSpec", "infer_shapes", "last_run_stats",
+        "TensorSpec", "dtype", "infer_shapes", "install_as_nki", "last_run_stats",
     ]  # fmt: skip

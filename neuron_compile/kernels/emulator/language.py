@@ -492,6 +492,25 @@ def _since(version: str, fn: Any) -> Any:
 tiles, blocks = _since("0.7", _grids.tiles), _since("0.7", _grids.blocks)
 alloc_tiles, alloc_blocks = _since("0.7", _grids.alloc_tiles), _since("0.7", _grids.alloc_blocks)
 
+
+class NKIObject:
+    """Base class of the trace-time configuration objects in AWS's NKI library (``@dataclass class
+    Config(nl.NKIObject)``; not in the API reference). Those classes also declare fields as bare class
+    attributes (``section_idx = None``) and construct them by keyword, so a subclass's public, non-callable
+    class attributes without an annotation are annotated here, which makes ``@dataclass`` take them as fields."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        annotations = dict(cls.__dict__.get("__annotations__", {}))
+        for name, value in list(cls.__dict__.items()):
+            if name.startswith("_") or name in annotations or callable(value):
+                continue
+            if isinstance(value, (classmethod, staticmethod, property)):
+                continue
+            annotations[name] = Any
+        cls.__annotations__ = annotations
+
+
 # operator identifiers that are not functions
 bypass = MathOp("bypass", "unary", "scalar")
 prelu = unsupported("nki.language.prelu", "parametric ReLU (activate2's relu_param) is not emulated")
@@ -730,6 +749,7 @@ def nc(n: int) -> int:
 
 
 __all__ += [
+    "NKIObject",
     "NkiBlockGrid",
     "NkiGrid",
     "NkiScalar",
