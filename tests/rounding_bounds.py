@@ -1,0 +1,194 @@
+"""First-order rounding-error bounds of bfloat16 recurrent layers (LSTM, GRU, RNN) against float64.
+
+Why a derived bound and not eager's bits: eager's bfloat16 LSTM is oneDNN's kernel where oneDNN has bfloat16
+(AVX-512, AVX512-BF16, AMX: gates in float32, c and h rounded once a step) and ATen's per-op kernel where it does
+not (AVX2-only CPUs: every gate op rounded to bfloat16). The two differ by a few ulps, so a test that copies one
+machine's eager values fails on the other (issue 52). Both, and the compiled lowering, are judged here against
+the float64 result of the same bfloat16 inputs with a bound from the layer's rounding-error analysis:
+
+* **Sites.** ``recurrent_program`` recomputes the layer in float64 and marks every intermediate value that some
+  implementation rounds (a *site*): the union of ATen's per-op order (each op's result rounded), oneDNN's (the
+  bias pair summed in the dtype, c and h rounded once a step) and the lowering's (oneDNN's for LSTM, torch's
+  per-op decomposition for GRU/RNN). An implementation that does not round at a site only carries its float32
+  error there, which the site's radius includes, so one bound covers every order.
+* **Radius of a site.** Rounding to bfloat16 (8 significand bits, to nearest): ``|d| <= u|v|``, u = 2^-8, plus
+  the float32 arithmetic before it (2 u32, u32 = 2^-24). A float32 sigmoid/tanh is within 16 u32 (Sleef is
+  within 1 ulp, XLA's rational tanh a few). A dot product of k bfloat16 products (exact in float32) accumulated
+  in float32 in any order is within gamma_k = k u32 / (1 - k u32) of the sum of the absolute terms (Higham,
+  *Accuracy and Stability of Numerical Algorithms*, 2nd ed., eq. 3.5); for the LSTM's gates k counts every
+  term oneDNN accumulates (input, hidden, two biases), as its order sums them all in one accumulator.
+* **Per element (worst case).** To first order the computed output is ``y_j + sum_k J_jk d_k`` with
+  ``J_jk = dy_j/dv_k`` at the exact values, so ``|y^_j - y_j| <= sum_k |J_jk| r_k``. J is taken by autograd of
+  the float64 program (a zero perturbation added at each site). The terms dropped are O(d^2): relative to the
+  bound they are of the size of the relative errors themselves (below 1e-2 here).
+* **In aggregate (torch's accuracy checker judges RMS error against float64).** With the standard probabilistic
+  model of rounding (Higham & Mary, SIAM J. Sci. Comput. 41(5), 2019: the d_k mean-independent with mean 0),
+  ``E[(y^_j - y_j)^2] = sum_k J_jk^2 E[d_k^2] <= sum_k J_jk^2 r_k^2 =: sigma_j^2``; so the RMS error over the
+  elements is at most the RMS of sigma. (Errors uniform in [-r, r] would give sigma / sqrt(3): the check
+  leaves that factor for fluctuation, and holds exactly in expectation for any distribution within the radii.)
+
+A sequence's outputs do not depend on another sequence of the batch: one Jacobian row serves the whole batch,
+so the rows are the outputs of one sequence (the cost is one batched backward pass over the float64 program).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+#: Unit roundoff of bfloat16 and float32 (round to nearest).
+U_BF16 = 2.0**-8
+U_F32 = 2.0**-24
+#: A float32 sigmoid or tanh, relative to its value.
+F32_ELEMENTARY = 16 * U_F32
+
+
+def _gamma(k: int) -> float:
+    return k * U_F32 / (1 - k * U_F32)
+
+
+class Sites:
+    """The rounding sites of a float64 program: each adds a zero perturbation (a leaf to differentiate by) and
+    keeps the radius of the error an implementation may make there."""
+
+    def __init__(self) -> None:
+        self.perturbations: list[torch.Tensor] = []
+        self.radii: list[torch.Tensor] = []
+
+    def site(self, value: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
+        perturbation = torch.zeros_like(value, requires_grad=True)
+        self.perturbations.append(perturbation)
+        self.radii.append(radius.detach().expand_as(value))
+        return value + perturbation
+
+    def rounded(self, value: torch.Tensor) -> torch.Tensor:
+        """A float32 operation's result, rounded to bfloat16 (or not)."""
+        return self.site(value, (U_BF16 + 2 * U_F32) * value.detach().abs())
+
+    def elementary(self, value: torch.Tensor) -> torch.Tensor:
+        """A float32 sigmoid/tanh, rounded to bfloat16 (or not)."""
+        return self.site(value, (U_BF16 + F32_ELEMENTARY + U_F32) * value.detach().abs())
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, terms: int) -> torch.Tensor:
+        """``x @ weight.T + bias`` accumulated in float32 (``terms`` terms in the accumulator), rounded or not."""
+        w = weight.double()
+        y = x @ w.T
+        magnitude = x.detach().abs() @ w.abs().T
+        if bias is not None:
+            y = y + bias.double()
+            magnitude = magnitude + bias.double().abs()
+        return self.site(y, _gamma(terms) * magnitude + (U_BF16 + U_F32) * y.detach().abs())
+
+
+def _lstm_cell(s: Sites, x, h, c, w_ih, w_hh, b_ih, b_hh):
+    terms = w_ih.shape[1] + w_hh.shape[1] + 2
+    gates = s.rounded(s.linear(x, w_ih, b_ih, terms) + s.linear(h, w_hh, b_hh, terms))  # ATen's order
+    if b_ih is not None:  # oneDNN's and the lowering's: the bias pair summed in the dtype first
+        gates = s.site(gates, U_BF16 * (b_ih.double() + b_hh.double()).abs())
+    i, f, g, o = gates.chunk(4, -1)
+    i, f, g, o = s.elementary(i.sigmoid()), s.elementary(f.sigmoid()), s.elementary(g.tanh()), s.elementary(o.sigmoid())
+    c = s.rounded(s.rounded(f * c) + s.rounded(i * g))
+    return s.rounded(o * s.elementary(c.tanh())), c
+
+
+def _gru_cell(s: Sites, x, h, c, w_ih, w_hh, b_ih, b_hh):
+    xr, xz, xn = s.linear(x, w_ih, b_ih, w_ih.shape[1] + 1).chunk(3, -1)
+    hr, hz, hn = s.linear(h, w_hh, b_hh, w_hh.shape[1] + 1).chunk(3, -1)
+    r = s.elementary(s.rounded(xr + hr).sigmoid())
+    z = s.elementary(s.rounded(xz + hz).sigmoid())
+    n = s.elementary(s.rounded(xn + s.rounded(r * hn)).tanh())
+    return s.rounded(s.rounded(s.rounded(h - n) * z) + n), None  # torch's (h - n) * z + n, eager's and ours
+
+
+def _rnn_tanh_cell(s: Sites, x, h, c, w_ih, w_hh, b_ih, b_hh):
+    pre = s.rounded(s.linear(x, w_ih, b_ih, w_ih.shape[1] + 1) + s.linear(h, w_hh, b_hh, w_hh.shape[1] + 1))
+    return s.elementary(pre.tanh()), None
+
+
+def recurrent_program(module: torch.nn.RNNBase, x: torch.Tensor, s: Sites) -> dict[str, torch.Tensor]:
+    """``module(x)`` (zero initial state) in float64 with its rounding sites marked, batch first:
+    {"output": (B, T, D*H), "h_n": (B, L*D, H)[, "c_n"]}."""
+    cell = {"LSTM": _lstm_cell, "GRU": _gru_cell, "RNN_TANH": _rnn_tanh_cell}[module.mode]
+    assert not module.proj_size and not (module.dropout and module.training), module
+    seq = (x if module.batch_first else x.transpose(0, 1)).double()
+    batch, steps = seq.shape[:2]
+    directions = 2 if module.bidirectional else 1
+    h_n, c_n = [], []
+    for layer in range(module.num_layers):
+        outputs = []
+        for direction in range(directions):
+            suffix = f"_l{layer}" + ("_reverse" if direction else "")
+            w_ih, w_hh = getattr(module, "weight_ih" + suffix), getattr(module, "weight_hh" + suffix)
+            b_ih, b_hh = (getattr(module, f"bias_{n}{suffix}") if module.bias else None for n in ("ih", "hh"))
+            h = c = torch.zeros(batch, module.hidden_size, dtype=torch.float64)
+            out: list[torch.Tensor] = [h] * steps
+            for t in range(steps - 1, -1, -1) if direction else range(steps):
+                h, c = cell(s, seq[:, t], h, c, w_ih, w_hh, b_ih, b_hh)
+                out[t] = h
+            outputs.append(torch.stack(out, 1))
+            h_n.append(h)
+            c_n.append(c)
+        seq = torch.cat(outputs, -1)
+    result = {"output": seq, "h_n": torch.stack(h_n, 1)}
+    if module.mode == "LSTM":
+        result["c_n"] = torch.stack(c_n, 1)
+    return result
+
+
+@dataclass
+class Bound:
+    """Per element: the first-order worst case and the RMS scale sigma (see the module's docstring)."""
+
+    worst: torch.Tensor
+    sigma: torch.Tensor
+
+
+def first_order_bounds(outputs: dict[str, torch.Tensor], s: Sites) -> dict[str, Bound]:
+    """The bound of every output element (batch first: row j of the Jacobian serves every sequence)."""
+    flat = torch.cat([o.reshape(o.shape[0], -1) for o in outputs.values()], 1)  # (B, rows)
+    batch, rows = flat.shape
+    cotangents = torch.eye(rows, dtype=torch.float64).unsqueeze(1).expand(rows, batch, rows)
+    grads = torch.autograd.grad(flat, s.perturbations, cotangents, is_grads_batched=True, allow_unused=True)
+    worst = torch.zeros(rows, batch, dtype=torch.float64)
+    square = torch.zeros(rows, batch, dtype=torch.float64)
+    for g, radius in zip(grads, s.radii):
+        if g is not None:
+            contribution = (g * radius).reshape(rows, batch, -1)
+            worst += contribution.abs().sum(-1)
+            square += contribution.square().sum(-1)
+    bounds, start = {}, 0
+    for name, o in outputs.items():
+        n = o[0].numel()
+        worst_o, sigma_o = (t[start : start + n].T.reshape(o.shape) for t in (worst, square.sqrt()))
+        bounds[name] = Bound(worst_o, sigma_o)
+        start += n
+    return bounds
+
+
+def recurrent_bounds(module: torch.nn.RNNBase, x: torch.Tensor) -> tuple[dict[str, torch.Tensor], dict[str, Bound]]:
+    """The float64 result of ``module(x)`` (bfloat16 module and input, zero initial state) and its bounds, in
+    the module's own layout (h_n/c_n layers first; output batch first if the module is)."""
+    s = Sites()
+    outputs = recurrent_program(module, x, s)
+    bounds = first_order_bounds(outputs, s)
+
+    def layout(name: str, t: torch.Tensor) -> torch.Tensor:
+        return t.transpose(0, 1) if name != "output" or not module.batch_first else t
+
+    values = {n: layout(n, o.detach()) for n, o in outputs.items()}
+    return values, {n: Bound(layout(n, b.worst), layout(n, b.sigma)) for n, b in bounds.items()}
+
+
+def assert_within_bound(actual: torch.Tensor, reference: torch.Tensor, bound: Bound, what: str) -> None:
+    """Per element within the first-order worst case, and RMS error within the RMS of sigma."""
+    assert actual.shape == reference.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(reference.shape)}"
+    err = (actual.double() - reference).abs()
+    bad = ~(err <= bound.worst)
+    assert not bad.any(), (
+        f"{what}: {int(bad.sum())} element(s) outside the first-order rounding bound, e.g. {actual[bad][0].item()!r}"
+        f" where float64 gives {reference[bad][0].item()!r} (error {err[bad][0].item():.3g} > bound "
+        f"{bound.worst[bad][0].item():.3g})"
+    )
+    rms, rms_sigma = err.square().mean().sqrt().item(), bound.sigma.square().mean().sqrt().item()
+    assert rms <= rms_sigma, f"{what}: RMS error vs float64 {rms:.3g} > RMS of the rounding scale sigma {rms_sigma:.3g}"
