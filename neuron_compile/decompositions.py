@@ -410,9 +410,15 @@ def _multi_margin_loss(
 # x @ W_ih^T + h @ W_hh^T + (b_ih + b_hh) accumulated in float32 (the bias pair summed in the dtype first),
 # the gate math in float32, and h and c rounded to the dtype once per step (tanh(c) takes c before rounding);
 # its backward takes the gates' gradient in the dtype and sums the parameters' gradients over time in float32.
-# A bfloat16 emulation of that order is bit-identical to eager's forward. torch's decomposition instead
-# rounds every gate op to bfloat16 (compiled output and bias gradients 2-4x eager's error against float64)
-# and ignores the dropout between layers (``_rnn_helper`` tests ``num_layers < i - 1``).
+# A bfloat16 emulation of that order is bit-identical to eager's forward where oneDNN has bfloat16 kernels
+# (AVX-512, AVX512-BF16, AMX). On an AVX2-only CPU eager's bfloat16 LSTM is ATen's per-op kernel instead
+# (oneDNN refuses bfloat16 there), which rounds every gate op: that is a fallback for missing instructions,
+# not another definition, and it is less accurate (about 2x the RMS error against float64), so the lowering
+# keeps this order on every host, as it must for a graph that runs on Trainium. Tests judge both eager
+# orders and ours against float64 with a derived bound (tests/rounding_bounds.py), never one CPU's eager
+# bits. torch's decomposition rounds every gate op to bfloat16 too (compiled output and bias gradients 2-4x
+# oneDNN's error against float64) and ignores the dropout between layers (``_rnn_helper`` tests
+# ``num_layers < i - 1``).
 _OPMATH_RECURRENT: contextvars.ContextVar[bool] = contextvars.ContextVar("neuron_opmath_recurrent", default=False)
 #: The dtypes eager's oneDNN LSTM takes on CPU; others (float16, float64) keep torch's decomposition.
 _ONEDNN_LSTM_DTYPES = (torch.float32, torch.bfloat16)
