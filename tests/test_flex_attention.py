@@ -298,3 +298,19 @@ def test_eager_still_refuses_cpu_gradients() -> None:
         flex_attention(q, q, q)
     with pytest.raises(NotImplementedError, match="does not support backward on CPU"):
         torch.compile(flex_attention, backend="eager")(q, q, q)
+
+
+def test_a_gradient_eager_cannot_give_is_refused_with_eagers_reason() -> None:
+    """A learned tensor the score_mod uses without indexing it (a temperature) has a gradient per (batch,
+    head, query, key) point that eager's vmap cannot return either: the backward is refused, saying so."""
+    temperature = torch.tensor(0.7, requires_grad=True)
+    q = torch.randn(1, 2, 16, 8, requires_grad=True)
+    compiled = torch.compile(
+        lambda q: flex_attention(q, q, q, score_mod=lambda s, b, h, i, j: s * temperature), backend="neuron"
+    )
+    out = compiled(q)
+    with pytest.raises(Exception) as info:
+        out.sum().backward()
+    error = root_cause(info.value)
+    assert isinstance(error, neuron_compile.NeuronUnsupportedOpError), error
+    assert "flex_attention_backward(" in str(error) and "eager's flex_attention refuses it too" in str(error)

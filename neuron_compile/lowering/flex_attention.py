@@ -112,7 +112,7 @@ def _over_grid(graph: torch.fx.GraphModule, where: str, args: Sequence[Any], var
         if "out_axes" not in str(e) and "mapped output" not in str(e):
             raise
         raise Unsupported(
-            f"the gradient of a tensor its {where} captures varies over (batch, head, query, key) ({e}); eager's "
+            f"the gradient of a tensor its {where} captures varies over (batch, head, query, key); eager's "
             "flex_attention refuses it too: only a captured tensor the score_mod indexes (bias[h], table[q - k]) "
             "gets a gradient"
         ) from None
