@@ -156,22 +156,33 @@ class _FailedBackward:
         raise self.error.with_traceback(self.traceback)
 
 
+def deferring_errors(compile_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A backward's ``compile_fn`` that the backend has AOTAutograd call with the forward (not lazily): its error
+    belongs to ``backward()`` (``_FailedBackward``) unless the caller forces the backward's compile itself
+    (``evaluate``: it wants errors at compile time). Read now, before the backend forces it."""
+    if torch._functorch.config.force_non_lazy_backward_lowering:
+        return compile_fn
+
+    def compile_or_defer(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        try:
+            return compile_fn(gm, example_inputs)
+        except Exception as e:
+            return _FailedBackward(e)
+
+    return compile_or_defer
+
+
 def serializable(
     compile_fn: Callable[..., Any], opts: Options, kind: str, name: str
 ) -> SerializableAOTDispatchCompiler:
     """``compile_fn(gm, example_inputs)`` as a compiler whose results AOTAutograd's cache can store."""
     # Read before ``storing`` forces the backward's compile: a caller that forces it itself (``evaluate``)
     # wants its errors at compile time.
-    defer_error = kind == "backward" and not torch._functorch.config.force_non_lazy_backward_lowering
+    if kind == "backward":
+        compile_fn = deferring_errors(compile_fn)
 
     def compile_to_output_code(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> NeuronOutputCode:
-        try:
-            graph = compile_fn(gm, example_inputs)
-        except Exception as e:
-            if not defer_error:
-                raise
-            graph = _FailedBackward(e)
-        return NeuronOutputCode(graph, opts, kind, name)
+        return NeuronOutputCode(compile_fn(gm, example_inputs), opts, kind, name)
 
     return SerializableAOTDispatchCompiler(NeuronOutputCode, compile_to_output_code)
 

@@ -84,3 +84,5 @@ class Artifact:
     #: (warning class name, message) raised while building; replayed on every use, hits included.
     warnings: list[tuple[str, str]] = field(default_factory=list)
     loaded: Any = field(default=None, repr=False, compare=False)
+    #: Estimated peak HBM on one NeuronCore (bytes, ``hbm.py``) when built in this process; not stored.
+    hbm_peak: int | None = field(default=None, compare=False)

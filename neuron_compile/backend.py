@@ -76,7 +76,7 @@ def neuron_backend(
     warn_recompiles(gm, example_inputs)
     # Imported on first compile: resolving backend="neuron" must not pay for jax and every lowering.
     from . import aot_cache
-    from .compiler import compile_graph
+    from .compiler import compile_graph, compiles_in_background
     from .decompositions import decomposition_table
     from .kernels.sdpa import calls_attention, rewrite_sdpa
 
@@ -85,10 +85,15 @@ def neuron_backend(
     graph_id = next(_graph_ids)
 
     aot_cache_off = aot_cache.reason_not_used(opts)
+    # Compiles in the background (compile_pool): the backward is lowered right after the forward, so that its
+    # compile runs beside the forward's, not after the forward's first call (AOTAutograd's cache does so anyway).
+    backward_now = aot_cache_off and compiles_in_background(opts)
 
     def compiler(kind: str) -> Callable[..., Any]:
         name = f"graph{graph_id}_{kind}"
         compile_fn = functools.partial(compile_graph, opts=opts, kind=kind, name=name)
+        if backward_now and kind == "backward":
+            return aot_cache.deferring_errors(compile_fn)
         return compile_fn if aot_cache_off else aot_cache.serializable(compile_fn, opts, kind, name)
 
     # Built outside ``storing``: serializable() reads whether the caller itself forces the eager backward.
@@ -105,6 +110,8 @@ def neuron_backend(
     subclass_inputs = SUBCLASS_INPUTS.set(any(is_traceable_wrapper_subclass(x) for x in example_inputs))
     try:
         storing = contextlib.nullcontext() if aot_cache_off else aot_cache.storing(gm, opts)
+        if backward_now:
+            storing = torch._functorch.config.patch(force_non_lazy_backward_lowering=True)
         with storing, _no_mkldnn_decompositions():
             return compile_with(gm, example_inputs)
     except DATA_DEPENDENT_ERRORS as e:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import functools
+import shutil
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch._prims_common import make_contiguous_strides_for
 
-from . import debug, distributed
+from . import debug, distributed, hbm
 from .artifact import SAVED_FOR_BACKWARD_FROM, Artifact, OutputSpec, channels_last_strides
 from .cache import cache_for
 from .errors import (
@@ -30,7 +31,7 @@ from .errors import (
 from .heap import old_objects_frozen
 from .kernels.user_ops import has_user_kernels
 from .options import Options
-from .runtime import jax_adapter, map_budget
+from .runtime import compile_pool, jax_adapter, map_budget
 from .runtime.executor import CompiledGraph
 from .runtime.targets import target_for
 from .stats import STATS, GraphRecord
@@ -94,10 +95,16 @@ def _replay(artifact: Artifact) -> None:
 
 
 def build_artifact(
-    gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options, name: str, compile: bool = True
+    gm: torch.fx.GraphModule,
+    example_inputs: list[Any],
+    opts: Options,
+    name: str,
+    compile: bool = True,
+    background: bool = False,
 ) -> Artifact:
-    """Everything a cache miss costs: lowering, the legality pass and the target compile. ``compile=False``
-    stops before the target compile (an empty executable: ``neuron-compile precompile`` compiles it later)."""
+    """Everything a cache miss costs: lowering, the legality pass, the HBM check and the target compile.
+    ``compile=False`` stops before the target compile (an empty executable: ``neuron-compile precompile``
+    compiles it later). ``background``: once lowered, raise ``compile_pool.Lowered`` with the compile for a job."""
     from . import legality
 
     # Looked up at each call, so that a tool's or test's replacement of compiler.lower_graph is used.
@@ -127,16 +134,13 @@ def build_artifact(
     if lowered.kernel_sites_as_reference:
         ours.append((NeuronNkiUnavailableWarning.__name__, NKI_UNAVAILABLE_MESSAGE))
     stablehlo = lowered.stablehlo()
+    # Will it fit? Refused here, in seconds, rather than by neuronx-cc at the end of its compile (hbm.py).
+    estimate = hbm.check(lowered, gm, opts) if compile and opts.target == "neuron" else None
     t1 = time.perf_counter()
-    # Host callbacks (kernels="emulate", user kernels on the CPU target) are live Python objects the executable
-    # calls: such a graph is compiled with them and never served from the disk cache.
-    executable = target.compile(stablehlo, jax_adapter.host_callbacks_of(lowered.lowered)) if compile else None
-    t2 = time.perf_counter()
-    debug.dump_graph(opts, name, gm, lowered, report, {"lower_s": t1 - t0, "compile_s": t2 - t1})
-    return Artifact(
+    artifact = Artifact(
         name=name,
         stablehlo=stablehlo,
-        executable=target.serialize(executable) if compile else b"",
+        executable=b"",
         inputs=lowered.inputs,
         outputs=lowered.outputs,
         downcast_float64=lowered.downcast_float64,
@@ -144,9 +148,35 @@ def build_artifact(
         num_ops=lowered.num_ops,
         nki_kernels=sum(lowered.kernel_sites.values()),
         lower_seconds=t1 - t0,
-        compile_seconds=t2 - t1,
+        compile_seconds=0.0,
         target_version=target.version(),
         warnings=ours,
+        hbm_peak=estimate.peak_bytes if estimate is not None else None,
+    )
+    if not compile:
+        debug.dump_graph(opts, name, gm, lowered, report, {"lower_s": t1 - t0})
+        return artifact
+    # Host callbacks (kernels="emulate", user kernels on the CPU target) are live Python objects the executable
+    # calls: such a graph is compiled with them and never served from the disk cache.
+    callbacks = jax_adapter.host_callbacks_of(lowered.lowered)
+    if background and not callbacks:
+        raise compile_pool.Lowered(artifact, functools.partial(_with_executable, artifact, target))
+    artifact = _with_executable(artifact, target, callbacks)
+    if opts.target == "cpu":  # the executable's own buffer assignment: warned when too large for a NeuronCore
+        estimate = hbm.check(lowered, gm, opts, jax_adapter.memory_stats(artifact.loaded))
+        artifact.hbm_peak = estimate.peak_bytes if estimate is not None else None
+    debug.dump_graph(opts, name, gm, lowered, report, {"lower_s": t1 - t0, "compile_s": artifact.compile_seconds})
+    return artifact
+
+
+def _with_executable(artifact: Artifact, target: Any, callbacks: Any = ()) -> Artifact:
+    """``artifact`` (lowered, no executable) compiled by ``target``."""
+    t0 = time.perf_counter()
+    executable = target.compile(artifact.stablehlo, callbacks)
+    return dataclasses.replace(
+        artifact,
+        executable=target.serialize(executable),
+        compile_seconds=time.perf_counter() - t0,
         loaded=executable,
     )
 
@@ -199,41 +229,85 @@ def compile_graph(
     # in the emulator, user kernels) holds live Python objects: both bypass the cache.
     uncacheable = opts.debug_dir or opts.kernels == "emulate" or has_user_kernels(gm)
     cache_opts = dataclasses.replace(opts, cache=False) if uncacheable else opts
-    artifact, cache_state, digest = cache_for(cache_opts).get_or_build(
-        gm, example_inputs, cache_opts, lambda: build_artifact(gm, example_inputs, opts, name)
-    )
+    background = compiles_in_background(opts) and not uncacheable
+    compiling = None
+    try:
+        build = functools.partial(build_artifact, gm, example_inputs, opts, name, background=background)
+        artifact, cache_state, digest = cache_for(cache_opts).get_or_build(gm, example_inputs, cache_opts, build)
+    except compile_pool.Lowered as miss:  # lowered and checked here; neuronx-cc runs as a job of compile_pool
+        artifact, cache_state, digest = miss.artifact, "miss", _digest_or_none(gm, example_inputs, cache_opts)
+        compiling = (gm, example_inputs, cache_opts, miss.build)
     # Collecting for precompile: the backward is traced with torch's strides, as the neuron target's run traces
     # it, so that its key is the run's (the executor makes channels-last inputs contiguous).
     if kind == "forward" and whole and not opts.precompile_manifest:
         user_outputs = artifact.outputs[: len(artifact.outputs) - check_outputs]
         _report_output_strides(user_outputs, gm.meta[SAVED_FOR_BACKWARD_FROM])
-    return compiled_graph(artifact, cache_state, digest, opts, kind, name, t0)
+    return compiled_graph(artifact, cache_state, digest, opts, kind, name, t0, compiling)
+
+
+def compiles_in_background(opts: Options) -> bool:
+    """Whether a cache miss's target compile runs as a job of ``compile_pool`` (neuron target, compile_jobs > 0;
+    without neuronx-cc the compile's error is raised at once, as ever)."""
+    return opts.target == "neuron" and compile_pool.jobs(opts.compile_jobs) > 0 and bool(shutil.which("neuronx-cc"))
+
+
+def _digest_or_none(gm: torch.fx.GraphModule, example_inputs: list[Any], opts: Options) -> str | None:
+    """The digest of ``gm``'s cache entry as ``get_or_build`` computes it (None: not cached)."""
+    from .cache.key import NotCacheable, cache_key
+
+    if not opts.cache:
+        return None
+    try:
+        return cache_key(gm, example_inputs, opts).digest
+    except NotCacheable:
+        return None
 
 
 def compiled_graph(
-    artifact: Artifact, cache_state: str, cache_digest: str | None, opts: Options, kind: str, name: str, t0: float
+    artifact: Artifact,
+    cache_state: str,
+    cache_digest: str | None,
+    opts: Options,
+    kind: str,
+    name: str,
+    t0: float,
+    compiling: tuple[Any, ...] | None = None,
 ) -> CompiledGraph:
     """The callable of an artifact, its warnings replayed and its use recorded (``neuron_compile.stats``);
-    ``cache_digest`` names its cache entry (None: not cached), for AOTAutograd's cache (``aot_cache``)."""
+    ``cache_digest`` names its cache entry (None: not cached), for AOTAutograd's cache (``aot_cache``).
+    ``compiling``: the artifact is only lowered; (gm, example_inputs, cache options, build) compile it in a job,
+    and the callable's first call waits for it (``compile_pool.PendingGraph``)."""
     _replay(artifact)
     target = target_for(opts)
+    resident = opts.input_residency == "version_counter" and kind != "backward" and not _unwrapped_subclass_inputs()
+    record = GraphRecord(
+        name,
+        kind,
+        artifact.num_ops,
+        artifact.lower_seconds,
+        artifact.compile_seconds,
+        cache_state,
+        artifact.nki_kernels,
+        artifact.hbm_peak,
+    )
+    if compiling is not None:
+        STATS.record(record)  # its compile time and cache state are filled in by the job
+        job = functools.partial(_compile_job, compiling, opts, target, resident, record)
+        future = compile_pool.submit(job, compile_pool.jobs(opts.compile_jobs), name)
+        outputs, needs_seed = artifact.outputs, artifact.needs_rng_seed
+        return compile_pool.PendingGraph(name, target, artifact.inputs, outputs, needs_seed, cache_digest, future)
     executable = artifact.loaded
     if executable is None:
         executable = target.deserialize(artifact.executable)
-    resident = opts.input_residency == "version_counter" and kind != "backward" and not _unwrapped_subclass_inputs()
+    if record.hbm_peak is None and target.name == "cpu":  # a cache hit: XLA's buffer assignment tells it
+        memory = jax_adapter.memory_stats(executable)
+        if memory is not None:
+            estimate = hbm.estimate_from_memory(name, memory)
+            hbm.judge(estimate, opts)
+            record.hbm_peak = estimate.peak_bytes
     executable = target.for_graph(executable, resident_inputs=resident)
     elapsed = time.perf_counter() - t0
-    STATS.record(
-        GraphRecord(
-            name,
-            kind,
-            artifact.num_ops,
-            artifact.lower_seconds,
-            artifact.compile_seconds,
-            cache_state,
-            artifact.nki_kernels,
-        )
-    )
+    STATS.record(record)
     if cache_state == "hit":  # a miss was summarized by build_artifact, with its legality verdict
         debug.log_summary(f"neuron_compile: {name}: {artifact.num_ops} aten nodes, cache hit, loaded in {elapsed:.3f}s")
     # A cached graph may unload its executable near the memory-map limit and load it again from the cache.
@@ -250,6 +324,16 @@ def compiled_graph(
         cache_digest,
         serialized,
     )
+
+
+def _compile_job(compiling: tuple[Any, ...], opts: Options, target: Any, resident: bool, record: GraphRecord) -> Any:
+    """One compile job: the cache's lookup again (another process may have compiled the graph meanwhile, or the
+    remote cache have it), else ``build``, stored; the executable as the graph's callable runs it."""
+    gm, example_inputs, cache_opts, build = compiling
+    artifact, state, _ = cache_for(cache_opts).get_or_build(gm, example_inputs, cache_opts, build)
+    record.cache, record.compile_seconds = state, artifact.compile_seconds
+    executable = artifact.loaded if artifact.loaded is not None else target.deserialize(artifact.executable)
+    return target.for_graph(executable, resident_inputs=resident)
 
 
 #: Set by the backend while AOTAutograd compiles a Dynamo graph whose inputs include tensor subclasses

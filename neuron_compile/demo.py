@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .options import Options, neuron_toolchain
+from .options import Options, human_size, neuron_toolchain
 from .stats import STATS
 
 
@@ -109,11 +109,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{step:>4} {loss.item():>14.6f} {ref.item():>13.6f} {diff:>9.2e} {elapsed:>8.3f}")
 
     print("\ncompiled graphs:")
-    print(f"  {'graph':<22} {'kind':<10} {'aten ops':>8} {'NKI sites':>9} {'lower s':>8} {'compile s':>9} {'cache':>6}")
+    print(
+        f"  {'graph':<22} {'kind':<10} {'aten ops':>8} {'NKI sites':>9} {'lower s':>8} {'compile s':>9} {'cache':>6} "
+        f"{'HBM peak':>10}"
+    )
     for g in STATS.graphs:
+        peak = human_size(g.hbm_peak) if g.hbm_peak is not None else "-"
         print(
             f"  {g.name:<22} {g.kind:<10} {g.num_ops:>8} {g.nki_kernels:>9} {g.lower_seconds:>8.3f} "
-            f"{g.compile_seconds:>9.3f} {g.cache:>6}"
+            f"{g.compile_seconds:>9.3f} {g.cache:>6} {peak:>10}"
+        )
+    peaks = [g.hbm_peak for g in STATS.graphs if g.hbm_peak is not None]
+    if peaks:
+        from .hbm import fit_line
+
+        print(
+            f"  HBM peak: estimated on one NeuronCore (I/O + intermediates + scratchpad, as neuronx-cc budgets it); "
+            f"the largest, {human_size(max(peaks))}, {fit_line(max(peaks))}"
         )
     total_ops = sum(g.num_ops for g in STATS.graphs)
     sites = sum(g.nki_kernels for g in STATS.graphs)

@@ -103,6 +103,22 @@ class NeuronMemoryMapError(NeuronCompileError):
     (``vm.max_map_count``), where XLA CPU's failure crashes the process (``runtime.map_budget``)."""
 
 
+class NeuronCompileTimeoutError(NeuronCompileError):
+    """neuronx-cc did not finish a graph within option ``compile_timeout``: the message names the graph, the
+    source line of its largest op and the end of the compiler's log."""
+
+
+class NeuronHbmError(NeuronCompileError):
+    """A graph's estimated peak HBM exceeds one NeuronCore's (``neuron_compile.hbm``): refused on the neuron
+    target before neuronx-cc runs. ``estimate`` holds the parts (I/O, intermediates, scratchpad) and the largest
+    tensors; ``limit`` the bytes it was checked against."""
+
+    def __init__(self, message: str, estimate: Any = None, limit: int = 0) -> None:
+        super().__init__(message)
+        self.estimate = estimate
+        self.limit = limit
+
+
 class NeuronRuntimeError(NeuronCompileError):
     """The Neuron runtime (libnrt) refused a call: ``status`` is its ``NRT_STATUS`` (-1: the library itself
     could not be loaded), ``call`` the libnrt function. The message names the status and what to do."""
@@ -142,6 +158,10 @@ class NeuronRecompileWarning(NeuronWarning):
 class NeuronMemoryMapWarning(NeuronWarning):
     """The process holds a large share (``runtime.map_budget.WARN_FRACTION``) of the memory maps the kernel
     allows it; compiles will be refused near the limit."""
+
+
+class NeuronHbmWarning(NeuronWarning):
+    """CPU target: a graph's estimated peak HBM exceeds one NeuronCore's; the neuron target would refuse it."""
 
 
 class NeuronNkiUnavailableWarning(NeuronWarning):

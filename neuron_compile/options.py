@@ -223,6 +223,7 @@ _FIELDS: dict[str, _Field] = {
         "an fsspec URL with a scheme, e.g. 's3://bucket/prefix' or 'file:///shared/dir' (or None); "
         "a local directory is NEURON_COMPILE_CACHE_DIR's job",
         "NEURON_COMPILE_CACHE_URL",
+        secret=True,  # a URL may carry a password or a signed token (cache/redact.py): a refused one is not shown
     ),
     "cache_url_timeout": _Field(
         _seconds,

@@ -2,6 +2,7 @@
 (simulated) neuron target where the Neuron compiler and runtime are found: no option chooses it."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -14,6 +15,8 @@ from . import device_sim
 @pytest.mark.parametrize("device", ["none", "simulated"])
 def test_demo_runs_and_matches_eager(device: str, tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "NEURON_COMPILE_TARGET"}
+    # caches of its own: every graph compiled (and its HBM peak estimated), none served from another test's
+    env.update(NEURON_COMPILE_CACHE_DIR=str(tmp_path / "cache"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "torch"))
     if device == "simulated":
         env.update(device_sim.environment(tmp_path / "sim_state"))
     proc = subprocess.run(
@@ -26,6 +29,10 @@ def test_demo_runs_and_matches_eager(device: str, tmp_path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "MATCH" in proc.stdout and "backward" in proc.stdout and "forward" in proc.stdout
+    # each graph's estimated peak HBM, and the largest fits one NeuronCore anywhere
+    rows = [line for line in proc.stdout.splitlines() if re.match(r"\s+graph\d+_(forward|backward) ", line)]
+    assert len(rows) == 2 and all(re.search(r" \d+\.\d [KM]iB$", row) for row in rows), proc.stdout
+    assert "fits on one NeuronCore of trn2 at LNC 1 (12.00GB)" in proc.stdout, proc.stdout
     target = "neuron" if device == "simulated" else "cpu"
     assert f", target {target} (" in proc.stdout.splitlines()[0], proc.stdout.splitlines()[0]
     if device == "simulated":

@@ -134,6 +134,12 @@ def test_cli_on_a_supported_model_exits_0_with_timings_and_numerics(tmp_path: Pa
     assert all(t["compiled_error"] is not None and t["eager_error"] is not None for t in numerics["tensors"])
     assert report["recompiles"]["recompiles_in_steps"] == 0
     assert report["recompiles"]["input_shapes"] == ["float32[8, 16]"]
+    # will it fit: each graph's estimated peak HBM, and the largest judged against every NeuronCore configuration
+    peaks = {g["name"]: g["hbm_peak"] for g in report["graphs"]["compiled"]}
+    assert report["hbm"]["graph"] in peaks and report["hbm"]["largest_peak_bytes"] == max(peaks.values()) > 0
+    assert [(f["generation"], f["lnc"], f["fits"]) for f in report["hbm"]["fits"]] == [
+        ("trn2", 1, True), ("trn3", 1, True), ("trn2", 2, True), ("trn3", 2, True),
+    ]  # fmt: skip
 
 
 class _EvalModel(torch.nn.Module):

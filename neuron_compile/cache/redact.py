@@ -25,6 +25,8 @@ SECRET_PARAM_WORDS = frozenset(
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
 #: ``name=value`` in free text (a query quoted without its URL, a repr of params).
 _PARAM = re.compile(r"(?<![\w-])([A-Za-z][\w-]*)=([^&\s'\"<>;,)\]}]+)")
+#: ``user:password@host`` without a scheme (a URL missing its ``s3://``, or quoted by a library without it).
+_USERINFO = re.compile(r"(?<![\w.%+-])[\w.%+-]+:[^\s/@'\"<>]+@(?=[\w\[])")
 
 
 def is_secret_param(name: str) -> bool:
@@ -85,8 +87,8 @@ def url_secrets(url: str) -> list[str]:
 
 
 def redact(text: object, urls: Iterable[str | None] = ()) -> str:
-    """``str(text)`` with every URL in it redacted (``redact_url``), every secret-looking ``name=value``
-    redacted, and the secret pieces of each of ``urls`` (the URLs the text may be about, e.g. the cache URL
+    """``str(text)`` with every URL in it redacted (``redact_url``), every ``user:password@`` and every
+    secret-looking ``name=value`` redacted, and the secret pieces of each of ``urls`` (the URLs the text may be about, e.g. the cache URL
     an error came from) removed wherever they appear, quoted or not."""
     out = str(text)
     for url in urls:
@@ -94,4 +96,5 @@ def redact(text: object, urls: Iterable[str | None] = ()) -> str:
             for secret in url_secrets(url):
                 out = out.replace(secret, REDACTED)
     out = _URL.sub(lambda m: redact_url(m.group(0)), out)
+    out = _USERINFO.sub(f"{REDACTED}@", out)
     return _redact_params(out)

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import UnsupportedNode
+from ..hbm import compiler_size, fit_line, fits_everywhere
 from .numerics import NumericsVerdict
 from .randomness import RandomDraw
 
@@ -147,6 +148,8 @@ class GraphEntry:
     cache: str
     lower_s: float
     compile_s: float
+    #: Estimated peak HBM on one NeuronCore (bytes, ``neuron_compile.hbm``); None where not estimated.
+    hbm_peak: int | None = None
 
 
 @dataclass
@@ -185,6 +188,10 @@ class EvaluationReport:
     #: factory that does not load. "" when it can.
     nothing_to_judge: str = ""
 
+    def largest_hbm_peak(self) -> GraphEntry | None:
+        """The compiled graph with the largest estimated peak HBM (None: no graph was estimated)."""
+        return max((g for g in self.graphs if g.hbm_peak is not None), key=lambda g: g.hbm_peak, default=None)
+
     @property
     def ok(self) -> bool:
         """Compiled, and numerics passed on at least one tensor: zero tensors compared is not a pass."""
@@ -209,6 +216,7 @@ class EvaluationReport:
                 "aten_ops": sum(g.aten_ops for g in self.graphs),
                 "nki_kernels": sum(g.nki_kernels for g in self.graphs),
             },
+            "hbm": self._hbm_dict(),
             "graph_breaks": [asdict(b) for b in self.graph_breaks],
             "unsupported": [asdict(u) for u in self.unsupported],
             "numerics": self.numerics.to_dict() if self.numerics else None,
@@ -218,6 +226,19 @@ class EvaluationReport:
             "errors": list(self.errors),
             "random_draws": [asdict(d) for d in self.random_draws],
             "nothing_to_judge": self.nothing_to_judge,
+        }
+
+    def _hbm_dict(self) -> dict[str, Any] | None:
+        largest = self.largest_hbm_peak()
+        if largest is None:
+            return None
+        return {
+            "largest_peak_bytes": largest.hbm_peak,
+            "graph": largest.name,
+            "fits": [
+                {"generation": g, "lnc": lnc, "limit_bytes": limit, "fits": fits}
+                for g, lnc, limit, fits in fits_everywhere(largest.hbm_peak)
+            ],
         }
 
     def __str__(self) -> str:
@@ -237,11 +258,17 @@ class EvaluationReport:
                    f"{len(self.graphs)} compiled graph(s)")  # fmt: skip
         if self.graphs:
             out.append(
-                f"  {'graph':<24} {'kind':<10} {'aten ops':>8} {'nki':>4} {'cache':>6} {'lower s':>8} {'compile s':>9}"
+                f"  {'graph':<24} {'kind':<10} {'aten ops':>8} {'nki':>4} {'cache':>6} {'lower s':>8} {'compile s':>9} "
+                f"{'HBM peak':>10}"
             )
             for g in self.graphs:
+                peak = compiler_size(g.hbm_peak) if g.hbm_peak is not None else "-"
                 out.append(f"  {g.name:<24} {g.kind:<10} {g.aten_ops:>8} {g.nki_kernels:>4} {g.cache:>6} "
-                           f"{g.lower_s:>8.3f} {g.compile_s:>9.3f}")  # fmt: skip
+                           f"{g.lower_s:>8.3f} {g.compile_s:>9.3f} {peak:>10}")  # fmt: skip
+            largest = self.largest_hbm_peak()
+            if largest is not None:
+                out.append(f"  HBM: {largest.name} needs the most, an estimated {compiler_size(largest.hbm_peak)} at its "
+                           f"peak: {fit_line(largest.hbm_peak)}")  # fmt: skip
         for b in self.graph_breaks:
             out.append(f"  break at {_where(b.file, b.line)}: {b.reason}")
             if b.advice:

@@ -227,6 +227,21 @@ def execute(executable: Any, buffers: list[Any]) -> list[Any]:
         return [r[0] for r in run(buffers).disassemble_into_single_device_arrays()]
 
 
+def memory_stats(executable: Any) -> dict[str, int] | None:
+    """XLA's buffer assignment of a CPU executable: its argument, output, aliased and temporary bytes (None where
+    the jaxlib's executable does not report them). ``hbm.py`` estimates a NeuronCore's peak HBM from them."""
+    get = getattr(executable, "get_compiled_memory_stats", None)  # depends on the jaxlib version
+    if get is None:
+        return None
+    stats = get()
+    return {
+        "arguments": int(stats.argument_size_in_bytes),
+        "outputs": int(stats.output_size_in_bytes),
+        "aliased": int(stats.alias_size_in_bytes),
+        "temporaries": int(stats.temp_size_in_bytes),
+    }
+
+
 #: MLIR element types of a module's parameters and results -> torch dtypes (the NEFF's byte layout).
 _MLIR_DTYPES = {
     "f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "f64": torch.float64,
