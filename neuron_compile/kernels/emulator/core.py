@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +77,33 @@ def max_steps_default() -> int:
     if value < 0:
         raise NkiError(f"{MAX_STEPS_ENV}={value} is negative (a step budget; 0 means no limit)")
     return value
+
+
+#: The NKI releases the emulator knows, oldest first, and the Neuron SDK each shipped in (emulator/versions.py
+#: says what changes between them).
+VERSIONS: dict[str, str] = {"0.6": "Neuron 2.32", "0.7": "Neuron 2.33", "0.8": "Neuron 2.34"}
+DEFAULT_VERSION = "0.8"
+#: Environment variable naming the NKI version the emulator enforces (default :data:`DEFAULT_VERSION`).
+VERSION_ENV = "NEURON_COMPILE_NKI_VERSION"
+
+
+def check_version(value: Any, what: str = VERSION_ENV) -> str:
+    """``value`` as one of :data:`VERSIONS` (``"0.8"``, ``0.8``, ``"0.8.0"`` are the same); else an error."""
+    text = str(value).strip()
+    parts = text.split(".")
+    key = ".".join(parts[:2]) if len(parts) == 3 and parts[2] == "0" else text
+    if key not in VERSIONS:
+        raise NkiError(
+            f"{what}={value!r} is not an NKI version the emulator enforces; use one of "
+            + ", ".join(f"{v} ({sdk})" for v, sdk in VERSIONS.items())
+        )
+    return key
+
+
+def version_default() -> str:
+    """The version runs enforce unless told: ``NEURON_COMPILE_NKI_VERSION`` if set, else the newest."""
+    env = os.environ.get(VERSION_ENV, "").strip()
+    return check_version(env) if env else DEFAULT_VERSION
 
 
 def unsupported(qualname: str, why: str = "") -> Any:
@@ -276,8 +304,6 @@ class Run:
         max_steps: int | None = None,
         nki_version: str | None = None,
     ):
-        from .versions import check_version, version_default
-
         self.gen = _cost.generation(generation or _default_generation())
         #: the NKI release whose API and rules this run enforces (emulator/versions.py)
         self.nki_version = version_default() if nki_version is None else check_version(nki_version, "nki_version")
@@ -1159,10 +1185,13 @@ class NkiScalar:
     __hash__ = object.__hash__
 
     def __bool__(self) -> bool:
-        from . import versions
-
-        if not versions.at_least("0.7"):  # NKI 0.6 still ran bare `while reg:` loops (deprecated; removed in 0.7)
-            versions.deprecated("a bare `while reg:` loop on a register", "nl.while_loop", since="0.6")
+        if current_run().nki_version == "0.6":  # 0.6 still ran bare `while reg:` loops (deprecated; gone in 0.7)
+            warnings.warn(
+                "a bare `while reg:` loop on a register is deprecated in NKI 0.6 (Neuron 2.32) and removed in 0.7; "
+                "use nl.while_loop",
+                DeprecationWarning,
+                stacklevel=2,
+            )
             return self._v != 0
         raise NkiError(
             "an NkiScalar is a run-time value: it cannot decide a Python `if`/`while` at trace time; "

@@ -25,15 +25,27 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from typing import Any
 
-from .core import NkiError, NkiValidationError, current_run
+from .core import (
+    DEFAULT_VERSION,
+    VERSION_ENV,
+    VERSIONS,
+    NkiError,
+    NkiValidationError,
+    check_version,
+    current_run,
+    version_default,
+)
 
-#: The NKI releases the emulator knows, oldest first, and the Neuron SDK each shipped in.
-VERSIONS: dict[str, str] = {"0.6": "Neuron 2.32", "0.7": "Neuron 2.33", "0.8": "Neuron 2.34"}
-DEFAULT_VERSION = "0.8"
-#: Environment variable naming the NKI version the emulator enforces (default :data:`DEFAULT_VERSION`).
-VERSION_ENV = "NEURON_COMPILE_NKI_VERSION"
+__all__ = [
+    "DEFAULT_VERSION",
+    "VERSIONS",
+    "VERSION_ENV",
+    "NkiVersionError",
+    "NkiWarning",
+    "check_version",
+    "version_default",
+]
 
 _EMULATOR_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -41,25 +53,6 @@ _EMULATOR_DIR = os.path.dirname(os.path.abspath(__file__))
 class NkiVersionError(NkiError):
     """The kernel uses an API that the NKI version the run enforces does not have (added later or removed);
     the message names the API, the version it appeared in or left, and how to pick another version."""
-
-
-def check_version(value: Any, what: str = VERSION_ENV) -> str:
-    """``value`` as one of :data:`VERSIONS` (``"0.8"``, ``0.8``, ``"0.8.0"`` are the same); else an error."""
-    text = str(value).strip()
-    parts = text.split(".")
-    key = ".".join(parts[:2]) if len(parts) == 3 and parts[2] == "0" else text
-    if key not in VERSIONS:
-        raise NkiError(
-            f"{what}={value!r} is not an NKI version the emulator enforces; use one of "
-            + ", ".join(f"{v} ({sdk})" for v, sdk in VERSIONS.items())
-        )
-    return key
-
-
-def version_default() -> str:
-    """The version runs enforce unless told: ``NEURON_COMPILE_NKI_VERSION`` if set, else the newest."""
-    env = os.environ.get(VERSION_ENV, "").strip()
-    return check_version(env) if env else DEFAULT_VERSION
 
 
 def _key(v: str) -> tuple[int, ...]:
