@@ -1,18 +1,21 @@
 """Flash attention forward and backward, ``q, k, v: [B, H, S, D]`` (D <= 128), causal or not, any S.
 
-Forward (per batch and head): K^T ``[D, Sk]`` and V ``[Sk(128-tiles), D]`` are loaded once and stay in SBUF
-(K transposed on the PE). For each 128-query tile, Q^T is the stationary operand; keys are processed in
-blocks of up to 2048 (four 512-wide PSUM banks, reused for every block): ``S = Q K^T`` on TensorE, the
-block's row max on Vector, ``m_new``/``alpha`` on GpSimd ((P,1) work off the busy engines),
-``P = exp(scale*S - m_new)`` with the row sum fused on Scalar (bf16 P for bf16 inputs), P transposed on
-the PE in 128x128 blocks (one PSUM tile per 512 chunk, one copy out) and ``O_blk = P V`` accumulated in
-one PSUM tile over the whole block, then ``o = o*alpha + O_blk``. Causal: blocks entirely above the
-diagonal are skipped, the ones crossing it are masked with ``affine_select``. Outputs ``o`` (input dtype)
-and the row log-sum-exp ``lse`` (fp32, ``[B, H, Sq]``) for the backward.
+Forward (per batch and head): K^T and V per 2048-key block, each its own SBUF tile, loaded when a query tile
+first needs it (K^T by a DMA transpose from HBM for 2-byte dtypes, through the PE for fp32); V carries a
+column of ones. For each 128-query tile, Q^T is the stationary operand; per block: ``S = Q K^T`` on TensorE
+into four 512-wide PSUM tiles, each chunk's row max on Vector, the block max and the new running max on
+GpSimd, ``alpha`` and ``P = exp(scale*S - m_new)`` on Scalar (bf16 P for bf16 inputs), P^T by one DMA
+transpose per chunk for 3 of 4 chunks (the PE plus one Vector copy for the 4th, and always for fp32), and
+``[O_blk | l_blk] = P [V | 1]`` accumulated in one PSUM tile, then ``acc = acc*alpha + [O_blk | l_blk]``.
+Causal: blocks past the diagonal are skipped and the diagonal 128x128 block is masked on the PE
+(``identity^T @ mask`` accumulated into the score tile), longest query tiles first. Outputs ``o`` (input
+dtype) and the row log-sum-exp ``lse`` (fp32, ``[B, H, Sq]``) for the backward.
 
 Backward (per batch and head, 128x128 tiles): Q, K, V, dO stay in SBUF, natural and transposed;
-``Di = rowsum(dO * O)``; for each key tile, dK and dV accumulate in PSUM over the query tiles, dQ in
-an fp32 SBUF accumulator. P is recomputed from ``lse``.
+``Di = rowsum(dO * O)``; key tiles in groups of ``KEY_GROUP`` whose dK and dV accumulate in PSUM over the
+query tiles; for each query tile dQ sums over the group in PSUM and is added once to an fp32 SBUF
+accumulator; ``dS = P*(dP - Di)`` is one Vector pass; dS^T by DMA transpose (2-byte dtypes). P is recomputed
+from ``lse``.
 """
 
 from __future__ import annotations
