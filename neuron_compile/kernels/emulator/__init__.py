@@ -10,6 +10,9 @@ installed). Entry points:
   ``.shape`` and ``.dtype``: torch fake/meta tensors, NumPy arrays, :class:`TensorSpec`) and returns
   :class:`TensorSpec` outputs; every hardware rule is checked, nothing is computed.
 * ``nki.last_run_stats()`` gives the counters of the last run on this thread.
+* ``kernel[2](...)`` runs the two programs of an LNC-2 launch as turn-taking threads whose ``nki.lnc`` calls
+  pair up (:mod:`.lnc`); ``nki_version=`` / ``NEURON_COMPILE_NKI_VERSION`` picks the NKI release the run
+  enforces (:mod:`.versions`).
 
 See docs/nki.md for what is checked and what is not.
 """
