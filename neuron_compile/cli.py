@@ -303,7 +303,8 @@ exit status:
      FACTORY missing, raising, calling sys.exit() or returning the wrong types, --steps < 1, --timeout <= 0,
      --bisect-multiple < 1,
      a bad backend option in the environment: one line on stderr, and with --json the JSON object
-     {"ok": false, "factory": ..., "error": ..., "exit_status": 2} on stdout
+     {"ok": false, "factory": ..., "error": ..., "exit_status": 2} on stdout; also a model that returns no
+     tensor (a string, None, an int: nothing to compare), the report saying what it returned
 
 --timeout SECONDS bounds each phase (default: none; under --bisect: the capture, each graph, each run of
 the model). It interrupts Python code only: a phase blocked in one native call (a compiler run, a deadlock
