@@ -37,11 +37,12 @@ class CpuBuffers:
         STATS.record_transfer(device_to_host=nbytes)
         return payload[offset : offset + nbytes].clone()
 
-    def parameter(self, payload: Any, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> Any | None:
-        """The executable's parameter for these bytes, or None when they cannot be handed over as they lie
-        (XLA takes only aligned buffers: the caller gathers them into a new buffer instead)."""
+    def parameter(self, buffer: Any, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> Any | None:
+        """The executable's parameter for these bytes of ``buffer`` (a DeviceBuffer), or None when they cannot be
+        handed over as they lie (XLA takes only aligned buffers: the caller gathers them into a new buffer)."""
         from ..runtime import jax_adapter
 
+        payload = buffer.payload
         nbytes = _nbytes(shape, dtype)
         if (payload.data_ptr() + offset) % 64:
             return None
@@ -87,9 +88,10 @@ class NeuronBuffers:
 
         return libnrt.tensor_read(payload, nbytes, offset) if nbytes else torch.empty(0, dtype=torch.uint8)
 
-    def parameter(self, payload: Any, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> Any | None:
-        # A NEFF's parameter is bound as a whole tensor: a byte range of one is gathered into its own.
-        return payload if offset == 0 else None
+    def parameter(self, buffer: Any, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> Any | None:
+        # A NEFF's parameter is bound as a whole nrt tensor of its exact size: a byte range of a larger one is
+        # gathered into its own buffer first.
+        return buffer.payload if offset == 0 and _nbytes(shape, dtype) == buffer.nbytes else None
 
     def result(self, result: Any, k: int, executable: Any) -> tuple[Any, int, tuple[int, ...], torch.dtype]:
         handle, nbytes = result

@@ -171,11 +171,11 @@ def parameter(t: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> tu
     dev = device()
     dense = densify(t)
     st = mem.device_storage(dense)
-    param = dev.buffers.parameter(st.buffer.payload, dense.storage_offset() * dense.element_size(), shape, dtype)
+    param = dev.buffers.parameter(st.buffer, dense.storage_offset() * dense.element_size(), shape, dtype)
     if param is None:  # its bytes cannot be handed over where they lie: gather them into a buffer of their own
         dense = gather(dense, force=True)
         st = mem.device_storage(dense)
-        param = dev.buffers.parameter(st.buffer.payload, 0, shape, dtype)
+        param = dev.buffers.parameter(st.buffer, 0, shape, dtype)
     return param, dense
 
 
@@ -218,7 +218,7 @@ def gather(t: torch.Tensor, force: bool = False) -> torch.Tensor:
     """A new dense neuron tensor with ``t``'s values, computed on the device from ``t``'s storage."""
     flat = _flat_of(t)
     size, stride, offset = tuple(t.shape), tuple(t.stride()), t.storage_offset()
-    key = ("gather", tuple(flat.shape), t.dtype, size, stride, offset)
+    key = (device().target.name, "gather", tuple(flat.shape), t.dtype, size, stride, offset)
     entry = onegraph.GRAPHS.get(key)
     if entry is None:
         with onegraph.GRAPHS_LOCK:
@@ -237,7 +237,7 @@ def scatter(dst: torch.Tensor, value: torch.Tensor) -> mem.DeviceBuffer:
     """The buffer of ``dst``'s storage with ``dst``'s elements replaced by ``value``'s, made on the device."""
     flat = _flat_of(dst)
     size, stride, offset = tuple(dst.shape), tuple(dst.stride()), dst.storage_offset()
-    key = ("scatter", tuple(flat.shape), dst.dtype, size, stride, offset)
+    key = (device().target.name, "scatter", tuple(flat.shape), dst.dtype, size, stride, offset)
     entry = onegraph.GRAPHS.get(key)
     if entry is None:
         with onegraph.GRAPHS_LOCK:

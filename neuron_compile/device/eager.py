@@ -121,6 +121,7 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     written_ids = {id(t) for t in written}
     written_positions = [i for i in positions if id(tree_flatten((args, kwargs))[0][i]) in written_ids]
     key = (
+        context.device().target.name,
         op,
         spec,
         tuple(_describe(flat[i]) if i in positions else _describe_scalar(flat[i]) for i in range(len(flat))),

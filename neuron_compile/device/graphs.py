@@ -17,8 +17,8 @@ from ..errors import NeuronCompileError
 from . import context
 from . import storage as mem
 
-#: The all-zero random seed of graphs without random ops, one per device index (never written: uploaded once).
-_NO_SEED: dict[int, torch.Tensor] = {}
+#: The all-zero random seed of graphs without random ops, per (target, device index) (never written: uploaded once).
+_NO_SEED: dict[tuple[str, int], torch.Tensor] = {}
 
 
 def call_on_device(graph: Any, args: list[Any]) -> list[Any]:
@@ -67,9 +67,10 @@ def _seed(graph: Any, index: int) -> torch.Tensor:
     if graph.needs_rng_seed:
         # drawn from torch's default generator, as on the host path: torch.manual_seed makes it reproducible
         return context.upload(torch.randint(-(2**31), 2**31 - 1, (2,), dtype=torch.int32), index)
-    seed = _NO_SEED.get(index)
+    key = (context.device().target.name, index)
+    seed = _NO_SEED.get(key)
     if seed is None:
-        seed = _NO_SEED[index] = context.upload(torch.from_numpy(np.zeros(2, dtype=np.int32)), index)
+        seed = _NO_SEED[key] = context.upload(torch.from_numpy(np.zeros(2, dtype=np.int32)), index)
     return seed
 
 

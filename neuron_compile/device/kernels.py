@@ -129,8 +129,23 @@ _KERNELS = {
 }
 
 
+def _no_tag(obj: Any) -> None:
+    return None  # torch's own privateuse1 tagger names the location of a neuron storage when saving
+
+
+def _deserialize(obj: Any, location: str) -> Any:
+    """``torch.load(map_location="neuron")``: a loaded CPU storage uploaded to the device (torch's own path
+    for PrivateUse1 builds an empty storage through a C++ allocator, which a device written in Python has not)."""
+    if not (location == "neuron" or location.startswith("neuron:")):
+        return None
+    index = torch.device(location).index or 0
+    host = torch.empty(0, dtype=torch.uint8).set_(obj.untyped() if hasattr(obj, "untyped") else obj)
+    return context.upload(host, index).untyped_storage()
+
+
 def register() -> list[Any]:
     """Register the kernels and the fallback; the libraries to keep alive."""
+    torch.serialization.register_package(19, _no_tag, _deserialize)
     lib = torch.library.Library("aten", "IMPL")
     for name, fn in _KERNELS.items():
         lib.impl(name, fn, "PrivateUse1")
