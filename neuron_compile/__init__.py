@@ -8,6 +8,7 @@ which ``torch.compiler.load_cache_artifacts()`` needs in a fresh process.
 from __future__ import annotations
 
 from .cache import cache_stats  # importing the cache registers its mega-cache artifact type
+from .device import register as _register_device
 from .errors import (
     NeuronCompileError,
     NeuronCompileTimeoutError,
@@ -25,8 +26,6 @@ from .stats import STATS
 from .version import __version__
 
 # The `neuron` device (PrivateUse1), unless another library holds PrivateUse1: neuron_compile/device.
-from .device import register as _register_device
-
 _register_device()
 
 __all__ = [
