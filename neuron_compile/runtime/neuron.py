@@ -223,7 +223,6 @@ class NeuronTarget:
         was compiled for (``--lnc``, option ``lnc``): an error naming both, instead of advice to clear the cache
         (the LNC is part of the key: the entry is right, the setting is not). None for any other refusal."""
         from ..errors import NeuronRuntimeError
-        from ..options import from_env
 
         if (
             not isinstance(error, NeuronRuntimeError)
@@ -231,20 +230,17 @@ class NeuronTarget:
             or error.call not in ("nrt_load", "nrt_load_collectives")
         ):
             return None
-        try:
-            runtime_lnc = from_env("lnc")  # the runtime's own variables, as the option reads them
-        except NeuronCompileError:
-            return None
+        # the runtime's own variables (the option lnc defaults to them: options.py, which runtime/ may not import)
+        runtime_lnc, source = 2, "NEURON_LOGICAL_NC_CONFIG unset: the runtime's default 2"
+        for name in ("NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VIRTUAL_CORE_SIZE"):
+            value = os.environ.get(name, "").strip()
+            if value:
+                if not value.isdigit():
+                    return None  # a setting the runtime refuses at its start, not at a load
+                runtime_lnc, source = int(value), f"{name}={value}"
+                break
         if runtime_lnc == self.lnc:
             return None
-        source = next(
-            (
-                f"{name}={os.environ[name].strip()}"
-                for name in ("NEURON_LOGICAL_NC_CONFIG", "NEURON_RT_VIRTUAL_CORE_SIZE")
-                if os.environ.get(name, "").strip()
-            ),
-            f"NEURON_LOGICAL_NC_CONFIG unset: the runtime's default {runtime_lnc}",
-        )
         return NeuronRuntimeError(
             f"neuron runtime: {error.call} refused the NEFF (NRT_INVALID = 2): it was compiled for logical-core size "
             f"LNC {self.lnc} (option lnc, neuronx-cc --lnc {self.lnc}) but the runtime runs with LNC {runtime_lnc} "
