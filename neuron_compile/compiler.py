@@ -33,7 +33,7 @@ from .kernels.user_ops import has_user_kernels
 from .options import Options
 from .runtime import compile_pool, jax_adapter, map_budget
 from .runtime.executor import CompiledGraph
-from .runtime.targets import target_for
+from .runtime.targets import GraphLabel, target_for
 from .stats import STATS, GraphRecord
 from .value_checks import CheckedGraph, split_value_checks
 
@@ -158,10 +158,11 @@ def build_artifact(
         return artifact
     # Host callbacks (kernels="emulate", user kernels on the CPU target) are live Python objects the executable
     # calls: such a graph is compiled with them and never served from the disk cache.
+    label = GraphLabel(name, functools.partial(largest_op_line, lowered))
     callbacks = jax_adapter.host_callbacks_of(lowered.lowered)
     if background and not callbacks:
-        raise compile_pool.Lowered(artifact, functools.partial(_with_executable, artifact, target))
-    artifact = _with_executable(artifact, target, callbacks)
+        raise compile_pool.Lowered(artifact, functools.partial(_with_executable, artifact, target, label))
+    artifact = _with_executable(artifact, target, label, callbacks)
     if opts.target == "cpu":  # the executable's own buffer assignment: warned when too large for a NeuronCore
         estimate = hbm.check(lowered, gm, opts, jax_adapter.memory_stats(artifact.loaded))
         artifact.hbm_peak = estimate.peak_bytes if estimate is not None else None
@@ -169,16 +170,32 @@ def build_artifact(
     return artifact
 
 
-def _with_executable(artifact: Artifact, target: Any, callbacks: Any = ()) -> Artifact:
+def _with_executable(artifact: Artifact, target: Any, label: GraphLabel, callbacks: Any = ()) -> Artifact:
     """``artifact`` (lowered, no executable) compiled by ``target``."""
     t0 = time.perf_counter()
-    executable = target.compile(artifact.stablehlo, callbacks)
+    executable = target.compile(artifact.stablehlo, callbacks, label)
     return dataclasses.replace(
         artifact,
         executable=target.serialize(executable),
         compile_seconds=time.perf_counter() - t0,
         loaded=executable,
     )
+
+
+def largest_op_line(lowered: Any) -> str:
+    """The op with the largest result of a lowered graph, its size and the user's source line (for a message
+    about a compile that does not end)."""
+    from .legality.locate import scope_of
+
+    found = jax_adapter.largest_op(lowered.lowered.compiler_ir("stablehlo"))
+    if found is None:
+        return "none (the module has no ops)"
+    op, nbytes, location = found
+    scope = scope_of(location, lowered.node_table)
+    info = lowered.node_table.get(scope or "", {})
+    source = info.get("source") or (scope.partition("@")[2] if scope else "") or "<unknown source line>"
+    aten = f" of {info['op']}" if info.get("op") else ""
+    return f"{op}{aten} ({nbytes / 2**20:.1f} MiB result) at {source}"
 
 
 @old_objects_frozen()  # a backward compiled lazily, at its first call, runs outside the backend's freeze

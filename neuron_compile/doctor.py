@@ -44,7 +44,7 @@ import torch
 from .cache.redact import redact, redact_url
 from .errors import NeuronCompileError
 from .options import Options, from_env, human_size, neuron_toolchain
-from .runtime import libnrt, visible_cores
+from .runtime import libnrt, neuronx_cc, visible_cores
 from .runtime.neuron import COMPILER_RUNS, CompilerRun, compiler_version
 from .stats import STATS
 from .version import __version__
@@ -60,8 +60,12 @@ REMOTE_TIMEOUT = 5.0
 ENV_PREFIXES = ("NEURON", "XLA_", "JAX_", "TORCH")
 #: ...and these exact names. Nothing else of the environment goes into a bundle.
 ENV_NAMES = ("PATH", "LD_LIBRARY_PATH", "LOCAL_RANK", "WORLD_SIZE")
-#: A variable whose name contains one of these has its value replaced (e.g. NEURON_COMPILE_CACHE_HMAC_KEY).
+#: A variable whose name contains one of these is left out (e.g. NEURON_COMPILE_CACHE_HMAC_KEY)...
 _SECRET_WORDS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
+#: ...and so is one whose value looks like a credential: an AWS access key id, or one long token of key-like
+#: characters with letters and digits (not a path, not a list).
+_AWS_KEY_ID = re.compile(r"(?:AKIA|ASIA)[0-9A-Z]{16}")
+_LONG_TOKEN = re.compile(r"[A-Za-z0-9+=_-][A-Za-z0-9+/=_-]{31,}")
 #: debug.process_dir's folder, one per process: left out of the bundle's paths.
 _PROCESS_DIR = re.compile(r"/neuron_compile_[0-9]{8}-[0-9]{6}_pid[0-9]+/")
 
@@ -631,33 +635,180 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", name).strip("_").lower()
 
 
+# ------------------------------------------------------------------------------------------- compiler probes
+@dataclass
+class CompilerProbes:
+    """What the installed neuronx-cc was found to take (``check_compiler``)."""
+
+    version: str
+    help_text: str
+    #: input format -> "parses it" or why not (its refusal's first line)
+    formats: dict[str, str]
+    native_int64: str
+    command: list[str]
+    #: the runtime's listing of the probe NEFF's tensors, or why there is none
+    listing: list[str] | str
+    runs: list[tuple[str, CompilerRun]] = field(default_factory=list)
+
+    def takes(self) -> list[str]:
+        return [fmt for fmt, verdict in self.formats.items() if verdict == "parses it"]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "input_formats": self.formats,
+            "takes": self.takes(),
+            "native_int64": self.native_int64,
+            "command": self.command,
+            "probe_module": PROBE_MODULE,
+        }
+
+    def listing_text(self) -> str:
+        head = f"The runtime's tensors of the probe NEFF ({PROBE_MODULE}):\n"
+        if isinstance(self.listing, str):
+            return head + f"  none: {self.listing}\n"
+        return head + "".join(f"  {line}\n" for line in self.listing)
+
+
+#: The probe graph: two inputs and two outputs, one of them int64 and one of size zero: what a first NEFF shows
+#: of how the compiler names, sizes and types tensors (a zero-size tensor is a known trouble spot).
+PROBE_MODULE = "inputs x: float32[2, 3], n: int64[4]; outputs n * 2: int64[4], x[:, :0]: float32[2, 0]"
+
+
+def probe_module() -> str:
+    """The probe graph's StableHLO (see ``PROBE_MODULE``)."""
+    import jax
+    import jax.numpy as jnp
+
+    def probe(x: Any, n: Any) -> Any:
+        return n * 2, x[:, :0]
+
+    with jax.enable_x64(True):
+        structs = (jax.ShapeDtypeStruct((2, 3), jnp.float32), jax.ShapeDtypeStruct((4,), jnp.int64))
+        return jax.jit(probe).lower(*structs).as_text()
+
+
+def _native_int64_form(help: neuronx_cc.CompilerHelp) -> str:
+    flag = help.flags.get("--native-int64")
+    if flag is None:
+        return "not listed: int64 is computed as int32 by this compiler (neuron_compile passes no flag)"
+    if not flag.takes_value:
+        return "a switch: passed bare (--native-int64)"
+    values = f" ({', '.join(flag.choices)})" if flag.choices else ""
+    return f"takes {flag.metavar}{values}: passed as --native-int64 enabled"
+
+
+def check_compiler(report: Report, findings: Findings, opts: Options | None, runtime: bool) -> CompilerProbes:
+    """The "neuronx-cc" section: what its ``compile --help`` lists, which input format it parses (the probe
+    graph compiled as a StableHLO module and as an HLO proto: the answer is remembered for the cache, as a compile
+    with compiler_input="auto" would learn it) and, with the runtime here, its tensors as the runtime lists them."""
+    from .runtime.neuron import NeuronTarget
+    from .runtime.targets import GraphLabel
+
+    report.section("neuronx-cc")
+    cache_dir = opts.cache_dir if opts is not None else None
+    generation, lnc = (opts.generation, opts.lnc) if opts is not None else ("trn2", 2)
+    target = NeuronTarget(generation, lnc=lnc, cache_dir=cache_dir)
+    help = target.compiler_help()
+    report.row("compile --help", f"{len(set(map(id, help.flags.values())))} options listed"
+               + (" (none understood: the CLI reference's stand in)" if help.documented else ""))  # fmt: skip
+    native = _native_int64_form(help)
+    report.row("--native-int64", native)
+    try:
+        command = target.command("module.mlir", "module.neff")
+    except NeuronCompileError as e:
+        command = []
+        findings.problems.append(str(e))
+    text = probe_module()
+    formats: dict[str, str] = {}
+    runs: list[tuple[str, CompilerRun]] = []
+    neff: bytes | None = None
+    for fmt in neuronx_cc.INPUT_FORMATS:
+        before = len(COMPILER_RUNS)
+        probe = NeuronTarget(generation, lnc=lnc, compiler_input=fmt, compile_timeout=1800, cache_dir=cache_dir)
+        probe.progress = report.line
+        try:
+            executable = probe.compile(text, graph=GraphLabel(f"doctor probe ({fmt})"))
+        except NeuronCompileError as e:
+            said = str(e)
+            why = "does not parse it" if neuronx_cc.refused_as_unparsable(said) else "fails on it"
+            formats[fmt] = f"{why}: {_first_line(said.split(':', 1)[-1])[:300]}"
+        else:
+            formats[fmt] = "parses it"
+            neff = neff or executable.neff
+        runs.extend((fmt, run) for run in list(COMPILER_RUNS)[before:])
+    takes = [fmt for fmt, verdict in formats.items() if verdict == "parses it"]
+    report.row("input it parses", ", ".join(takes) if takes else "NEITHER (see the problems)")
+    for fmt, verdict in formats.items():
+        report.row(f"  as {fmt}", verdict)
+    if len(takes) == 1:  # what compiler_input="auto" would learn: remembered for the next compile
+        neuronx_cc.remember(target.facts_dir, compiler_version(), input_format=takes[0])
+    elif not takes:
+        findings.problems.append(
+            f"neuronx-cc compiled the probe graph ({PROBE_MODULE}) neither as a StableHLO module nor as an HLO proto"
+        )
+    listing: list[str] | str
+    if neff is None:
+        listing = "no probe NEFF was compiled"
+    elif not runtime:
+        listing = "libnrt.so.1 not found"
+    else:
+        try:
+            listing = [f"{t.describe()} nrt_dtype={t.dtype}" for t in libnrt.tensor_listing(neff, target.core)]
+        except NeuronCompileError as e:
+            listing = f"the runtime refused the probe NEFF: {_first_line(str(e))}"
+    report.row("probe NEFF's tensors", listing if isinstance(listing, str) else "\n".join(listing))
+    return CompilerProbes(compiler_version(), help.text, formats, native, command, listing, runs)
+
+
 # ------------------------------------------------------------------------------------------- bundle
+def _secret_looking(name: str, value: str) -> bool:
+    if any(word in name.upper() for word in _SECRET_WORDS):
+        return True
+    token = value.strip()
+    if _AWS_KEY_ID.fullmatch(token):
+        return True
+    return bool(_LONG_TOKEN.fullmatch(token)) and any(c.isdigit() for c in token) and any(c.isalpha() for c in token)
+
+
 def bundle_environment() -> str:
-    """``environment.txt``: the variables named by ``ENV_PREFIXES``/``ENV_NAMES`` only; a value whose name
-    says it is a secret is replaced, and a URL's user:password part removed."""
-    lines = []
+    """``environment.txt``: the variables named by ``ENV_PREFIXES``/``ENV_NAMES`` only; every secret-looking one
+    (by its name or its value) left out, named in a last comment line; a URL's user:password part removed."""
+    lines, left_out = [], []
     for name in sorted(os.environ):
         if not (name.startswith(ENV_PREFIXES) or name in ENV_NAMES):
             continue
         value = os.environ[name]
-        if any(word in name.upper() for word in _SECRET_WORDS):
-            value = "<redacted>"
+        if _secret_looking(name, value):
+            left_out.append(name)
+            continue
         lines.append(f"{name}={redact(value)}")
+    if left_out:
+        lines.append(f"# left out (secret-looking): {', '.join(left_out)}")
     return "\n".join(lines) + "\n"
 
 
 def _compiler_log(run: CompilerRun, graph: str | None) -> str:
     return (f"command: {shlex.join(run.command)}\nexit code: {run.returncode}\nseconds: {run.seconds:.2f}\n"
-            f"smoke graph: {graph or '-'}\n\n--- stdout ---\n{run.stdout}\n--- stderr ---\n{run.stderr}")  # fmt: skip
+            f"smoke graph: {graph or '-'}\n\n--- stdout ---\n{run.stdout}\n--- stderr ---\n{run.stderr}"
+            + (f"\n--- log (its end) ---\n{run.log[-20000:]}" if run.log else ""))  # fmt: skip
 
 
 def write_bundle(
-    path: str, staging: str, report: Report, versions: dict[str, str], smoke: list[SmokeResult]
+    path: str,
+    staging: str,
+    report: Report,
+    versions: dict[str, str],
+    smoke: list[SmokeResult],
+    probes: CompilerProbes | None = None,
 ) -> list[str]:
     """Write the tarball ``path``: ``doctor.txt`` (the report), ``versions.json``, ``environment.txt``,
     ``graphs/`` (the smoke test's FX graphs and StableHLO, from ``staging``/graphs), ``smoke/NAME.txt`` (each
-    failure in full) and ``compiler/NN.txt`` (each neuronx-cc run of this process: command, exit code,
-    stdout, stderr). Returns the member names."""
+    failure in full), ``compiler/NN.txt`` (each neuronx-cc run of this process: command, exit code,
+    stdout, stderr, its log's end) and, with ``probes``, ``compiler/help.txt`` (its ``compile --help``),
+    ``compiler/probes.json`` (the input formats it parses, how it lists --native-int64, the command line
+    neuron_compile builds) and ``runtime/probe_neff.txt`` (the runtime's tensor listing of the probe NEFF).
+    Returns the member names."""
     files: dict[str, str] = {
         "doctor.txt": report.text(),
         "versions.json": json.dumps(versions, indent=1) + "\n",
@@ -667,6 +818,11 @@ def write_bundle(
         if not r.passed:
             files[f"smoke/{_slug(r.name)}.txt"] = f"{r.name}: {r.error}\n\n{r.details}\n"
     owner = {id(run): r.name for r in smoke for run in r.compiler_runs}
+    if probes is not None:
+        owner.update({id(run): f"probe ({fmt})" for fmt, run in probes.runs})
+        files["compiler/help.txt"] = probes.help_text or "(no compile --help was read)\n"
+        files["compiler/probes.json"] = json.dumps(probes.summary(), indent=1) + "\n"
+        files["runtime/probe_neff.txt"] = probes.listing_text()
     for i, run in enumerate(COMPILER_RUNS, 1):
         files[f"compiler/{i:02d}.txt"] = _compiler_log(run, owner.get(id(run)))
     # whatever a member quotes (a traceback, a compiler's output), never a credential of a URL of the environment
@@ -713,6 +869,7 @@ def main(
 
     staging = tempfile.mkdtemp(prefix="neuron_compile_doctor_") if bundle else None
     smoke: list[SmokeResult] = []
+    probes: CompilerProbes | None = None
     try:
         if findings.missing:
             report.section("Smoke test")
@@ -722,12 +879,14 @@ def main(
             report.line("  skipped (--skip-smoke)")
         else:
             smoke = run_smoke(report, debug_dir=staging and os.path.join(staging, "graphs"))
+        if "neuronx-cc" not in findings.missing and (bundle or not skip_smoke):
+            probes = check_compiler(report, findings, opts, runtime="libnrt.so.1" not in findings.missing)
         status = _verdict(report, findings, smoke)
         if bundle:
             assert staging is not None
             report.line()
             report.line(f"bundle: {bundle} (attach it to the bug report; review it first: it holds the graphs' code)")
-            write_bundle(bundle, staging, report, versions, smoke)
+            write_bundle(bundle, staging, report, versions, smoke, probes)
     finally:
         if staging:
             shutil.rmtree(staging, ignore_errors=True)

@@ -295,6 +295,25 @@ def _parse(name: str, value: Any, source: str) -> Any:
         ) from None
 
 
+#: The runtime's other name for the logical core size (TorchNeuron's and NxD Inference's docs use it).
+VIRTUAL_CORE_SIZE_ENV = "NEURON_RT_VIRTUAL_CORE_SIZE"
+
+
+def _lnc_from_environment(lnc: int | None) -> dict[str, int]:
+    """``lnc`` from NEURON_RT_VIRTUAL_CORE_SIZE when NEURON_LOGICAL_NC_CONFIG is unset; both set and different
+    is an error (the runtime would run one size, the compiler the other)."""
+    raw = os.environ.get(VIRTUAL_CORE_SIZE_ENV, "").strip()
+    if not raw:
+        return {}
+    size = _parse("lnc", raw, VIRTUAL_CORE_SIZE_ENV)
+    if lnc is not None and lnc != size:
+        raise NeuronOptionsError(
+            f"neuron backend: NEURON_LOGICAL_NC_CONFIG={lnc} and {VIRTUAL_CORE_SIZE_ENV}={size} disagree: both set the "
+            "logical NeuronCore size; set one of them (or make them equal)"
+        )
+    return {"lnc": size}
+
+
 def from_env(name: str) -> Any:
     """Option ``name`` from its environment variable alone (its default when unset or empty), parsed and
     checked as ``Options.from_user`` does: for code that has no ``Options`` at hand."""
@@ -449,6 +468,8 @@ class Options:
                 values[name] = _parse(name, options[name], f"options[{name!r}]")
             elif row.env and os.environ.get(row.env, "").strip():  # an empty variable counts as unset
                 values[name] = _parse(name, os.environ[row.env], row.env)
+        if "lnc" not in options:
+            values.update(_lnc_from_environment(values.get("lnc")))
         if values.get("precompile_manifest"):
             values["target"] = "cpu"  # collecting runs the script on the CPU target, recording neuron keys
         elif values.get("target", "auto") == "auto":

@@ -517,10 +517,20 @@ class Progress:
         self.out.flush()
 
 
-def _compile_module(record: Recorded, manifest: str, summary: dict[str, Any], key: str) -> tuple[bytes, bytes, bytes]:
-    """Runs neuronx-cc on one recorded module: the entry's (meta, module, executable)."""
+def _compile_module(
+    record: Recorded,
+    manifest: str,
+    summary: dict[str, Any],
+    key: str,
+    cache_dir: str | None = None,
+    out: TextIO | None = None,
+) -> tuple[bytes, bytes, bytes]:
+    """Runs neuronx-cc on one recorded module: the entry's (meta, module, executable). The compile is bounded and
+    reports progress as the options compile_timeout / compile_progress_seconds (their environment variables) say."""
     from .cache import entry as E
+    from .runtime import jax_adapter
     from .runtime.neuron import NeuronTarget
+    from .runtime.targets import GraphLabel
 
     if record.error or not record.module or not record.plan:
         raise RuntimeError(f"not lowered while collecting: {record.error or 'no module recorded'}")
@@ -528,9 +538,26 @@ def _compile_module(record: Recorded, manifest: str, summary: dict[str, Any], ke
     payload = E.verify_meta(read_object(manifest, record.plan, ".json"), None)
     artifact = E.decode(payload, module, b"")
     o = summary["options"]
-    target = NeuronTarget(o["generation"], tuple(o["neuron_cc_flags"]), int(o["opt_level"]), int(o.get("lnc", 2)))
+    target = NeuronTarget(
+        o["generation"],
+        tuple(o["neuron_cc_flags"]),
+        int(o["opt_level"]),
+        int(o.get("lnc", 2)),
+        compiler_input=o.get("compiler_input", "auto"),
+        compile_timeout=from_env("compile_timeout"),
+        progress_seconds=from_env("compile_progress_seconds"),
+        cache_dir=cache_dir,
+    )
+    if out is not None:
+        target.progress = lambda line: print(line, file=out, flush=True)
+
+    def largest_op() -> str:
+        found = jax_adapter.largest_op(artifact.stablehlo)
+        op = f"{found[0]} ({found[1] / 2**20:.1f} MiB result)" if found else "not known"
+        return f"{op}; the graph was traced at {record.source}"
+
     t0 = time.perf_counter()
-    executable = target.compile(artifact.stablehlo)
+    executable = target.compile(artifact.stablehlo, graph=GraphLabel(record.name, largest_op))
     artifact.executable = target.serialize(executable)
     artifact.compile_seconds = time.perf_counter() - t0
     artifact.target_version = target.version()
@@ -586,7 +613,8 @@ def compile_manifest(
 
     def submit(record: Recorded, key: str, summary: dict[str, Any]) -> None:
         t0 = time.monotonic()
-        started[executor.submit(_compile_module, record, manifest, summary, key)] = (record, key, t0)
+        future = executor.submit(_compile_module, record, manifest, summary, key, cache_dir, out)
+        started[future] = (record, key, t0)
 
     try:
         for item in todo:
@@ -618,9 +646,14 @@ def compile_manifest(
             progress.running = min(jobs, len(todo) - progress.done - progress.failed)
             progress.show(final=progress.done + progress.failed == len(todo))
     except KeyboardInterrupt:
+        from .runtime import neuronx_cc
+
         executor.shutdown(wait=False, cancel_futures=True)
+        stopped = neuronx_cc.stop_all()  # their keepers end the compilers and remove their directories
         print(
-            f"\nprecompile compile: interrupted; {len(result.compiled)} graphs stored. Run it again to go on.", file=out
+            f"\nprecompile compile: interrupted; {len(result.compiled)} graphs stored, {stopped} running compiles "
+            "stopped. Run it again to go on.",
+            file=out,
         )
         raise
     executor.shutdown(wait=True)
@@ -740,6 +773,8 @@ def main_compile(
     try:
         parsed = parse_shard(shard) if shard else None
         result = compile_manifest(manifest, jobs, parsed, cache_dir, cache_url)
+    except KeyboardInterrupt:  # compile_manifest said what it left: one line, no traceback
+        return 130
     except ManifestError as e:
         return _bad_manifest(e)
     except ValueError as e:

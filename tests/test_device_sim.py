@@ -204,12 +204,21 @@ def _f32(*shape):
 def _compile_argv(src, out, *extra, target="trn2", lnc="2", opt="-O2"):
     """neuron_compile's own command line (runtime/neuron.py NeuronTarget.command) with these values."""
     return ["compile", str(src), "--framework", "XLA", "--target", target, "--lnc", lnc, opt, "--model-type",
-            "transformer", "--auto-cast", "none", "--native-int64", *extra, "--output", str(out)]  # fmt: skip
+            "transformer", "--auto-cast", "none", "--native-int64", "enabled", *extra, "--output", str(out)]  # fmt: skip
 
 
 def compile_text(directory: Path, text: str, *extra, name="m", **kw) -> tuple[int, bytes | None]:
-    src, out = directory / f"{name}.mlir", directory / f"{name}.neff"
-    src.write_text(text)
+    """Compile a StableHLO module with the fake compiler, handed over in the format its build parses
+    (NRTSIM_COMPILER_INPUT: the HLO proto jaxlib makes of the module, for "hlo")."""
+    from neuron_compile.runtime import jax_adapter
+
+    out = directory / f"{name}.neff"
+    if neuronx_cc.input_format() == "hlo":
+        src = directory / f"{name}.hlo.pb"
+        src.write_bytes(jax_adapter.hlo_module_proto(text))
+    else:
+        src = directory / f"{name}.mlir"
+        src.write_text(text)
     status = neuronx_cc.main(_compile_argv(src, out, *extra, **kw))
     return status, (out.read_bytes() if status == 0 else None)
 
@@ -257,22 +266,29 @@ def neffs(tmp_path_factory):
 # ------------------------------------------------------------------------------- the compiler
 def test_compiler_takes_the_packages_exact_command_line(tmp_path, monkeypatch):
     """The shim on PATH runs the fake compiler on the command line neuron_compile builds."""
+    from neuron_compile.runtime import jax_adapter
     from neuron_compile.runtime.neuron import NeuronTarget
 
     state = tmp_path / "state"
     device_sim.activate(monkeypatch, state_dir=state)
-    src, out = tmp_path / "module.mlir", tmp_path / "module.neff"
-    src.write_text(_lower(_axpy, _f32(2, 3), _f32(2, 3)))
-    cmd = NeuronTarget().command(str(src), str(out))
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    out = tmp_path / "module.neff"
+    if neuronx_cc.input_format() == "hlo":
+        src = tmp_path / "module.hlo.pb"
+        src.write_bytes(jax_adapter.hlo_module_proto(_lower(_axpy, _f32(2, 3), _f32(2, 3))))
+    else:
+        src = tmp_path / "module.mlir"
+        src.write_text(_lower(_axpy, _f32(2, 3), _f32(2, 3)))
+    cmd = NeuronTarget(cache_dir=str(tmp_path / "cache")).command(str(src), str(out))
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path)  # its log goes to its directory
     assert proc.returncode == 0, proc.stderr
     assert "Compiler status PASS" in proc.stdout
+    assert "Running pass: write NEFF" in (tmp_path / neuronx_cc.LOG_FILE).read_text()
     neff = compute.read_neff(out.read_bytes())
     assert (neff.version, neff.lnc) == (1, 2)
     assert device_sim.compiler_invocations(state) == 1
     version = subprocess.run(["neuronx-cc", "--version"], capture_output=True, text=True)
     assert version.returncode == 0
-    assert version.stdout.splitlines()[0] == f"NeuronX Compiler version {neuronx_cc.VERSION}"
+    assert version.stdout.splitlines()[0] == f"NeuronX Compiler version {neuronx_cc.version()}"
 
 
 @pytest.mark.parametrize(
@@ -327,7 +343,11 @@ def _with_call(target, config):
         ("bad opt level", lambda a: [x if x != "-O2" else "-O4" for x in a], _GOOD, "invalid choice: '4'"),
         ("bad lnc", lambda a: [x if x != "2" else "3" for x in a], _GOOD, "invalid choice: 3"),
         ("unparsable", None, _GOOD.replace("stablehlo.add", "stablehlo.add_typo", 1), "m.mlir:"),
-        ("unknown custom call", None, _with_call("AwsNeuronMystery", ""), "[NCC_EHCA005]"),
+        ("unknown custom call", None, _with_call("AwsNeuronMystery", ""),
+         f"[NCC_EVRF015] {neuronx_cc.EVRF015} (AwsNeuronMystery)"),
+        ("not in EVRF015's list", None, _with_call("AwsNeuronGeluApprxTanhBackward", ""), "[NCC_EVRF015]"),
+        ("bare --native-int64", lambda a: a[:a.index("enabled")] + a[a.index("enabled") + 1:], _GOOD,
+         "argument --native-int64: expected one argument"),
         ("nki kernel", None, _with_call("AwsNeuronCustomNativeKernel", "eyJhcnRpZmFjdF9wYXRoIjogIi90bXAvZ29uZS9rZXJuZWwubmVmZiJ9"),
          "[NCC_EVRF059] Kernel file '/tmp/gone/kernel.neff' referenced by AwsNeuronCustomNativeKernel"),
         ("documented, not simulated", None, _with_call("AwsNeuronDropoutMaskV1", ""), "does not"),
@@ -338,6 +358,7 @@ def _with_call(target, config):
 def test_compiler_refuses(tmp_path, monkeypatch, capsys, case, argv_edit, text, message):
     state = tmp_path / "state"
     monkeypatch.setenv("NRTSIM_STATE_DIR", str(state))
+    monkeypatch.setenv("NRTSIM_COMPILER_INPUT", "mlir")  # modules as text: the StableHLO build's refusals
     src, out = tmp_path / "m.mlir", tmp_path / "m.neff"
     src.write_text(text)
     argv = _compile_argv(src, out)
@@ -350,7 +371,8 @@ def test_compiler_refuses(tmp_path, monkeypatch, capsys, case, argv_edit, text, 
     assert device_sim.compiler_invocations(state) == 0
 
 
-def test_unparsable_module_names_its_line(tmp_path, capsys):
+def test_unparsable_module_names_its_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("NRTSIM_COMPILER_INPUT", "mlir")
     bad = _GOOD.splitlines()
     line = next(i for i, s in enumerate(bad) if "stablehlo.add" in s)
     bad[line] = bad[line].replace("stablehlo.add", "stablehlo.add_typo")
@@ -693,10 +715,15 @@ def test_tensor_set_lookup(rt):
     assert rt.lib.nrt_get_tensor_from_tensor_set(s, b"y", c.byref(got)) == S["NRT_FAILURE"]
 
 
-def test_collective_loads(rt, neffs):
+def test_collective_loads(rt, neffs, monkeypatch):
     assert rt.init() == S["NRT_SUCCESS"]
     neff = neffs["axpy"]
     m = c.c_void_p()
+    monkeypatch.delenv("NEURON_RT_ROOT_COMM_ID", raising=False)  # mandatory for collectives (developer guide)
+    assert rt.lib.nrt_load_collectives(neff, len(neff), 0, -1, 1, 2, c.byref(m)) == S["NRT_FAILURE"]
+    monkeypatch.setenv("NEURON_RT_ROOT_COMM_ID", "localhost")  # no port
+    assert rt.lib.nrt_load_collectives(neff, len(neff), 0, -1, 1, 2, c.byref(m)) == S["NRT_FAILURE"]
+    monkeypatch.setenv("NEURON_RT_ROOT_COMM_ID", "127.0.0.1:62182")
     assert rt.lib.nrt_load_collectives(neff, len(neff), 0, -1, 1, 2, c.byref(m)) == S["NRT_SUCCESS"]
     assert rt.lib.nrt_load_collectives(neff, len(neff), 0, -1, 2, 2, c.byref(m)) == S["NRT_INVALID"]
     assert rt.lib.nrt_load_collectives(neff, len(neff), 0, -1, 0, 0, c.byref(m)) == S["NRT_INVALID"]
@@ -787,8 +814,13 @@ def test_every_emitted_custom_call_is_simulated():
     source = (Path(__file__).parents[1] / "neuron_compile" / "lowering" / "device_calls.py").read_text()
     import re
 
+    from neuron_compile.lowering import device_calls as dc
+
+    listed = source.index("COMPILER_TARGETS = frozenset(")
+    source = source[:listed] + source[source.index("# fmt: skip", listed) :]  # the names it calls, not the list
     emitted = set(re.findall(r'"(AwsNeuron[A-Za-z]+)"', source))
-    assert emitted <= custom_calls.IMPLEMENTED
+    assert custom_calls.DOCUMENTED_TARGETS == dc.COMPILER_TARGETS  # EVRF015's list, in the fake and the package
+    assert emitted & dc.COMPILER_TARGETS <= custom_calls.IMPLEMENTED
     assert emitted <= {case.split("-")[0] for case in _CASES}
 
 
@@ -800,11 +832,15 @@ def test_custom_call_matches_the_cpu_reference(tmp_path, monkeypatch, case):
     with _target("neuron"):
         text = _lower(fn, *structs)
     target = case.split("-")[0]
-    assert f"stablehlo.custom_call @{target}(" in text
+    if target in custom_calls.DOCUMENTED_TARGETS:
+        assert f"stablehlo.custom_call @{target}(" in text and "api_version = 0 : i32" in text
+    else:  # not one neuronx-cc recognises (NCC_EVRF015's list): its reference StableHLO instead
+        assert "custom_call" not in text and f"@{target}__stablehlo(" in text
     status, neff = compile_text(tmp_path, text)
     assert status == 0
     sim_text = compute.read_neff(neff).files["module.sim.mlir"].decode()
-    assert "custom_call" not in sim_text and f"call @{target}__nrtsim0(" in sim_text
+    assert "custom_call" not in sim_text
+    assert f"call @{target}__nrtsim0(" in sim_text or target not in custom_calls.DOCUMENTED_TARGETS
     got = compute.execute(neff, {f"input{i}": np.ascontiguousarray(a).tobytes() for i, a in enumerate(arrays)})
     with _target("cpu"), jax.enable_x64(True):
         want = jax.jit(lambda *a: fn(*a))(*arrays)

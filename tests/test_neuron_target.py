@@ -302,12 +302,16 @@ def test_every_runtime_status_gives_a_named_error_with_advice(simulator, status:
 
 
 def test_a_neff_whose_tensors_differ_from_the_module_fails_loudly_with_both_lists(simulator, monkeypatch) -> None:
-    real = libnrt.module_tensors
-    monkeypatch.setattr(libnrt, "module_tensors", lambda params, results: real(params[:-1], results))
+    """A compiler that names the NEFF's tensors otherwise than the module asks (here: the names handed to it
+    changed): the load compares the runtime's list with the module's and says both."""
+    from neuron_compile.runtime import jax_adapter
+
+    real = jax_adapter.neff_module
+    monkeypatch.setattr(jax_adapter, "neff_module", lambda text, ins, outs: real(text, [f"x{n}" for n in ins], outs))
     compiled = _neuron(MLP().eval(), cache=False)
     with (
         torch.no_grad(),
-        pytest.raises(NeuronRuntimeError, match=r"(?s)The runtime reports:.*input\d.*The module declares"),
+        pytest.raises(NeuronRuntimeError, match=r"(?s)The runtime reports:.*xinput\d.*The module declares.*input\d"),
     ):
         compiled(torch.randn(3, 16))  # a batch size no other test uses: a NEFF not loaded yet
 

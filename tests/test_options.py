@@ -258,3 +258,21 @@ def test_bad_option_fails_before_compiling() -> None:
         _compile(lambda x: x + 1, cache_max_bytes="500Q")(torch.zeros(2))
     err = root_cause(info.value)
     assert isinstance(err, NeuronOptionsError) and "cache_max_bytes" in str(err)
+
+
+def test_the_logical_core_size_is_read_from_either_runtime_variable(monkeypatch) -> None:
+    """NEURON_RT_VIRTUAL_CORE_SIZE (TorchNeuron's docs) as well as NEURON_LOGICAL_NC_CONFIG; disagreeing: refused."""
+    monkeypatch.delenv("NEURON_LOGICAL_NC_CONFIG", raising=False)
+    monkeypatch.setenv("NEURON_RT_VIRTUAL_CORE_SIZE", "1")
+    assert Options.from_user({"target": "cpu"}).lnc == 1
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "1")
+    assert Options.from_user({"target": "cpu"}).lnc == 1
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", "2")
+    with pytest.raises(
+        NeuronOptionsError, match="NEURON_LOGICAL_NC_CONFIG=2 and NEURON_RT_VIRTUAL_CORE_SIZE=1 disagree"
+    ):
+        Options.from_user({"target": "cpu"})
+    assert Options.from_user({"target": "cpu", "lnc": 2}).lnc == 2  # an explicit option decides
+    monkeypatch.setenv("NEURON_RT_VIRTUAL_CORE_SIZE", "3")
+    with pytest.raises(NeuronOptionsError, match="NEURON_RT_VIRTUAL_CORE_SIZE"):
+        Options.from_user({"target": "cpu"})

@@ -9,27 +9,35 @@ missing, so the file must outlive the graph's neuronx-cc compile (here: until th
 NEVER RUN HERE: the real ``nki`` is not installable on this project's machines, so ``compiled_kernel_config``
 has been read against its sources, not executed. Sources:
 
-- the nki package itself (NKI >= 0.4), as copied into public repositories (no AWS repository publishes it):
-  ``nki/framework/compiled.py`` ``compile_kernel_to_nir(kernel, *, inputs, compile_opts, enable_cache)``,
-  whose docstring reads "Public API: compile NKI kernel to NirResult. Framework integrations (JAX, TorchXLA,
-  TorchEager) use this as the single compilation entry point. Call build_config() on the returned
-  NirResult"; ``nki/compiler/ncc_driver.py`` ``CompileOptions(target, lnc, artifacts_dir, output_path)``,
-  ``NirResult.build_config() -> FrameworkConfig`` ("Public API": ``backend_config_b64``, ``output_specs``,
-  ``operand_output_aliases``, ``has_collectives``; the JSON is built and base64-encoded there);
-- aws-neuron/nkipy ``nkipy/src/nkipy/core/nki_op.py`` (``_beta3_compile_and_get_config`` and
-  ``_build_hlo_custom_call_beta3``): AWS's own integration of that API, which this follows: tensor arguments
-  bound to the kernel's parameter names as empty NumPy arrays of their shape and dtype, constants as Python
-  values, ``lnc`` from the kernel (1 without a launch grid), artifacts in a directory that lives as long as the
-  process, ``enable_cache=False``; the custom call's operands are the tensor arguments in parameter order
-  (nki handles the constants) and its results ``output_specs``;
-- aws-neuron/aws-neuron-sdk ``general/nki/api/nki/__init__.py`` ``FrameworkKernel``: the legacy
-  ``neuronxcc.nki`` form of the same contract (``dump_config(*args)`` returns the backend_config; the custom
-  call returns the kernel's outputs; ``custom_call_target`` "should always be AwsNeuronCustomNativeKernel").
+- the nki package itself (NKI >= 0.6), as copied into public repositories (no AWS repository publishes it):
+  ``nki/framework/compiled.py`` ``CompileKernel``, the kernel "configured for compilation": its
+  ``compile(*args, **kwargs) -> (FrameworkConfig, cache_key)`` ("Frameworks call this to get the compiled config
+  for embedding in their computation graph") builds the production ``CompileOptions`` in ``_compile_opts()``
+  (target, lnc, address rotation, barrier check from the kernel, and ``disable_backend_optimizations()`` unless
+  the experimental MLIR pipeline is asked for). A bare ``CompileOptions`` handed to ``compile_kernel_to_nir``
+  (what this module did before) keeps NKI's experimental backend optimizations on; ``FrameworkConfig``
+  ("Public API": ``backend_config_b64``, ``output_specs``, ``operand_output_aliases``, ``has_collectives``);
+- aws-neuron/nkipy ``nkipy/src/nkipy/core/nki_op.py`` (``_NKIPyCompileKernel``, ``_beta3_compile_and_get_config``):
+  AWS's own integration, which replaced ``compile_kernel_to_nir`` with a bare ``CompileOptions`` by a
+  ``CompileKernel`` for exactly that reason ("a bare CompileOptions silently inherits NKI's experimental
+  defaults instead of the production ones"), carrying the ``@nki.jit`` kernel's own fields (lnc, schedule,
+  address rotation...) over, ``lnc`` 1 when the kernel sets none, the platform target, artifacts in a directory
+  that lives as long as the process; tensor arguments bound to the kernel's parameter names as empty NumPy
+  arrays of their shape and dtype, constants as Python values; the custom call's operands are the tensor
+  arguments in parameter order (nki handles the constants) and its results ``output_specs``. vllm-neuron's
+  TorchNeuron integration (``libtorch_neuronx_lite/nki/nki_compile.py``) compiles the same way
+  (``CompileKernel(func, lnc, target)`` and its ``_compile_opts()``);
+- aws-neuron/aws-neuron-sdk ``general/nki/api/nki/__init__.py`` ``FrameworkKernel``: the contract of the custom
+  call (``custom_call_target`` "should always be AwsNeuronCustomNativeKernel"; its HLO example has
+  ``api_version=API_VERSION_UNSPECIFIED``, and "The field `api_version` is optional"). The kernel site's call is
+  emitted with that API version (``lowering/device_calls.py``, as torch-xla writes Neuron's custom calls), not
+  jax's default for a legacy custom call (API_VERSION_ORIGINAL).
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import inspect
 import itertools
 import os
@@ -86,25 +94,38 @@ def compiled_kernel_config(
 _COMPILED: dict[tuple[Any, ...], CompiledKernelConfig] = {}
 
 
+def production_kernel(kernel: Any, generation: str, artifacts_dir: str) -> Any:
+    """``kernel`` (an ``@nki.jit`` kernel) as nki's ``CompileKernel`` for ``generation``: the kernel's own settings
+    carried over (lnc, schedule, address rotation, ...; lnc 1 when it sets none), so that nki builds its
+    production compile options, as nkipy's and TorchNeuron's integrations do."""
+    from nki.framework.compiled import CompileKernel
+
+    accepted = {f.name for f in dataclasses.fields(CompileKernel)}
+    fields = (
+        {f.name: getattr(kernel, f.name) for f in dataclasses.fields(kernel) if f.name in accepted}
+        if dataclasses.is_dataclass(kernel)
+        else {}
+    )
+    func = fields.pop("func", None) or getattr(kernel, "func", kernel)
+    if not fields.get("lnc"):
+        fields["lnc"] = getattr(kernel, "lnc", None) or 1
+    fields.update(target=generation, artifacts_dir=artifacts_dir)
+    return CompileKernel(func, **fields)
+
+
 def _compile(
     kernel: Any, signature: tuple[tuple[tuple[int, ...], np.dtype], ...], consts: tuple[Any, ...], generation: str
 ) -> CompiledKernelConfig:
-    from nki.compiler.ncc_driver import CompileOptions
-    from nki.framework.compiled import compile_kernel_to_nir
-
     parameters = list(inspect.signature(getattr(kernel, "func", kernel)).parameters)
     values = [np.empty(shape, dtype) for shape, dtype in signature] + list(consts)
     if len(values) > len(parameters):
         raise TypeError(f"{parameters} cannot take {len(signature)} arrays and constants {consts}")
-    artifacts = _artifacts_dir()
-    options = CompileOptions(
-        target=generation,
-        lnc=getattr(kernel, "lnc", 1) or 1,
-        artifacts_dir=artifacts,
-        output_path=os.path.join(artifacts, "kernel.neff"),
-    )
-    nir = compile_kernel_to_nir(kernel, inputs=dict(zip(parameters, values)), compile_opts=options, enable_cache=False)
-    config = nir.build_config()
+    compiled = production_kernel(kernel, generation, _artifacts_dir())
+    if not callable(getattr(compiled, "compile", None)):
+        raise ImportError(
+            "the installed nki's CompileKernel has no compile(): neuron_compile compiles NKI kernels with nki >= 0.6"
+        )
+    config, _cache_key = compiled.compile(*values)
     return CompiledKernelConfig(
         backend_config=config.backend_config_b64.decode("ascii"),
         outputs=tuple((tuple(int(d) for d in s.shape), str(np.dtype(s.dtype))) for s in config.output_specs),

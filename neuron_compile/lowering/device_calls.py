@@ -1,9 +1,11 @@
 """Device calls: an op in the form Trainium takes it (an ``AwsNeuron*`` custom call) on the neuron target,
 and an equivalent StableHLO body on the CPU target (XLA CPU cannot run the custom call).
 
-On the neuron target ``device_call`` emits ``stablehlo.custom_call @AwsNeuronX`` (legacy API version,
-string ``backend_config``, as Neuron's own HLO emitters write them). On the CPU target it emits a call
-to a private function named ``AwsNeuronX__cpu_reference`` that holds the reference body. The legality
+On the neuron target ``device_call`` emits ``stablehlo.custom_call @AwsNeuronX`` (``api_version`` unspecified
+and a string ``backend_config``, as Neuron's own HLO emitters write them: torch-xla's HLO and the nki
+``FrameworkKernel`` docs show ``api_version=API_VERSION_UNSPECIFIED``), for the targets neuronx-cc recognises
+(``COMPILER_TARGETS``); any other target is its reference StableHLO on every target. On the CPU target it emits
+a call to a private function named ``AwsNeuronX__cpu_reference`` that holds the reference body. The legality
 pass (``legality/checks.py``) treats that call as the custom call it stands for and does not inspect the
 body, so both targets get the same verdict for the same graph.
 
@@ -31,6 +33,21 @@ ShapeDtype = jax.ShapeDtypeStruct
 #: Name suffix of the private function that holds a device call's StableHLO body on the CPU target
 #: (the legality pass checks a call to it as the custom call it stands for).
 REFERENCE_SUFFIX = "__cpu_reference"
+#: Name suffix of the private function that holds the StableHLO of a call neuronx-cc does not recognise (a plain
+#: function, on every target: what neuronx-cc compiles, and what the legality pass checks).
+STABLEHLO_SUFFIX = "__stablehlo"
+#: The custom-call targets neuronx-cc recognises: error NCC_EVRF015's list (compiler/error-codes/EVRF015.rst). A
+#: call of any other target (AwsNeuronGeluApprxTanhBackward) is emitted as its reference StableHLO.
+COMPILER_TARGETS = frozenset({
+    "AwsNeuronErf", "AwsNeuronGelu", "AwsNeuronGeluApprxTanh", "AwsNeuronGeluBackward", "AwsNeuronSilu",
+    "AwsNeuronSiluBackward", "AwsNeuronRmsNorm", "AwsNeuronSoftmax", "AwsNeuronSoftmaxBackward",
+    "AwsNeuronCollectiveMatmul", "AwsNeuronIntMatmult", "AwsNeuronArgMax", "AwsNeuronArgMin", "AwsNeuronTopK",
+    "AwsNeuronDropoutMaskV1", "AwsNeuronCustomNativeKernel", "AwsNeuronCustomOp", "AwsNeuronDevicePrint",
+    "ResizeNearest", "ResizeBilinear", "ResizeNearestGrad", "AwsNeuronLNCShardingConstraint",
+    "AwsNeuronTransferWithStaticRing", "AwsNeuronModuleMarkerStart-Forward", "AwsNeuronModuleMarkerStart-Backward",
+    "AwsNeuronModuleMarkerEnd-Forward", "AwsNeuronModuleMarkerEnd-Backward", "NeuronBoundaryMarker-Start",
+    "NeuronBoundaryMarker-End",
+})  # fmt: skip
 
 
 def current_target() -> str:
@@ -59,16 +76,18 @@ def device_call(
     target = target or current_target()
     structs = _structs(results)
     single = isinstance(results, ShapeDtype)
-    if target == "neuron":
+    recognised = target_name in COMPILER_TARGETS
+    if target == "neuron" and recognised:
         call = jax.ffi.ffi_call(
             target_name,
             structs[0] if single else tuple(structs),
-            custom_call_api_version=1,
+            custom_call_api_version=0,  # API_VERSION_UNSPECIFIED, as torch-xla and nki's docs write Neuron's calls
             legacy_backend_config=backend_config,
         )
         return call(*operands)
 
-    out = _reference_function(target_name + REFERENCE_SUFFIX, reference, ())(*operands)
+    symbol = target_name + (REFERENCE_SUFFIX if recognised else STABLEHLO_SUFFIX)
+    out = _reference_function(symbol, reference, ())(*operands)
     got = [out] if single else list(out)
     want = [(tuple(s.shape), jnp.dtype(s.dtype)) for s in structs]
     have = [(tuple(o.shape), jnp.dtype(o.dtype)) for o in got]

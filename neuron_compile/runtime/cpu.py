@@ -13,12 +13,15 @@ from typing import Any
 import torch
 
 from . import jax_adapter, map_budget
+from .targets import GraphLabel
 
 
 class CpuTarget:
     name = "cpu"
 
-    def compile(self, stablehlo: str, host_callbacks: list[Any] | tuple[Any, ...] = ()) -> Any:
+    def compile(
+        self, stablehlo: str, host_callbacks: list[Any] | tuple[Any, ...] = (), graph: GraphLabel | None = None
+    ) -> Any:
         # map_budget was asked before the lowering (compiler.build_artifact), which runs jax whatever the target.
         return jax_adapter.compile_stablehlo(stablehlo, host_callbacks)
 

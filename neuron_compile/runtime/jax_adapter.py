@@ -272,3 +272,111 @@ def main_signature(
 
             return describe(function_type.inputs), describe(function_type.results)
     raise ValueError("the module has no main function")
+
+
+# ------------------------------------------------------------------------------- what neuronx-cc is given
+#: Frontend attributes naming a NEFF's tensors, as torch-xla's HLO carries them (read by neuronx-cc): each
+#: parameter its ``neff_input_names``, the root tuple its ``neff_output_names`` (comma-joined).
+NEFF_INPUT_NAMES = "neff_input_names"
+NEFF_OUTPUT_NAMES = "neff_output_names"
+
+
+def _frontend_attributes(ctx: Any, **values: str) -> Any:
+    from jax._src.lib.mlir import ir
+
+    return ir.DictAttr.get({k: ir.StringAttr.get(v, ctx) for k, v in values.items()}, ctx)
+
+
+def neff_module(module_text: str, input_names: list[str], output_names: list[str]) -> str:
+    """The module as neuronx-cc gets it: ``main``'s parameters named ``input_names`` and its results returned as
+    one tuple named ``output_names``, through the frontend attributes torch-xla sets on its HLO (``neff_input_names``
+    on each parameter, ``neff_output_names`` on the root tuple, which torch-xla makes a tuple for one result too).
+
+    In StableHLO the attributes are ``mhlo.frontend_attributes`` of the arguments and of the ``stablehlo.tuple``;
+    jaxlib's converter carries both into the HLO proto (``hlo_module_proto``) as torch-xla writes them."""
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import func, hlo
+
+    module = ir.Module.parse(module_text, context=mlir.make_ir_context())
+    ctx = module.context
+    main = next(
+        op
+        for op in module.body.operations
+        if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == "main"
+    )
+    ftype = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
+    if len(input_names) != len(ftype.inputs) or len(output_names) != len(ftype.results):
+        raise ValueError(
+            f"main has {len(ftype.inputs)} parameters and {len(ftype.results)} results; names were given for "
+            f"{len(input_names)} and {len(output_names)}"
+        )
+    if any("," in name for name in output_names):
+        raise ValueError(f"output names are joined by commas, so none may hold one: {output_names}")
+    with ctx:
+        old = list(ir.ArrayAttr(main.attributes["arg_attrs"])) if "arg_attrs" in main.attributes else []
+        arg_attrs = []
+        for i, name in enumerate(input_names):
+            entries = {a.name: a.attr for a in ir.DictAttr(old[i])} if i < len(old) else {}
+            entries["mhlo.frontend_attributes"] = _frontend_attributes(ctx, **{NEFF_INPUT_NAMES: name})
+            arg_attrs.append(ir.DictAttr.get(entries))
+        main.attributes["arg_attrs"] = ir.ArrayAttr.get(arg_attrs)
+        block = main.regions[0].blocks[0]
+        ret = list(block.operations)[-1]
+        with ir.InsertionPoint(ret), ret.location:
+            root = hlo.TupleOp(list(ret.operands))
+            root.operation.attributes["mhlo.frontend_attributes"] = _frontend_attributes(
+                ctx, **{NEFF_OUTPUT_NAMES: ",".join(output_names)}
+            )
+            func.ReturnOp([root.result])
+        ret.erase()
+        main.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(list(ftype.inputs), [root.result.type]))
+        if "res_attrs" in main.attributes:
+            del main.attributes["res_attrs"]
+    return str(module)
+
+
+def hlo_module_proto(module_text: str) -> bytes:
+    """The serialized ``HloModuleProto`` of a StableHLO module (jaxlib's converter; the root stays the module's
+    own: ``neff_module``'s tuple keeps its ``neff_output_names``)."""
+    from jax._src.lib import _jax
+
+    computation = _jax.mlir.mlir_module_to_xla_computation(module_text, use_tuple_args=False, return_tuple=False)
+    return bytes(computation.as_serialized_hlo_module_proto())
+
+
+_DTYPE_BYTES = {"f64": 8, "i64": 8, "ui64": 8, "f32": 4, "i32": 4, "ui32": 4, "f16": 2, "bf16": 2, "i16": 2,
+                "ui16": 2, "i8": 1, "ui8": 1, "i1": 1}  # fmt: skip
+
+
+def largest_op(module: Any) -> tuple[str, int, str] | None:
+    """(op name, result bytes, MLIR location) of the op with the largest result in ``module`` (a module with
+    locations, ``Lowered.compiler_ir("stablehlo")``, or a module's text); None for a module without ops."""
+    from jax._src.lib.mlir import ir
+
+    if isinstance(module, str):
+        from jax._src.interpreters import mlir
+
+        module = ir.Module.parse(module, context=mlir.make_ir_context())
+
+    best: list[tuple[int, str, str]] = []
+
+    def visit(op: Any) -> Any:
+        total = 0
+        for value in op.operation.results:
+            if isinstance(value.type, ir.RankedTensorType):
+                t = ir.RankedTensorType(value.type)
+                if t.has_static_shape:
+                    count = 1
+                    for d in t.shape:
+                        count *= d
+                    total += count * _DTYPE_BYTES.get(str(t.element_type), 1)
+        name = op.operation.name
+        if total and name not in ("func.func", "func.return", "stablehlo.return"):
+            if not best or total > best[0][0]:
+                best[:] = [(total, name, str(op.operation.location))]
+        return ir.WalkResult.ADVANCE
+
+    with module.context:
+        module.operation.walk(visit)
+    return (best[0][1], best[0][0], best[0][2]) if best else None

@@ -400,6 +400,7 @@ def runtime() -> Runtime:
                     "dlopen",
                 )
             _own_core_under_torchrun()
+            set_root_comm_id()
             from . import visible_cores
 
             visible_cores.from_environment()  # a value nrt_init would refuse with a bare NRT_FAILURE, named now
@@ -415,6 +416,37 @@ def _own_core_under_torchrun() -> None:
     if local_rank.isdigit() and not os.environ.get("NEURON_RT_VISIBLE_CORES", "").strip():
         os.environ["NEURON_RT_VISIBLE_CORES"] = local_rank
         log.info("neuron_compile: LOCAL_RANK=%s, so NEURON_RT_VISIBLE_CORES=%s", local_rank, local_rank)
+
+
+#: The runtime's collectives bootstrap address ("host:port" of rank 0), mandatory for collective operators.
+ROOT_COMM_ID = "NEURON_RT_ROOT_COMM_ID"
+_ROOT_PORT_KEY = "neuron_compile/NEURON_RT_ROOT_COMM_ID_port"
+
+
+def set_root_comm_id() -> None:
+    """Set ``NEURON_RT_ROOT_COMM_ID`` when it is unset and torch.distributed is initialized: ``MASTER_ADDR``
+    (else localhost) and a free port that rank 0 picks and shares through the process group's store, as
+    torch-neuronx sets it up. Without it the runtime cannot bootstrap collectives."""
+    if os.environ.get(ROOT_COMM_ID, "").strip():
+        return
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    store = dist.distributed_c10d._get_default_store()
+    if dist.get_rank() == 0:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = str(s.getsockname()[1])
+        store.set(_ROOT_PORT_KEY, port)
+    else:
+        port = store.get(_ROOT_PORT_KEY).decode()
+    os.environ[ROOT_COMM_ID] = f"{os.environ.get('MASTER_ADDR', '').strip() or 'localhost'}:{port}"
+    log.info(
+        "neuron_compile: %s=%s (set from MASTER_ADDR and a port of rank 0's)", ROOT_COMM_ID, os.environ[ROOT_COMM_ID]
+    )
 
 
 @dataclass
@@ -587,6 +619,15 @@ def _load(
         )
     else:
         rank, count = collectives
+        set_root_comm_id()
+        if not os.environ.get(ROOT_COMM_ID, "").strip():
+            raise NeuronRuntimeError(
+                f"neuron runtime: a NEFF with collectives needs {ROOT_COMM_ID} (host:port of rank 0's collectives "
+                "bootstrap), which is unset and cannot be derived without an initialized torch.distributed process "
+                f"group: call torch.distributed.init_process_group first, or set {ROOT_COMM_ID}=<MASTER_ADDR>:<free port>",
+                2,
+                "nrt_load_collectives",
+            )
         check(
             lib.nrt_load_collectives(buf, len(neff), vnc, -1, rank, count, ctypes.byref(handle)),
             "nrt_load_collectives",
@@ -613,6 +654,19 @@ def _tensor_info(lib: Any, handle: Any) -> list[TensorInfo]:
         ]
     finally:
         lib.nrt_free_model_tensor_info(array)
+
+
+def tensor_listing(neff: bytes, vnc: int = 0) -> list[TensorInfo]:
+    """A NEFF's tensors as the runtime reports them (loaded on ``vnc``, listed, unloaded): what a bug report
+    needs to see of how the compiler named and sized them (``neuron-compile doctor --bundle``)."""
+    lib = runtime().lib
+    handle = ctypes.c_void_p()
+    buf = ctypes.create_string_buffer(neff, len(neff))
+    check(lib.nrt_load(buf, len(neff), vnc, -1, ctypes.byref(handle)), "nrt_load", f"a NEFF of {len(neff)} bytes")
+    try:
+        return _tensor_info(lib, handle)
+    finally:
+        lib.nrt_unload(handle)
 
 
 def _check_tensors(reported: list[TensorInfo], expected: list[ModuleTensor], digest: str) -> None:

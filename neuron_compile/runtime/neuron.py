@@ -1,22 +1,21 @@
 """The neuron target: neuronx-cc compiles the StableHLO module to a NEFF, the Neuron runtime runs it.
 
 NOT RUN ON HARDWARE: no Trainium machine or Neuron toolchain was available while this was written. The
-command line follows TorchNeuron's (see the docs' "Running on Trainium" page); the NEFF runs through libnrt
-(``libnrt.py``, every runtime call of the project). Both are exercised end to end by the device simulator in
-``tests/device_sim`` (a fake ``neuronx-cc`` and a fake ``libnrt.so.1`` with the real symbols and structs).
+command line follows TorchNeuron's (see the docs' "Running on Trainium" page), with only the flags the
+installed compiler's own ``--help`` lists (``neuronx_cc.py``, which also runs the compile: bounded, watched,
+ended with its parent); the NEFF runs through libnrt (``libnrt.py``, every runtime call of the project). Both
+are exercised end to end by the device simulator in ``tests/device_sim`` (a fake ``neuronx-cc`` and a fake
+``libnrt.so.1`` with the real symbols and structs).
 """
 
 from __future__ import annotations
 
 import collections
-import functools
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 import threading
-import time
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,9 @@ import numpy as np
 import torch
 
 from ..errors import NeuronCompileError
-from . import libnrt
+from . import libnrt, neuronx_cc
+from .neuronx_cc import compiler_version
+from .targets import GraphLabel
 
 #: First bytes of a serialized neuron executable: the module's signature (JSON) then the NEFF.
 _MAGIC = b"NEURON_COMPILE_NEFF\n"
@@ -130,6 +131,10 @@ class NeuronTarget:
         opt_level: int = 2,
         lnc: int = 2,
         core: int | None = None,
+        compiler_input: str = "auto",
+        compile_timeout: float = 7200.0,
+        progress_seconds: float = 60.0,
+        cache_dir: str | None = None,
     ) -> None:
         self.generation = generation
         self.flags = flags
@@ -138,24 +143,44 @@ class NeuronTarget:
         # nrt_load counts cores from the process's own first one (libnrt.runtime() gives each torchrun rank
         # its own core): 0 unless the option says otherwise
         self.core = 0 if core is None else core
+        if compiler_input not in ("auto", *neuronx_cc.INPUT_FORMATS):
+            raise ValueError(f"compiler_input must be auto, mlir or hlo, not {compiler_input!r}")
+        self.compiler_input = compiler_input
+        self.compile_timeout = compile_timeout
+        self.progress_seconds = progress_seconds
+        #: where what the compiler said (its --help, the input it parses) is kept: beside the compile cache
+        self.facts_dir = neuronx_cc.facts_dir(cache_dir)
+        #: where progress lines go (stderr)
+        self.progress = neuronx_cc.print_progress
+
+    def compiler_help(self) -> neuronx_cc.CompilerHelp:
+        """The installed compiler's ``compile --help`` (the CLI reference's options without a compiler)."""
+        return neuronx_cc.compiler_help(self.facts_dir)
 
     def command(self, module_path: str, neff_path: str) -> list[str]:
-        return [
-            "neuronx-cc", "compile", module_path,
-            "--framework", "XLA",
-            "--target", self.generation,
-            # must equal the runtime's logical-core setting (NEURON_LOGICAL_NC_CONFIG), or the NEFF is refused
-            "--lnc", str(self.lnc),
-            f"-O{self.opt_level}",
-            "--model-type", "transformer",
-            "--auto-cast", "none",
-            # torch's int64 (indices, argmax, embeddings) stays 64-bit, as on the CPU target (trn2+).
-            "--native-int64",
-            *self.flags,
-            "--output", neff_path,
-        ]  # fmt: skip
+        """The neuronx-cc command line for one module: only flags the compiler lists, in the form it lists them;
+        a forced flag (option ``neuron_cc_flags``) it does not list is a NeuronCompileError."""
+        return neuronx_cc.build_command(
+            self.compiler_help(),
+            module_path,
+            neff_path,
+            generation=self.generation,
+            lnc=self.lnc,
+            opt_level=self.opt_level,
+            forced=tuple(self.flags),
+        )
 
-    def compile(self, stablehlo: str, host_callbacks: list[Any] | tuple[Any, ...] = ()) -> NeuronExecutable:
+    def input_format(self) -> str:
+        """The format the compile starts with: the option's, or for "auto" what this compiler version was found
+        to parse (StableHLO until it refuses it)."""
+        if self.compiler_input != "auto":
+            return self.compiler_input
+        known = neuronx_cc.compiler_facts(self.facts_dir, compiler_version()).get("input_format")
+        return known or "mlir"
+
+    def compile(
+        self, stablehlo: str, host_callbacks: list[Any] | tuple[Any, ...] = (), graph: GraphLabel | None = None
+    ) -> NeuronExecutable:
         if shutil.which("neuronx-cc") is None:
             raise NeuronCompileError(
                 "neuron target: neuronx-cc is not on PATH. Install the Neuron SDK (aws-neuronx-cc) on a "
@@ -168,29 +193,58 @@ class NeuronTarget:
             )
         from . import jax_adapter
 
+        label = graph or GraphLabel("module")
         params, results = jax_adapter.main_signature(stablehlo)
-        with tempfile.TemporaryDirectory(prefix="neuron_compile_") as tmp:
-            module_path = os.path.join(tmp, "module.mlir")
-            neff_path = os.path.join(tmp, "module.neff")
-            with open(module_path, "w") as f:
-                f.write(stablehlo)
-            command = self.command(module_path, neff_path)
-            t0 = time.perf_counter()
-            # in the temporary directory: neuronx-cc writes its log-neuron-cc.txt into its working directory
-            proc = subprocess.run(command, capture_output=True, text=True, cwd=tmp)
-            log_path = os.path.join(tmp, "log-neuron-cc.txt")
-            compiler_log = open(log_path, errors="replace").read()[-200_000:] if os.path.exists(log_path) else ""
-            COMPILER_RUNS.append(
-                CompilerRun(command, proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - t0, compiler_log)
-            )
-            if proc.returncode != 0:
-                raise NeuronCompileError(
-                    f"neuronx-cc failed (exit {proc.returncode}):\n{proc.stderr[-4000:] or proc.stdout[-4000:]}\n"
-                    f"command: {' '.join(command)}\nThe module it was given: NEURON_COMPILE_DEBUG_DIR=DIR writes it."
-                )
-            with open(neff_path, "rb") as f:
-                neff = f.read()
+        tensors = libnrt.module_tensors(params, results)
+        # the NEFF's tensor names set in the module itself (torch-xla's frontend attributes), root a tuple
+        named = jax_adapter.neff_module(
+            stablehlo,
+            [t.name for t in tensors if t.usage == libnrt.NRT_TENSOR_USAGE_INPUT],
+            [t.name for t in tensors if t.usage == libnrt.NRT_TENSOR_USAGE_OUTPUT],
+        )
+        first = self.input_format()
+        neff = self._compile_as(first, named, label)
+        if neff is None:  # "auto", and the compiler said it could not parse that format: the other one, once
+            other = "hlo" if first == "mlir" else "mlir"
+            neff = self._compile_as(other, named, label, last_try=True)
+            assert neff is not None
+            neuronx_cc.remember(self.facts_dir, compiler_version(), input_format=other)
+        elif self.compiler_input == "auto" and first == "mlir":
+            if neuronx_cc.compiler_facts(self.facts_dir, compiler_version()).get("input_format") != "mlir":
+                neuronx_cc.remember(self.facts_dir, compiler_version(), input_format="mlir")
         return NeuronExecutable(neff, params, results, any(op in stablehlo for op in _COLLECTIVE_OPS))
+
+    def _compile_as(self, fmt: str, named_module: str, graph: GraphLabel, last_try: bool = False) -> bytes | None:
+        """The NEFF of ``named_module`` handed over as ``fmt``; None when "auto" may try the other format (the
+        compiler said the input did not parse)."""
+        from . import jax_adapter
+
+        with tempfile.TemporaryDirectory(prefix="neuron_compile_", ignore_cleanup_errors=True) as tmp:
+            module_path = os.path.join(tmp, neuronx_cc.MODULE_FILES[fmt])
+            neff_path = os.path.join(tmp, "module.neff")
+            with open(module_path, "w" if fmt == "mlir" else "wb") as f:
+                f.write(named_module if fmt == "mlir" else jax_adapter.hlo_module_proto(named_module))
+            command = self.command(module_path, neff_path)
+            # in the temporary directory: neuronx-cc writes its log-neuron-cc.txt into its working directory
+            result = neuronx_cc.run(
+                command,
+                tmp,
+                graph=graph.name,
+                timeout=self.compile_timeout,
+                progress_every=self.progress_seconds,
+                progress=self.progress,
+                largest_op=graph.largest_op,
+            )
+            COMPILER_RUNS.append(
+                CompilerRun(command, result.returncode, result.stdout, result.stderr, result.seconds, result.log)
+            )
+            if result.returncode != 0:
+                said = result.stdout + result.stderr
+                if self.compiler_input == "auto" and not last_try and neuronx_cc.refused_as_unparsable(said):
+                    return None
+                raise NeuronCompileError(neuronx_cc.failure_message(result, command, graph.name))
+            with open(neff_path, "rb") as f:
+                return f.read()
 
     def serialize(self, executable: NeuronExecutable) -> bytes:
         return executable.to_bytes()
@@ -260,22 +314,3 @@ class NeuronTarget:
 
     def constant_buffer(self, value: Any) -> torch.Tensor:
         return libnrt.owned_constant(torch.from_numpy(np.array(value, copy=True)))
-
-
-@functools.lru_cache(maxsize=None)
-def _compiler_version(path: str | None) -> str:
-    if path is None:
-        return "neuronx-cc-unavailable"
-    try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
-    except OSError:
-        return "neuronx-cc-unavailable"
-    # "NeuronX Compiler version 2.x.y+hash", then a blank line and the Python/NumPy versions it runs on
-    lines = [line.strip() for line in out.splitlines() if line.strip()]
-    named = [line for line in lines if "compiler version" in line.lower()]
-    return (named or lines or ["neuronx-cc-unknown"])[0]
-
-
-def compiler_version() -> str:
-    """neuronx-cc's version line (asked once per compiler path and process)."""
-    return _compiler_version(shutil.which("neuronx-cc"))

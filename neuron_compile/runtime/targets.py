@@ -7,12 +7,22 @@ cache key) and runs it on device buffers (``run``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
 
     from ..options import Options
+
+
+@dataclass(frozen=True)
+class GraphLabel:
+    """What a target's messages name a module by: the graph's name and, computed only when a message needs it
+    (a compile that does not end), its largest op with the user's source line."""
+
+    name: str
+    largest_op: Callable[[], str] | None = None
 
 
 @runtime_checkable
@@ -21,8 +31,11 @@ class Target(Protocol):
 
     name: str
 
-    def compile(self, stablehlo: str, host_callbacks: list[Any] | tuple[Any, ...] = ()) -> Any:
-        """A loaded executable of the module (StableHLO text), with the Python host callbacks it calls."""
+    def compile(
+        self, stablehlo: str, host_callbacks: list[Any] | tuple[Any, ...] = (), graph: GraphLabel | None = None
+    ) -> Any:
+        """A loaded executable of the module (StableHLO text), with the Python host callbacks it calls; ``graph``
+        names it in messages."""
 
     def serialize(self, executable: Any) -> bytes:
         """Bytes that ``deserialize`` turns back into an equivalent loaded executable."""
@@ -57,7 +70,17 @@ def target_for(opts: "Options") -> Target:
     if opts.target == "neuron":
         from .neuron import NeuronTarget
 
-        return NeuronTarget(opts.generation, opts.neuron_cc_flags, opts.opt_level, opts.lnc, opts.neuron_core)
+        return NeuronTarget(
+            opts.generation,
+            opts.neuron_cc_flags,
+            opts.opt_level,
+            opts.lnc,
+            opts.neuron_core,
+            compiler_input=opts.compiler_input,
+            compile_timeout=opts.compile_timeout,
+            progress_seconds=opts.compile_progress_seconds,
+            cache_dir=opts.cache_dir,
+        )
     from .cpu import CpuTarget
 
     return CpuTarget()

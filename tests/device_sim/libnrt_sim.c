@@ -427,9 +427,17 @@ static bool read_core_config(int *lnc, uint32_t *total, uint32_t *first, uint32_
         LOG("NRTSIM_NUM_DEVICES='%s' is not a device count", getenv("NRTSIM_NUM_DEVICES"));
         return false;
     }
-    *lnc = env_int("NEURON_LOGICAL_NC_CONFIG", 2);
+    /* NEURON_LOGICAL_NC_CONFIG, or NEURON_RT_VIRTUAL_CORE_SIZE (TorchNeuron's and NxD Inference's docs); both
+     * set and different: refused. */
+    const char *lnc_env = getenv("NEURON_LOGICAL_NC_CONFIG"), *vcs_env = getenv("NEURON_RT_VIRTUAL_CORE_SIZE");
+    *lnc = env_int("NEURON_LOGICAL_NC_CONFIG", env_int("NEURON_RT_VIRTUAL_CORE_SIZE", 2));
+    if (lnc_env && *lnc_env && vcs_env && *vcs_env && env_int("NEURON_RT_VIRTUAL_CORE_SIZE", 2) != *lnc) {
+        LOG("NEURON_LOGICAL_NC_CONFIG='%s' and NEURON_RT_VIRTUAL_CORE_SIZE='%s' disagree", lnc_env, vcs_env);
+        return false;
+    }
     if (*lnc != 1 && *lnc != 2) {
-        LOG("NEURON_LOGICAL_NC_CONFIG='%s': LNC can only be 1 or 2", getenv("NEURON_LOGICAL_NC_CONFIG"));
+        LOG("logical core size %d (NEURON_LOGICAL_NC_CONFIG / NEURON_RT_VIRTUAL_CORE_SIZE): LNC can only be 1 or 2",
+            *lnc);
         return false;
     }
     *total = (uint32_t)(devices * PHYS_CORES_PER_DEVICE / *lnc);
@@ -769,6 +777,16 @@ static NRT_STATUS load(const char *fn, const void *neff_bytes, size_t size, int3
     if (collectives && (ctx_count == 0 || ctx_id >= ctx_count)) {
         LOG("%s: device id %u is not below the device count %u", fn, ctx_id, ctx_count);
         UNLOCK_RETURN(NRT_INVALID);
+    }
+    /* The runtime developer guide: NEURON_RT_ROOT_COMM_ID ("host:port" of the collectives bootstrap) is mandatory
+     * for collective operators. The status a real runtime gives without it is not documented: NRT_FAILURE. */
+    if (collectives) {
+        const char *root = getenv("NEURON_RT_ROOT_COMM_ID");
+        const char *colon = root ? strrchr(root, ':') : NULL;
+        if (!root || !*root || !colon || colon == root || !colon[1]) {
+            LOG("%s: NEURON_RT_ROOT_COMM_ID='%s' is not host:port (mandatory for collectives)", fn, root ? root : "");
+            UNLOCK_RETURN(NRT_FAILURE);
+        }
     }
     if (vnc < -1) UNLOCK_RETURN(NRT_INVALID);
     int32_t replicas = vnc_count_arg > 1 ? vnc_count_arg : 1; /* deprecated; -1 (or 1) is the norm */
