@@ -100,12 +100,16 @@ def build_artifact(
     opts: Options,
     name: str,
     compile: bool = True,
-    background: bool = False,
+    background: bool | None = None,
 ) -> Artifact:
     """Everything a cache miss costs: lowering, the legality pass, the HBM check and the target compile.
     ``compile=False`` stops before the target compile (an empty executable: ``neuron-compile precompile``
-    compiles it later). ``background``: once lowered, raise ``compile_pool.Lowered`` with the compile for a job."""
+    compiles it later). ``background`` (None: where ``compiles_in_background`` and the graph may be cached):
+    once lowered, raise ``compile_pool.Lowered`` with the compile, for a job (``compile_graph`` catches it)."""
     from . import legality
+
+    if background is None:
+        background = compiles_in_background(opts) and not _bypasses_cache(gm, opts)
 
     # Looked up at each call, so that a tool's or test's replacement of compiler.lower_graph is used.
     lower_graph = globals().get("lower_graph") or __getattr__("lower_graph")
@@ -242,15 +246,12 @@ def compile_graph(
     if kind == "forward" and whole:
         gm.meta[SAVED_FOR_BACKWARD_FROM] = _saved_for_backward_from()
     t0 = time.perf_counter()
-    # A debug dump must show this run's lowering, and an executable that calls back into Python (kernels
-    # in the emulator, user kernels) holds live Python objects: both bypass the cache.
-    uncacheable = opts.debug_dir or opts.kernels == "emulate" or has_user_kernels(gm)
-    cache_opts = dataclasses.replace(opts, cache=False) if uncacheable else opts
-    background = compiles_in_background(opts) and not uncacheable
+    cache_opts = dataclasses.replace(opts, cache=False) if _bypasses_cache(gm, opts) else opts
     compiling = None
     try:
-        build = functools.partial(build_artifact, gm, example_inputs, opts, name, background=background)
-        artifact, cache_state, digest = cache_for(cache_opts).get_or_build(gm, example_inputs, cache_opts, build)
+        artifact, cache_state, digest = cache_for(cache_opts).get_or_build(
+            gm, example_inputs, cache_opts, lambda: build_artifact(gm, example_inputs, opts, name)
+        )
     except compile_pool.Lowered as miss:  # lowered and checked here; neuronx-cc runs as a job of compile_pool
         artifact, cache_state, digest = miss.artifact, "miss", _digest_or_none(gm, example_inputs, cache_opts)
         compiling = (gm, example_inputs, cache_opts, miss.build)
@@ -260,6 +261,12 @@ def compile_graph(
         user_outputs = artifact.outputs[: len(artifact.outputs) - check_outputs]
         _report_output_strides(user_outputs, gm.meta[SAVED_FOR_BACKWARD_FROM])
     return compiled_graph(artifact, cache_state, digest, opts, kind, name, t0, compiling)
+
+
+def _bypasses_cache(gm: torch.fx.GraphModule, opts: Options) -> bool:
+    """A debug dump must show this run's lowering, and an executable that calls back into Python (kernels in the
+    emulator, user kernels) holds live Python objects: both bypass the cache (and compile in the caller's thread)."""
+    return bool(opts.debug_dir or opts.kernels == "emulate" or has_user_kernels(gm))
 
 
 def compiles_in_background(opts: Options) -> bool:
