@@ -253,6 +253,63 @@ def test_modules_method_names_the_first_drifting_submodule(drifting_mul: None) -
     assert "drift enters at: steps." in str(report), str(report)
 
 
+class _Squash(torch.nn.Module):
+    """Twelve scalings in one forward, no submodules."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(12, 16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for w in self.weight:
+            x = x * w  # SQUASH_LINE
+        return x
+
+
+class _Sandwich(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(16, 16)
+        self.squash = _Squash()
+        self.out = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.squash(self.inp(x)))
+
+
+@pytest.fixture
+def drifting_mul_in_backward(monkeypatch) -> None:
+    """aten.mul.Tensor's lowering rounds away from zero (times 1 + eps) in backward graphs only: the forward
+    holds, the gradients drift."""
+    import jax.numpy as jnp
+
+    import neuron_compile.lowering  # noqa: F401  (registers every lowering)
+    from neuron_compile.lowering.registry import current, record_of
+
+    record = record_of(torch.ops.aten.mul.Tensor)
+    exact = record.lowering
+
+    def away_in_backward(*args: Any, **kwargs: Any) -> Any:
+        out = exact(*args, **kwargs)
+        if current().node.meta.get("partitioner_tag") != "is_backward":
+            return out
+        return out * jnp.asarray(1 + jnp.finfo(out.dtype).eps, out.dtype)
+
+    monkeypatch.setattr(record, "lowering", away_in_backward)
+
+
+def test_modules_method_compiles_submodules_alone_when_only_gradients_drift(drifting_mul_in_backward: None) -> None:
+    torch.manual_seed(0)
+    report = bisect(_Sandwich(), (torch.randn(8, 16),), method="modules", multiple=CHAIN_MULTIPLE, progress=False)
+    assert not report.errors, report.errors
+    assert not [m for m in report.modules if m.what == "output" and m.flagged], str(report)  # the forward holds
+    assert [m.module for m in report.modules if m.what == "grad" and m.flagged], str(report)
+    alone = [m for m in report.modules if m.what == "alone"]
+    assert [(m.module, m.flagged) for m in alone] == [("inp", False), ("squash", True), ("out", False)], str(report)
+    assert report.entry.startswith("squash (_Squash): compiled alone in the eager model"), report.entry
+    assert report.findings[0] is alone[1] and f"drift enters at: {report.entry}" in str(report), str(report)
+
+
 @pytest.mark.parametrize("method", ["prefix", "modules"])
 def test_composition_methods_flag_nothing_on_exact_lowerings(method: str) -> None:
     model, inputs = _block(torch.bfloat16)

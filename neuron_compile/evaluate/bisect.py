@@ -129,10 +129,13 @@ class ModuleFinding:
     module: str
     #: Its class name.
     kind: str
-    #: "output" (of call ``call``) or "grad" (of the module's own parameters, worst one named by ``tensor``).
+    #: "output" (of call ``call``), "grad" (of the module's own parameters, the worst one named by
+    #: ``tensor``) or "alone" (the module compiled alone in the eager model: the step's worst output or
+    #: gradient, named by ``tensor``).
     what: str
     call: int
-    #: Which tensor the figures are of: "output N" (its position among the floating outputs) or a parameter.
+    #: Which tensor the figures are of: "output N" (its position among the floating outputs), a parameter,
+    #: or (``alone``) "output N" / "gradient of P" of the whole step.
     tensor: str
     dtype: str
     eager_error: float
@@ -145,7 +148,11 @@ class ModuleFinding:
 
     def describe(self) -> str:
         noise = "; ill-conditioned here: not flagged" if self.ill_conditioned else ""
-        where = f"output of call {self.call} ({self.tensor})" if self.what == "output" else f"gradient of {self.tensor}"
+        where = {
+            "output": f"output of call {self.call} ({self.tensor})",
+            "grad": f"gradient of {self.tensor}",
+            "alone": f"compiled alone in the eager model: the step's {self.tensor}",
+        }[self.what]
         return (
             f"{self.module} ({self.kind}): {where}\n"
             f"    {self.dtype}: compiled error {self.compiled_error:.3g} vs eager {self.eager_error:.3g} "
@@ -209,13 +216,17 @@ class BisectReport:
     modules: list[ModuleFinding] = field(default_factory=list)
     #: What the reader must know about the figures (a float32 reference where float64 failed, ...).
     notes: list[str] = field(default_factory=list)
+    #: The modules method: where the drift enters, in words ("" when nothing drifts).
+    entry: str = ""
 
     @property
     def findings(self) -> list[Any]:
         if self.method == "prefix":
             return list(self.entries)
-        judged = self.modules if self.method == "modules" else self.ops
-        return [f for f in judged if f.flagged]
+        if self.method == "modules":  # forward outputs, then modules compiled alone, then gradients
+            flagged = [f for f in self.modules if f.flagged]
+            return sorted(flagged, key=lambda f: ("output", "alone", "grad").index(f.what))
+        return [f for f in self.ops if f.flagged]
 
     @property
     def ok(self) -> bool:
@@ -240,6 +251,7 @@ class BisectReport:
             "findings": [asdict(f) for f in self.findings],
             "worst": [asdict(f) for f in self.worst()],
             "judged": len(self.modules if self.method == "modules" else self.ops),
+            "entry": self.entry,
             "notes": self.notes,
             "errors": self.errors,
         }
@@ -272,17 +284,22 @@ class BisectReport:
         if self.method == "modules" and self.modules:
             outputs = [m for m in self.modules if m.what == "output"]
             grads = [m for m in self.modules if m.what == "grad"]
+            alone = [m for m in self.modules if m.what == "alone"]
             lines.append(f"  forward: {len(outputs)} module call(s) judged, {sum(m.flagged for m in outputs)} flagged; "
                          f"backward: {len(grads)} module(s)' parameter gradients judged, "
                          f"{sum(m.flagged for m in grads)} flagged")  # fmt: skip
+            if alone:
+                lines.append(f"  compiled alone in the eager model: {len(alone)} module(s), "
+                             f"{sum(m.flagged for m in alone)} making the step drift")  # fmt: skip
         found = self.findings
         if found and self.method == "prefix":
             lines.append("drift enters (per graph, the node whose prefix first exceeds the multiple):")
             lines += ["  " + f.describe().replace("\n", "\n  ") for f in found]
         elif found:
             if self.method == "modules":
-                lines.append("drift enters at: " + found[0].describe().split("\n")[0])
-                order = "flagged module results, forward in call order, then gradients in backward order"
+                lines.append(f"drift enters at: {self.entry}")
+                order = ("flagged module results: outputs in call order, modules compiled alone, gradients in "
+                         "backward order")  # fmt: skip
             else:
                 order = "flagged ops, in graph order"
             lines.append(f"first {min(len(found), self.limit)} of {len(found)} {order}:")
@@ -828,10 +845,12 @@ def _bisect_prefixes(prefixes: _Prefixes, say: Callable[[str], None]) -> tuple[l
 
 @dataclass
 class _ModuleRun:
-    #: Every submodule call in order: (qualified name, class name, its floating outputs).
+    #: Every submodule call in order: (qualified name, class name, its floating outputs); empty without hooks.
     calls: list[tuple[str, str, list[torch.Tensor]]]
     #: Parameter name -> its gradient (training).
     grads: dict[str, torch.Tensor]
+    #: The step's floating outputs (the model's, and the loss when training).
+    outputs: list[torch.Tensor]
 
 
 def _floating(value: Any) -> list[torch.Tensor]:
@@ -847,10 +866,12 @@ def _module_run(
     *,
     dtype: torch.dtype | None = None,
     options: Mapping[str, Any] | None = None,
+    alone: str | None = None,
 ) -> _ModuleRun:
-    """One step of a copy of ``model`` with a forward hook on every submodule: in eager, in ``dtype``
-    (parameters and floating inputs cast) when given, or compiled with the neuron backend when ``options``
-    is given."""
+    """One step of a copy of ``model``: in eager, in ``dtype`` (parameters and floating inputs cast) when
+    given, or compiled with the neuron backend when ``options`` is given -- the whole model with a forward
+    hook on every submodule, or (``alone``: a submodule's qualified name) only that submodule, the rest
+    in eager."""
     from .runner import _disable_dropout
 
     run = copy.deepcopy(model)
@@ -870,11 +891,18 @@ def _module_run(
 
         return record
 
-    handles = [m.register_forward_hook(hook(name or "<root>")) for name, m in run.named_modules()]
+    handles = [] if alone else [m.register_forward_hook(hook(name or "<root>")) for name, m in run.named_modules()]
     fn: Any = run
     if options is not None:
         torch._dynamo.reset()
-        fn = torch.compile(run, backend="neuron", dynamic=False, options={**options, "cache": False})
+        compile_options = {**options, "cache": False}
+        if alone:
+            parent, _, attr = alone.rpartition(".")
+            owner = run.get_submodule(parent)
+            owner._modules[attr] = torch.compile(owner._modules[attr], backend="neuron", dynamic=False,
+                                                 options=compile_options)  # fmt: skip
+        else:
+            fn = torch.compile(run, backend="neuron", dynamic=False, options=compile_options)
     try:
         out = step(fn, run, args, kwargs)
     finally:
@@ -882,7 +910,31 @@ def _module_run(
             h.remove()
         if options is not None:
             torch._dynamo.reset()
-    return _ModuleRun(calls, {k.removeprefix("grad:"): g for k, g in out["grads"].items()})
+    # a compiled submodule's parameters are named through its wrapper (torch.compile's OptimizedModule)
+    grads = {k.removeprefix("grad:").replace("._orig_mod.", "."): g for k, g in out["grads"].items()}
+    return _ModuleRun(calls, grads, _floating(out["outputs"]))
+
+
+def _worst_of_step(
+    ref: _ModuleRun, eager: _ModuleRun, run: _ModuleRun, multiple: float, floor_eps: float
+) -> tuple[str, _Judgement]:
+    """The model's output or parameter gradient of ``run`` furthest past eager's error (flagged first)."""
+    judged = [(f"output {i}", _judgement(e, r, c, multiple, floor_eps))
+              for i, (r, e, c) in enumerate(zip(ref.outputs, eager.outputs, run.outputs))]  # fmt: skip
+    judged += [(f"gradient of {p}", _judgement(eager.grads.get(p), g, run.grads.get(p), multiple, floor_eps))
+               for p, g in ref.grads.items()]  # fmt: skip
+    return max(judged, key=lambda tv: tv[1].key)
+
+
+def _called_children(model: torch.nn.Module, name: str, called: set[str]) -> list[str]:
+    """The nearest submodules of ``name`` that are called (a ModuleList or ModuleDict is not: its items
+    are), by qualified name."""
+    found: list[str] = []
+    module = model.get_submodule(name)
+    for child, _ in module.named_children():
+        qualified = f"{name}.{child}" if name else child
+        found += [qualified] if qualified in called else _called_children(model, qualified, called)
+    return found
 
 
 def _judge_modules(
@@ -1055,6 +1107,7 @@ def _bisect_modules(
     failed: Callable[[str, Exception], None],
 ) -> None:
     stage = "float64 run"
+    options = {**options, "target": "cpu"}
     try:
         phase(stage, "the model's float64 copy, every submodule's output recorded")
         try:
@@ -1067,9 +1120,67 @@ def _bisect_modules(
         eager = _module_run(model, args, kwargs, step)
         stage = "compiled run"
         phase(stage, "the model compiled (neuron backend, CPU target), every submodule's output recorded")
-        compiled = _module_run(model, args, kwargs, step, options={**options, "target": "cpu"})
+        compiled = _module_run(model, args, kwargs, step, options=options)
         stage = "judgement"
         phase(stage, "every module call's output and every module's gradients")
         report.modules = _judge_modules(reference, eager, compiled, report.multiple, report.floor_eps)
     except Exception as e:
         failed(stage, e)
+        return
+    forward = [m for m in report.modules if m.what == "output" and m.flagged]
+    if forward:
+        report.entry = forward[0].describe().split("\n")[0]
+    elif any(m.flagged for m in report.modules):
+        _descend(model, args, kwargs, step, options, reference, eager, report, phase, failed)
+
+
+def _descend(
+    model: torch.nn.Module,
+    args: tuple,
+    kwargs: dict,
+    step: Any,
+    options: dict[str, Any],
+    reference: _ModuleRun,
+    eager: _ModuleRun,
+    report: BisectReport,
+    phase: Callable[[str, str], None],
+    failed: Callable[[str, Exception], None],
+) -> None:
+    """The forward holds but gradients drift: compile each called child of the model alone, the rest in
+    eager, and judge the step's outputs and gradients; then the children of the worst flagged one, until
+    none is flagged. The last flagged module brings the drift; none of its parts does alone."""
+    called = {name for name, _, _ in reference.calls}
+    kinds = {name: kind for name, kind, _ in reference.calls}
+    parent, path = "", []
+    while True:
+        flagged = []
+        for child in _called_children(model, parent, called):
+            stage = f"{child} alone"
+            try:
+                phase(stage, "compiled alone in the eager model; the step's outputs and gradients judged")
+                run = _module_run(model, args, kwargs, step, options=options, alone=child)
+            except Exception as e:
+                failed(stage, e)
+                continue
+            tensor, v = _worst_of_step(reference, eager, run, report.multiple, report.floor_eps)
+            finding = ModuleFinding(child, kinds.get(child, "?"), "alone", 0, tensor, v.dtype_name, v.eager_error,
+                                    v.compiled_error, v.ratio, v.eager_max_error, v.compiled_max_error, v.flagged,
+                                    v.ill_conditioned)  # fmt: skip
+            report.modules.append(finding)
+            flagged += [finding] if finding.flagged else []
+        if not flagged:
+            break
+        worst = max(flagged, key=lambda f: f.ratio)
+        path.append(worst)
+        parent = worst.module
+    if path:
+        report.entry = (
+            f"{path[-1].module} ({path[-1].kind}): compiled alone in the eager model, the step's {path[-1].tensor} "
+            f"drifts ({_ratio(path[-1].ratio)}); none of its submodules alone does (path: "
+            f"{' > '.join(f'{p.module} {_ratio(p.ratio)}' for p in path)})"
+        )
+    else:
+        report.entry = (
+            "the whole model only: compiled alone, no submodule makes the step drift; the drift is composed "
+            "across modules (try method='prefix')"
+        )

@@ -34,7 +34,18 @@ def sdpa_math(
 ) -> torch.Tensor:
     """Reference math of ``F.scaled_dot_product_attention`` (torch's docs), with torch's rule for a query
     whose every key is masked (a left-padded position of a padded batch): its output is zero, not NaN, as
-    torch's math and CPU flash kernels give it (``_safe_softmax``)."""
+    torch's math and CPU flash kernels give it (``_safe_softmax``).
+
+    bfloat16 and float16 calls compute in float32 and round the output once (so do their gradients, through
+    the casts), as eager's CPU flash kernel accumulates the scores, the softmax and p @ v in float32. Rounding
+    the scores, the probabilities and their gradients at every step instead left bf16 T5 (whose position bias
+    is a float mask, so its attention takes this path) with gradients up to 4x further from float64 than
+    eager's (docs/numerics.md)."""
+    out_dtype = query.dtype
+    if out_dtype in (torch.bfloat16, torch.float16):
+        query, key, value = query.float(), key.float(), value.float()
+        if attn_mask is not None and attn_mask.is_floating_point():
+            attn_mask = attn_mask.float()
     L, S = query.size(-2), key.size(-2)
     scale_factor = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
     if enable_gqa:
@@ -53,7 +64,7 @@ def sdpa_math(
     weights = torch.ops.aten._safe_softmax(scores, -1)
     if dropout_p > 0.0:
         weights = F.dropout(weights, p=dropout_p, training=True)
-    return torch.matmul(weights, value)
+    return torch.matmul(weights, value).to(out_dtype)
 
 
 def sdpa_flash(

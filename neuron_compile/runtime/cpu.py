@@ -8,12 +8,14 @@ compiler does before each lowering and compile (a refusal is an error; at the ca
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import jax_adapter, map_budget
-from .targets import GraphLabel
+
+if TYPE_CHECKING:
+    from .targets import GraphLabel
 
 
 class CpuTarget:

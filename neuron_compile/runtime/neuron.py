@@ -18,7 +18,7 @@ import tempfile
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,7 +26,9 @@ import torch
 from ..errors import NeuronCompileError
 from . import libnrt, neuronx_cc
 from .neuronx_cc import compiler_version
-from .targets import GraphLabel
+
+if TYPE_CHECKING:
+    from .targets import GraphLabel
 
 #: First bytes of a serialized neuron executable: the module's signature (JSON) then the NEFF.
 _MAGIC = b"NEURON_COMPILE_NEFF\n"
@@ -193,7 +195,6 @@ class NeuronTarget:
             )
         from . import jax_adapter
 
-        label = graph or GraphLabel("module")
         params, results = jax_adapter.main_signature(stablehlo)
         tensors = libnrt.module_tensors(params, results)
         # the NEFF's tensor names set in the module itself (torch-xla's frontend attributes), root a tuple
@@ -203,10 +204,10 @@ class NeuronTarget:
             [t.name for t in tensors if t.usage == libnrt.NRT_TENSOR_USAGE_OUTPUT],
         )
         first = self.input_format()
-        neff = self._compile_as(first, named, label)
+        neff = self._compile_as(first, named, graph)
         if neff is None:  # "auto", and the compiler said it could not parse that format: the other one, once
             other = "hlo" if first == "mlir" else "mlir"
-            neff = self._compile_as(other, named, label, last_try=True)
+            neff = self._compile_as(other, named, graph, last_try=True)
             assert neff is not None
             neuronx_cc.remember(self.facts_dir, compiler_version(), input_format=other)
         elif self.compiler_input == "auto" and first == "mlir":
@@ -214,7 +215,9 @@ class NeuronTarget:
                 neuronx_cc.remember(self.facts_dir, compiler_version(), input_format="mlir")
         return NeuronExecutable(neff, params, results, any(op in stablehlo for op in _COLLECTIVE_OPS))
 
-    def _compile_as(self, fmt: str, named_module: str, graph: GraphLabel, last_try: bool = False) -> bytes | None:
+    def _compile_as(
+        self, fmt: str, named_module: str, graph: GraphLabel | None, last_try: bool = False
+    ) -> bytes | None:
         """The NEFF of ``named_module`` handed over as ``fmt``; None when "auto" may try the other format (the
         compiler said the input did not parse)."""
         from . import jax_adapter
@@ -225,15 +228,16 @@ class NeuronTarget:
             with open(module_path, "w" if fmt == "mlir" else "wb") as f:
                 f.write(named_module if fmt == "mlir" else jax_adapter.hlo_module_proto(named_module))
             command = self.command(module_path, neff_path)
+            name = graph.name if graph is not None else "module"
             # in the temporary directory: neuronx-cc writes its log-neuron-cc.txt into its working directory
             result = neuronx_cc.run(
                 command,
                 tmp,
-                graph=graph.name,
+                graph=name,
                 timeout=self.compile_timeout,
                 progress_every=self.progress_seconds,
                 progress=self.progress,
-                largest_op=graph.largest_op,
+                largest_op=graph.largest_op if graph is not None else None,
             )
             COMPILER_RUNS.append(
                 CompilerRun(command, result.returncode, result.stdout, result.stderr, result.seconds, result.log)
@@ -242,7 +246,7 @@ class NeuronTarget:
                 said = result.stdout + result.stderr
                 if self.compiler_input == "auto" and not last_try and neuronx_cc.refused_as_unparsable(said):
                     return None
-                raise NeuronCompileError(neuronx_cc.failure_message(result, command, graph.name))
+                raise NeuronCompileError(neuronx_cc.failure_message(result, command, name))
             with open(neff_path, "rb") as f:
                 return f.read()
 
