@@ -269,26 +269,34 @@ def xla_memory(lowered: Any) -> dict[str, int]:
     }
 
 
-def estimate(lowered: Any, gm: Any = None, memory: dict[str, int] | None = None) -> HbmEstimate:
+def _xla_memory_or_why_not(lowered: Any) -> tuple[dict[str, int] | None, str]:
+    """(``xla_memory``, "") or (None, why XLA CPU could not compile the module: an AwsNeuron* custom call)."""
+    try:
+        return xla_memory(lowered), ""
+    except Exception as e:
+        return None, (str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__)
+
+
+def estimate(lowered: Any, gm: Any = None, memory: dict[str, int] | None = None, why_not: str = "") -> HbmEstimate:
     """The peak HBM of a LoweredGraph's module on one NeuronCore. ``memory``: XLA's buffer assignment of it when
-    already at hand (the CPU target's executable, ``jax_adapter.memory_stats``); else it is compiled for it."""
+    already at hand (the CPU target's executable, ``jax_adapter.memory_stats``); else it is compiled for it, unless
+    ``why_not`` says it cannot be."""
     module = lowered.lowered.compiler_ir("stablehlo")
     with module.context:
         io, walked_peak, values = _walk(module)
+    if memory is None and not why_not:
+        memory, why_not = _xla_memory_or_why_not(lowered)
     how = "XLA's buffer assignment"
     if memory is None:
-        try:
-            memory = xla_memory(lowered)
-        except Exception as e:  # an AwsNeuron* custom call, which XLA CPU has no implementation of
-            reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-            how = f"a liveness walk of the module (XLA CPU could not compile it: {reason})"
+        how = f"a liveness walk of the module (XLA CPU could not compile it: {why_not})"
     intermediates = memory["temporaries"] if memory is not None else walked_peak
     largest = _describe(values, getattr(lowered, "node_table", {}) or {}, _input_sources(gm, lowered))
     return HbmEstimate(getattr(lowered, "name", "module"), io, intermediates, how, largest)
 
 
 def estimate_from_memory(name: str, memory: dict[str, int]) -> HbmEstimate:
-    """The estimate from XLA's buffer assignment alone (a cached CPU executable: no module at hand)."""
+    """The estimate from XLA's buffer assignment alone, no walk of the module (a graph that fits, or a cached
+    CPU executable: no module at hand). Its I/O counts XLA's table of the results too (a few bytes)."""
     io = memory["arguments"] + memory["outputs"] - memory["aliased"]
     return HbmEstimate(name, io, memory["temporaries"], "XLA's buffer assignment")
 
@@ -328,10 +336,19 @@ def check(lowered: Any, gm: Any, opts: Options, memory: dict[str, int] | None = 
     """Estimate a lowered graph's peak HBM and judge it against ``limit_for(opts)``: over it, NeuronHbmError on the
     neuron target (before neuronx-cc runs), NeuronHbmWarning on the CPU target. The estimate, or None when it
     could not be made (logged: the check is advice, never the reason a graph fails to compile)."""
+    name = getattr(lowered, "name", "module")
     try:
-        est = estimate(lowered, gm, memory)
+        why_not = ""
+        if memory is None:
+            memory, why_not = _xla_memory_or_why_not(lowered)
+        limit = limit_for(opts)
+        # XLA's figures alone when the graph fits (cheap); the module walked for the parts and the largest
+        # tensors when it may not (the walk's I/O is exact, XLA's output figure counts its result tuple too)
+        est = estimate_from_memory(name, memory) if memory is not None else None
+        if est is None or (limit and est.peak_bytes > limit):
+            est = estimate(lowered, gm, memory, why_not)
     except Exception as e:
-        log.info("neuron_compile: no HBM estimate for %s: %s: %s", getattr(lowered, "name", "?"), type(e).__name__, e)
+        log.info("neuron_compile: no HBM estimate for %s: %s: %s", name, type(e).__name__, e)
         return None
     judge(est, opts)
     return est
