@@ -4,6 +4,7 @@ package root that does not pay for jax or the lowerings."""
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -196,3 +197,68 @@ def test_light_imports_do_not_load_jax_or_lowerings(code: str) -> None:
         m for m in loaded if m == "jax" or m.startswith(("neuron_compile.lowering", "neuron_compile.legality"))
     )
     assert not heavy, f"`{code}` imported {heavy}"
+
+
+def _console_script() -> tuple[str, str]:
+    """(module, function) of the ``neuron-compile`` entry point, as pyproject.toml declares it."""
+    import tomllib
+
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]
+    module, _, function = project["scripts"]["neuron-compile"].partition(":")
+    return module, function
+
+
+def _subcommand_helps() -> list[list[str]]:
+    """``--help`` of the command and of every command group and command it has."""
+    import argparse
+
+    module, _ = _console_script()
+    found: list[list[str]] = []
+
+    def walk(parser: argparse.ArgumentParser, path: list[str]) -> None:
+        found.append([*path, "--help"])
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, [*path, name])
+
+    walk(importlib.import_module(module).build_parser(), [])
+    return found
+
+
+@pytest.mark.parametrize("argv", _subcommand_helps(), ids=" ".join)
+def test_cli_help_imports_neither_torch_nor_jax(argv: list[str]) -> None:
+    """``neuron-compile ... --help`` answers without torch (seconds to import; ``import neuron_compile``
+    registers the neuron device, so the parser lives outside the package)."""
+    module, function = _console_script()
+    code = (
+        f"import contextlib, io\nfrom {module} import {function}\n"  # the help text must not mix with the module list
+        f"with contextlib.redirect_stdout(io.StringIO()):\n    try:\n        {function}({argv!r})\n"
+        "    except SystemExit:\n        pass"
+    )
+    loaded = _modules_after(code)
+    heavy = sorted(m for m in loaded if m in ("torch", "jax", "neuron_compile"))
+    assert not heavy, f"`neuron-compile {' '.join(argv)}` imported {heavy}"
+
+
+def test_every_cli_command_names_a_function_of_the_commands_module() -> None:
+    """The parser names each command's function by string (it must not import the package): each one exists."""
+    import argparse
+
+    module, _ = _console_script()
+    cli = importlib.import_module(module)
+    commands = importlib.import_module(cli.COMMANDS)
+    named: list[str] = []
+
+    def walk(parser: argparse.ArgumentParser) -> None:
+        if parser.get_default("fn") is not None:
+            named.append(parser.get_default("fn"))
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    walk(sub)
+
+    walk(cli.build_parser())
+    assert len(named) >= 11, named
+    missing = [name for name in named if not callable(getattr(commands, name, None))]
+    assert not missing, f"{cli.COMMANDS} has no {missing}"
