@@ -76,18 +76,24 @@ def test_redact_finds_the_secrets_a_library_quotes_without_the_url() -> None:
     _assert_no_secret(redact(text))
 
 
-@pytest.mark.parametrize("url", [SECRET_URL, "u:HUNTER2@bucket/prefix"], ids=["s3-url", "no-scheme"])
-def test_doctor_bundle_of_an_s3_url_with_a_password_holds_no_secret(tmp_path: Path, url: str) -> None:
+def test_doctor_bundle_of_an_s3_url_with_a_password_holds_no_secret(tmp_path: Path) -> None:
     bundle = tmp_path / "report.tar.gz"
-    proc = _run(_cli("doctor", "--skip-smoke", "--bundle", str(bundle)), _no_stack_env(NEURON_COMPILE_CACHE_URL=url))
+    env = _no_stack_env(NEURON_COMPILE_CACHE_URL=SECRET_URL)
+    proc = _run(_cli("doctor", "--skip-smoke", "--bundle", str(bundle)), env)
     assert proc.returncode == doctor.EXIT_NO_NEURON, proc.stdout + proc.stderr
     with tarfile.open(bundle) as tar:
         members = [tar.extractfile(m).read().decode() for m in tar.getmembers() if m.isfile()]
     _assert_no_secret(proc.stdout, proc.stderr, *members)
-    if "://" in url:  # botocore refused the bucket name, quoting it without the URL
-        assert re.search(r"^  reachable\s+NO \(", proc.stdout, re.M) and "<redacted>@bucket" in proc.stdout
-    else:  # not a URL: the option does not parse, and its refusal does not show the value
-        assert "is not valid for option 'cache_url'" in proc.stdout, proc.stdout
+    # botocore refused the bucket name, quoting it without the URL
+    assert re.search(r"^  reachable\s+NO \(", proc.stdout, re.M) and "<redacted>@bucket" in proc.stdout
+
+
+def test_a_url_without_its_scheme_is_neither_echoed_by_the_options_nor_bundled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_URL", "u:HUNTER2@bucket/prefix")
+    report, findings = doctor.Report(out=io.StringIO()), doctor.Findings()
+    assert doctor._user_options(report, findings) is None  # not a URL: the option does not parse
+    _assert_no_secret(report.text(), *findings.problems, doctor.bundle_environment())
+    assert "is not valid for option 'cache_url'" in report.text(), report.text()
 
 
 def test_remote_cache_warnings_and_errors_hold_no_secret() -> None:
@@ -109,12 +115,20 @@ def test_remote_cache_warnings_and_errors_hold_no_secret() -> None:
      ("precompile", "check", "no-manifest.json", "--cache-url", SECRET_URL)],
     ids=["cache-list", "cache-list-not-a-url", "precompile-check"],
 )  # fmt: skip
-def test_cache_cli_and_precompile_print_no_secret(tmp_path: Path, args: tuple[str, ...]) -> None:
-    env = _no_stack_env(NEURON_COMPILE_CACHE_DIR=str(tmp_path / "cache"))
-    proc = _run(_cli(*args), env)
-    _assert_no_secret(proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr, proc.stderr
-    assert "<redacted>" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+def test_cache_cli_and_precompile_print_no_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: tuple[str, ...]
+) -> None:
+    from neuron_compile import cli
+
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    try:
+        said = str(cli.main(list(args)))
+    except SystemExit as e:  # the CLI's one-line errors
+        said = str(e.code)
+    out = capsys.readouterr()
+    _assert_no_secret(said, out.out, out.err)
+    assert "<redacted>" in said + out.out + out.err, said + out.out + out.err
 
 
 # ------------------------------------------------------------ 12: the doctor and an unreachable remote
@@ -136,18 +150,22 @@ def test_an_unreachable_remote_is_a_note_and_with_require_remote_a_problem() -> 
     assert not findings.problems and not findings.notes
 
 
-@pytest.mark.parametrize("required", [False, True], ids=["not-required", "require-remote"])
-def test_doctor_on_a_working_stack_with_an_unreachable_remote(tmp_path: Path, required: bool) -> None:
+def test_the_verdict_of_a_working_stack_says_the_remote_is_not_reachable() -> None:
+    findings, _ = _check_remote("nosuchprotocol://bucket/prefix", required=False)
+    report = doctor.Report(out=io.StringIO())
+    assert doctor._verdict(report, findings, []) == doctor.EXIT_OK
+    verdict = " ".join(report.text().split())
+    assert "note: the remote cache nosuchprotocol://bucket/prefix is NOT reachable" in verdict, verdict
+    assert "OK (exit 0): the Neuron stack is here (smoke test skipped). The remote cache is NOT reachable" in verdict
+
+
+def test_doctor_require_remote_on_a_working_stack_with_an_unreachable_remote_exits_1(tmp_path: Path) -> None:
     env = {**os.environ, **device_sim.environment(state_dir=tmp_path / "state"),
            "NEURON_COMPILE_CACHE_URL": "nosuchprotocol://bucket/prefix"}  # fmt: skip
-    proc = _run(_cli("doctor", "--skip-smoke", *(["--require-remote"] if required else [])), env)
+    proc = _run(_cli("doctor", "--skip-smoke", "--require-remote"), env)
     verdict = " ".join(proc.stdout[proc.stdout.index("== Verdict ==") :].split())
-    if required:
-        assert proc.returncode == doctor.EXIT_FAILED, proc.stdout + proc.stderr
-        assert "NOT WORKING (exit 1)" in verdict and "is not reachable (--require-remote)" in verdict, verdict
-    else:
-        assert proc.returncode == doctor.EXIT_OK, proc.stdout + proc.stderr
-        assert "is NOT reachable" in verdict and "The remote cache is NOT reachable (see the note)." in verdict
+    assert proc.returncode == doctor.EXIT_FAILED, proc.stdout + proc.stderr
+    assert "NOT WORKING (exit 1)" in verdict and "is not reachable (--require-remote)" in verdict, verdict
 
 
 # -------------------------------------------------------------------- 8: NEURON_RT_VISIBLE_CORES
@@ -157,7 +175,30 @@ def test_doctor_on_a_working_stack_with_an_unreachable_remote(tmp_path: Path, re
         ("0-", "NEURON_RT_VISIBLE_CORES='0-' has '0-', which is neither a core index nor a range"),
         ("abc", "NEURON_RT_VISIBLE_CORES='abc' has 'abc', which is neither a core index nor a range"),
         ("3-1", "NEURON_RT_VISIBLE_CORES='3-1' has the range 3-1, which runs backwards (write 1-3)"),
-        ("0,2", "NEURON_RT_VISIBLE_CORES='0,2' names cores that are not contiguous and increasing"),
+        ("0,2", "NEURON_RT_VISIBLE_CORES='0,2' names cores that are not contiguous and increasing (0 then 2)"),
+        ("1,,2", "NEURON_RT_VISIBLE_CORES='1,,2' has '', which is neither a core index nor a range"),
+    ],
+)
+def test_visible_cores_values_the_runtime_refuses_are_named(value: str, says: str) -> None:
+    from neuron_compile.runtime import visible_cores
+
+    with pytest.raises(visible_cores.VisibleCoresError) as raised:
+        visible_cores.parse(value)
+    assert str(raised.value).startswith(f"neuron runtime: {says}"), raised.value
+
+
+@pytest.mark.parametrize("value, cores", [("3", [3]), ("0-3", [0, 1, 2, 3]), ("0,1", [0, 1]), ("0-1,2", [0, 1, 2])])
+def test_visible_cores_values_the_runtime_takes(value: str, cores: list[int]) -> None:
+    from neuron_compile.runtime import visible_cores
+
+    assert list(visible_cores.parse(value)) == cores
+    assert visible_cores.check_total(value, 4, 2) is None and visible_cores.check_total(value, cores[-1], 2)
+
+
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        ("0-", "NEURON_RT_VISIBLE_CORES='0-' has '0-', which is neither a core index nor a range"),
         ("99", "NEURON_RT_VISIBLE_CORES=99 names logical NeuronCore 99, but this instance has 4 (cores 0-3 at LNC 2)"),
     ],
 )
@@ -191,8 +232,8 @@ def _run_one_graph(tmp_path: Path, options: str, **env_changes: str | None) -> s
     return proc.stdout
 
 
-@pytest.mark.parametrize("value", ["0-", "abc", "3-1"])
-def test_a_run_names_the_visible_cores_value_before_nrt_init(tmp_path: Path, value: str) -> None:
+def test_a_run_names_the_visible_cores_value_before_nrt_init(tmp_path: Path) -> None:
+    value = "3-1"  # every form the runtime refuses is parsed by the same function (tests above)
     # the runtime's start, as a graph's first run makes it (compiling first adds nothing to the drill)
     start = (
         "from neuron_compile.runtime import libnrt\ntry:\n    libnrt.runtime()\nexcept Exception as e:\n"
