@@ -66,9 +66,10 @@ def neuron_backend(
     """Compile a Dynamo FX graph for Trainium (or its CPU stand-in), forward and backward."""
     opts = Options.from_user(options)
     if opts.precompile_manifest:  # `neuron-compile precompile collect`: record every graph for the neuron target
-        from .precompile import start_collecting
+        from .cache.collect import start_collecting
+        from .compiler import build_artifact
 
-        start_collecting()
+        start_collecting(build_artifact)
     warn_mode(mode)
     refuse_silent_eager_fallback(opts.allow_eager_fallback)
     check_tensor_kinds(gm, example_inputs)

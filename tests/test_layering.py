@@ -53,13 +53,13 @@ ALLOWED: dict[str, set[str]] = {
     "aot_cache": {"cache", "compiler", "kernels"},
     "backend": {
         "aot_cache",
+        "cache",  # the precompile recorder (cache/collect.py), installed when collecting
         "compiler",
         "decompositions",
         "graph_checks",
         "heap",
         "lowering",
         "kernels",
-        "precompile",
         "recompiles",
         "trace_fixes",
     },
@@ -72,6 +72,17 @@ ALLOWED: dict[str, set[str]] = {
     "precompile": {"cache", "compiler", "runtime"},
     "doctor": {"cache", "runtime", "kernels", "debug"},
     "demo": {"cache", "hbm"},
+}
+
+
+#: The modules of user-facing commands: each may load the others (``cli`` dispatches to them); no other module
+#: imports one (the backend installs the precompile recorder from ``cache/collect.py``, not from the command).
+COMMAND_MODULES = {
+    "neuron_compile.cli",
+    "neuron_compile.demo",
+    "neuron_compile.doctor",
+    "neuron_compile.evaluate.cli",
+    "neuron_compile.precompile",
 }
 
 
@@ -136,6 +147,48 @@ def test_imports_follow_the_layering(path: Path) -> None:
         if _unit(target) not in allowed
     ]
     assert not bad, f"unit '{unit}' may import only {sorted(allowed)}:\n" + "\n".join(bad)
+
+
+def test_no_module_imports_a_command_module() -> None:
+    modules = {_module_name(path) for path in SOURCES}
+    assert COMMAND_MODULES <= modules, COMMAND_MODULES - modules
+    bad = []
+    for path in SOURCES:
+        if _module_name(path) in COMMAND_MODULES:
+            continue
+        for target, line, _ in _imports(path):
+            while target not in modules and "." in target:  # `from pkg.mod import name` names an attribute
+                target = target.rpartition(".")[0]
+            if target in COMMAND_MODULES:
+                bad.append(f"{path.relative_to(PACKAGE)}:{line} imports the command module {target}")
+    assert not bad, "\n".join(bad)
+
+
+#: The one module that may use jax's private modules (``jax._src``, jaxlib's submodules): jax is pinned to one
+#: version for it (pyproject.toml), and a jax upgrade is checked in one file. Everywhere else uses jax's public
+#: paths (``jax.extend.mlir``, ``jax.interpreters.mlir``).
+PRIVATE_JAX_MODULE = "runtime/jax_adapter.py"
+
+
+def _private_jax_uses(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Attribute) and node.attr == "_src" and ast.unparse(node.value) == "jax":
+            names = ["jax._src"]
+        found += [f"{node.lineno}: {n}" for n in names if n.startswith(("jax._src", "jaxlib."))]
+    return found
+
+
+def test_only_the_jax_adapter_uses_private_jax() -> None:
+    used = {str(p.relative_to(PACKAGE)): _private_jax_uses(p) for p in SOURCES}
+    assert used[PRIVATE_JAX_MODULE], f"{PRIVATE_JAX_MODULE} uses no private jax: the rule names the wrong module"
+    elsewhere = [f"{path}:{use}" for path, uses in used.items() if path != PRIVATE_JAX_MODULE for use in uses]
+    assert not elsewhere, f"private jax outside {PRIVATE_JAX_MODULE} (add a function there):\n" + "\n".join(elsewhere)
 
 
 def test_no_import_cycle_between_units() -> None:

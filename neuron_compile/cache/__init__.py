@@ -17,6 +17,7 @@ Modules, each with one job:
 - ``megacache`` our entries in PyTorch's ``save_cache_artifacts``/``load_cache_artifacts``
 - ``remote``    the shared tier behind the disk (option ``cache_url``: S3 or any fsspec URL; fsspec loads lazily)
 - ``compile_cache`` the lookup itself (memory -> disk -> lock -> remote -> build -> store -> publish)
+- ``collect``   ``neuron-compile precompile collect``'s manifest and its recorder (a ``CACHE.observers`` entry)
 
 Hits and misses are logged on the ``neuron_compile.cache`` logger (``TORCH_LOGS="+neuron_compile.cache"``
 or ``torch._logging.set_logs(modules={"neuron_cache": logging.DEBUG})``) and counted by ``cache_stats()``
