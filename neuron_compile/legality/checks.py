@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from jax._src.lib.mlir import ir
+from jax.extend.mlir import ir
 
 from ..lowering.device_calls import REFERENCE_SUFFIX
 from . import rules

@@ -28,8 +28,8 @@ def mlir_module(lowered: Any) -> Any:
     if hasattr(lowered, "compiler_ir"):
         return lowered.compiler_ir("stablehlo")
     if isinstance(lowered, str):
-        from jax._src.interpreters import mlir
-        from jax._src.lib.mlir import ir
+        from jax.extend.mlir import ir
+        from jax.interpreters import mlir
 
         ctx = mlir.make_ir_context()
         return ir.Module.parse(lowered, context=ctx)

@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
-from jax._src.lib.mlir import ir
-from jax._src.lib.mlir.dialects import hlo
 from jax.extend.core import Primitive
+from jax.extend.mlir import ir
+from jax.extend.mlir.dialects import stablehlo as hlo
 from jax.interpreters import mlir
 
 from ..distributed import parse_replica_groups, replica_groups
