@@ -427,3 +427,16 @@ def test_the_compiler_dies_with_its_parent_and_leaves_no_directory(sim, sig) -> 
     assert _wait_until(lambda: not os.path.exists(f"/proc/{compiler}/cmdline") or not _processes_under(sim.tmp))
     assert _wait_until(lambda: not _processes_under(sim.tmp)), _processes_under(sim.tmp)
     assert _wait_until(lambda: not list(sim.tmp.glob("neuron_compile_*"))), list(sim.tmp.iterdir())
+
+
+def test_precompile_compile_ends_on_ctrl_c_with_one_line_and_status_130(monkeypatch, capsys) -> None:
+    """``neuron-compile precompile compile``: compile_manifest stops the running compiles and says what it left
+    (``stop_all``, above); the command then exits 130 without a traceback."""
+    from neuron_compile import precompile
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(precompile, "compile_manifest", interrupted)
+    assert precompile.main_compile("m.json", None, None, None, None) == 130
+    assert "Traceback" not in capsys.readouterr().err
