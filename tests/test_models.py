@@ -21,7 +21,7 @@ import torch
 from neuron_compile import STATS
 from neuron_compile.evaluate.numerics import DEFAULT_TOL, NumericsVerdict, compare_to_reference, merge
 
-from .model_zoo import ZOO, ZooCase, cast_inputs, copy_as
+from .model_zoo import BATCH, ZOO, ZooCase, _tokens, cast_inputs, copy_as
 
 pytest.importorskip("transformers")
 
@@ -230,30 +230,56 @@ def test_transformers_grouped_mm_fallback_forward_and_backward_match_eager() -> 
     torch.testing.assert_close(gw, w.grad, rtol=1e-5, atol=1e-5)
 
 
-def test_t5_bfloat16_one_step_gradients_within_2x_of_eager() -> None:
-    """Issue 38.2: bf16 T5's first-step gradients, compiled, at most 2x further from a float32 reference than
-    eager bf16's, in the worst parameter (largest error over the gradients' scale) and over all of them
-    (normwise). Per op, ``neuron-compile evaluate --bisect`` finds every compiled op of this model within
-    1.1x of eager's error (docs/bisect.md)."""
-    case = ZOO["t5"]()
+#: Token seeds of T5's extra batches: before SDPA's math path computed bf16 in float32, compiled was 2.11x
+#: (worst gradient's worst element) and 1.58x (normwise) eager's error on them; the zoo's batch was 1.0x.
+T5_BATCH_SEEDS = (4, 5)
 
-    def grads(dtype: torch.dtype, compiled: bool) -> dict[str, torch.Tensor]:
-        model = copy_as(case.model, dtype)
-        fn = torch.compile(model, backend="neuron", dynamic=False) if compiled else model
-        case.step(fn, cast_inputs(case.inputs, dtype))[0].backward()
-        return {n: p.grad.double() for n, p in model.named_parameters() if p.grad is not None}
 
-    ref, eager, comp = grads(torch.float32, False), grads(torch.bfloat16, False), grads(torch.bfloat16, True)
-    assert ref.keys() == eager.keys() == comp.keys()
+def _t5_batches(case: ZooCase) -> dict[str, dict[str, torch.Tensor]]:
+    extra = {
+        f"tokens {s}": {"input_ids": _tokens(100 + s), "labels": _tokens(200 + s, (BATCH, 8))} for s in T5_BATCH_SEEDS
+    }
+    return {"zoo": case.inputs, **extra}
+
+
+def _t5_error_measures(ref: dict[str, torch.Tensor]) -> list[Any]:
+    """Distances of a run's gradients to ``ref``'s (the float32 model's), as issue 52 measures them."""
     scale = max(g.abs().max().item() for g in ref.values())
 
-    def worst(run: dict[str, torch.Tensor]) -> float:
+    def each_gradients_worst_element(run: dict[str, torch.Tensor]) -> float:
+        return max((run[n] - ref[n]).abs().max().item() / ref[n].abs().max().item() for n in ref)
+
+    def worst_element_over_scale(run: dict[str, torch.Tensor]) -> float:
         return max((run[n] - ref[n]).abs().max().item() for n in ref) / scale
 
     def normwise(run: dict[str, torch.Tensor]) -> float:
         diff = torch.cat([(run[n] - ref[n]).flatten() for n in ref])
         return (diff.norm() / torch.cat([g.flatten() for g in ref.values()]).norm()).item()
 
-    for measure in (worst, normwise):
-        e, c = measure(eager), measure(comp)
-        assert c <= 2 * e, f"t5 bfloat16 gradients, {measure.__name__}: compiled {c:.3g} > 2 x eager {e:.3g}"
+    return [each_gradients_worst_element, worst_element_over_scale, normwise]
+
+
+def test_t5_bfloat16_one_step_gradients_within_2x_of_eager() -> None:
+    """Issues 38.2 and 52.3: bf16 T5's first-step gradients, compiled, at most 2x further from the float32 model's
+    than eager bf16's: each gradient's worst element relative to the float32 gradient's largest (the worst
+    gradient), the worst element over the gradients' scale, and normwise over all of them; on the zoo's
+    batch and two more (``T5_BATCH_SEEDS``). The drift was T5's attention (its position bias is a float mask,
+    so SDPA ran as bf16 math: docs/numerics.md), which ``evaluate --bisect --bisect-mode modules`` names
+    (docs/bisect.md). One gradient's ratio alone is not asked: at some batches a gradient is so sensitive that
+    eager with its SDPA math backend instead of flash moves its error 2.9x."""
+    case = ZOO["t5"]()
+    models = {"reference": copy_as(case.model, torch.float32), "eager": copy_as(case.model, torch.bfloat16),
+              "compiled": copy_as(case.model, torch.bfloat16)}  # fmt: skip
+    fns = {**models, "compiled": torch.compile(models["compiled"], backend="neuron", dynamic=False)}
+    for batch, inputs in _t5_batches(case).items():
+        grads = {}
+        for run, fn in fns.items():
+            models[run].zero_grad(set_to_none=True)
+            case.step(fn, cast_inputs(inputs, next(models[run].parameters()).dtype))[0].backward()
+            grads[run] = {n: p.grad.double() for n, p in models[run].named_parameters() if p.grad is not None}
+        assert grads["reference"].keys() == grads["eager"].keys() == grads["compiled"].keys()
+        for measure in _t5_error_measures(grads["reference"]):
+            e, c = measure(grads["eager"]), measure(grads["compiled"])
+            assert c <= 2 * e, (
+                f"t5 bfloat16 gradients, {batch}, {measure.__name__}: compiled {c:.3g} > 2 x eager {e:.3g}"
+            )
