@@ -107,77 +107,75 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     """Run ``op`` on neuron tensors as a one-op graph (compiled at the first call of its key)."""
     flat, spec = tree_flatten((args, kwargs))
     positions = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
+    index = _index_of(flat, positions)
+    originals = list(flat)
     for i in positions:
         x = flat[i]
         if x.device.type != "neuron":
             if x.dim() == 0 and x.device.type == "cpu":
-                flat[i] = context.upload(x, _index_of(flat, positions))  # a CPU scalar, as CUDA takes one
+                flat[i] = context.upload(x, index)  # a CPU scalar, as CUDA takes one
             else:
                 raise RuntimeError(
                     f"Expected all tensors to be on the same device, but found at least two devices, neuron:0 and "
                     f"{x.device}! (when checking argument for {op})"
                 )
-    written = written_arguments(op, args, kwargs)
-    written_ids = {id(t) for t in written}
-    written_positions = [i for i in positions if id(tree_flatten((args, kwargs))[0][i]) in written_ids]
-    key = (
-        context.device().target.name,
-        op,
-        spec,
-        tuple(_describe(flat[i]) if i in positions else _describe_scalar(flat[i]) for i in range(len(flat))),
-    )
+    written_ids = {id(t) for t in written_arguments(op, args, kwargs)}
+    written_positions = [i for i in positions if id(originals[i]) in written_ids]
+    key = (context.device().target.name, op, spec, tuple(_describe(x) for x in flat))
     entry = onegraph.GRAPHS.get(key)
     if entry is None:
         entry = _build(key, op, flat, spec, positions, written_positions)
     if isinstance(entry, NeuronUnsupportedOpError):  # refused before: refused again without tracing
         raise entry
     STATS.eager_ops_run += 1
-    inputs = [flat[i] for i in positions]
-    outputs = list(entry.graph(list(inputs)))
+    outputs = list(entry.graph([flat[i] for i in positions]))
     results, new_values = outputs[: entry.num_results], outputs[entry.num_results :]
-    originals = tree_flatten((args, kwargs))[0]
     for pos, value in zip(written_positions, new_values):
         target = originals[pos]
         if tuple(value.shape) != tuple(target.shape):
             _resize(target, value.shape)
         context.set_values(target, value)
-    return _results(op, args, kwargs, results)
-
-
-def _describe_scalar(value: Any) -> Any:
-    return _describe(value)
+    return _results(op, args, kwargs, results, entry.layout)
 
 
 def _index_of(flat: list[Any], positions: list[int]) -> int:
     for i in positions:
         if flat[i].device.type == "neuron":
             return flat[i].device.index or 0
-    return 0
+    return context.current_index()
 
 
-def _results(op: torch._ops.OpOverload, args: tuple, kwargs: dict, results: list[Any]) -> Any:
-    """The op's return value: the written argument itself for ``Tensor(a!)`` returns, else new tensors."""
-    returns = op._schema.returns
-    out: list[Any] = []
-    fresh = iter(results)
+def _fresh_returns(op: torch._ops.OpOverload) -> list[Any]:
+    """The returns of ``op`` that are new tensors (not the written argument an in-place or out= op returns)."""
+    return [r for r in op._schema.returns if r.alias_info is None or not r.alias_info.is_write]
+
+
+def _results(op: torch._ops.OpOverload, args: tuple, kwargs: dict, results: list[Any], layout: list[int]) -> Any:
+    """The op's return value: the written argument itself for ``Tensor(a!)`` returns, else the graph's results
+    (``layout``: per fresh return, -1 for one tensor or the length of a list of them)."""
     by_alias = {}
     for i, arg in enumerate(op._schema.arguments):
         if arg.alias_info is not None and arg.alias_info.is_write:
             value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
             for alias in arg.alias_info.before_set:
                 by_alias[alias] = value
-    for r in returns:
+    fresh = iter(layout)
+    cursor = 0
+    out: list[Any] = []
+    for r in op._schema.returns:
         if r.alias_info is not None and r.alias_info.is_write:
-            alias = next(iter(r.alias_info.before_set))
-            out.append(by_alias[alias])
-            next(fresh, None)
+            out.append(by_alias[next(iter(r.alias_info.before_set))])
+            continue
+        n = next(fresh)
+        if n < 0:
+            out.append(results[cursor])
+            cursor += 1
         else:
-            out.append(next(fresh))
-    if len(returns) == 0:
+            out.append(list(results[cursor : cursor + n]))
+            cursor += n
+    if not out:
         return None
-    if len(returns) == 1:
-        return out[0]
-    return tuple(out)
+    return out[0] if len(out) == 1 else tuple(out)
 
 
 def _resize(t: torch.Tensor, shape: torch.Size) -> None:
@@ -191,13 +189,14 @@ def _build(
     spec: Any,
     positions: list[int],
     written_positions: list[int],
-) -> onegraph.OpGraph:
+) -> onegraph.OpGraph | NeuronUnsupportedOpError:
     with onegraph.GRAPHS_LOCK:
         entry = onegraph.GRAPHS.get(key)
         if entry is not None:
             return entry
         where = user_line()
-        num_results = len([r for r in op._schema.returns])
+        fresh_returns = len(_fresh_returns(op))
+        layout: list[int] = []
 
         def one_op(*tensors: torch.Tensor) -> Any:
             fl = list(flat)
@@ -205,8 +204,20 @@ def _build(
                 fl[pos] = t.clone() if pos in written_positions else t
             a, k = tree_unflatten(fl, spec)
             out = op(*a, **k)
-            outs = list(out) if isinstance(out, (tuple, list)) else [out]
-            return (*outs, *[fl[p] for p in written_positions])
+            per_return = [] if not op._schema.returns else list(out) if len(op._schema.returns) > 1 else [out]
+            results: list[torch.Tensor] = []
+            layout.clear()
+            for r, value in zip(op._schema.returns, per_return):
+                if r.alias_info is not None and r.alias_info.is_write:
+                    continue
+                if isinstance(value, (list, tuple)):
+                    layout.append(len(value))
+                    results.extend(value)
+                else:
+                    layout.append(-1)
+                    results.append(value)
+            assert len(layout) == fresh_returns
+            return (*results, *[fl[p] for p in written_positions])
 
         examples = [onegraph.example(flat[i]) for i in positions]
         try:
@@ -214,23 +225,16 @@ def _build(
         except Exception as e:  # what cannot be traced with shapes alone (data-dependent output sizes)
             onegraph.GRAPHS[key] = refusal = _unsupported(op, flat, positions, where, f"cannot be traced: {e}")
             raise refusal from e
-        num_results = _count_results(op)
         try:
             graph = onegraph.compile_one(gm, op, context.device().opts)
         except NeuronUnsupportedOpError as e:
             onegraph.GRAPHS[key] = refusal = _unsupported(op, flat, positions, where, _reasons(e))
             raise refusal from e
-        entry = onegraph.OpGraph(graph, num_results)
+        num_results = sum(1 if n < 0 else n for n in layout)
+        entry = onegraph.OpGraph(graph, num_results, list(layout))
         onegraph.GRAPHS[key] = entry
         STATS.eager_ops_compiled += 1
         return entry
-
-
-def _count_results(op: torch._ops.OpOverload) -> int:
-    n = 0
-    for r in op._schema.returns:
-        n += 1
-    return n
 
 
 def _reasons(e: NeuronUnsupportedOpError) -> str:

@@ -1,12 +1,15 @@
 """The ``neuron`` device's kernels on PrivateUse1: memory (``empty``, ``resize_``, ``set_``), copies across
-devices, ``.item()``, and one boxed fallback for every other op (a view, or a one-op graph: ``eager.py``)."""
+devices, ``.item()``, the ``_foreach_*`` ops (one graph for the whole list), and one boxed fallback for every
+other op (a view, or a one-op graph: ``eager.py``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten
 
+from ..errors import NeuronUnsupportedOpError
 from . import context, eager
 from . import storage as mem
 
@@ -114,6 +117,51 @@ def fallback(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     return eager.run_or_fall_back(op, args, kwargs)
 
 
+_PER_TENSOR_LOOP = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+
+
+def _foreach_kernel(op: torch._ops.OpOverload) -> Any:
+    """``_foreach_*`` ops run as ONE graph over the whole list (torch's kernel for a backend without fused ones
+    loops over the tensors, which would make a graph and an execution per tensor shape: an optimizer step
+    would compile ops x parameter shapes). One the device cannot compile as a whole runs torch's loop."""
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        flat = tree_flatten((args, kwargs))[0]
+        if any(isinstance(x, torch.Tensor) and x.device.type == "neuron" for x in flat):
+            run_op, run_args = _scalars_as_numbers(op, args)
+            try:
+                return eager.run(run_op, run_args, kwargs)
+            except NeuronUnsupportedOpError:
+                pass
+        return op.redispatch(_PER_TENSOR_LOOP, *args, **kwargs)
+
+    return kernel
+
+
+def _scalars_as_numbers(op: torch._ops.OpOverload, args: tuple) -> tuple[torch._ops.OpOverload, tuple]:
+    """``_foreach_addcdiv_.Tensor`` and friends take their per-tensor scalars as a CPU tensor, which torch's
+    own loop turns into numbers: so do we (the ``ScalarList`` overload), or the graph would mix devices."""
+    for i, arg in enumerate(op._schema.arguments[: len(args)]):
+        value = args[i]
+        if arg.name == "scalars" and isinstance(value, torch.Tensor) and value.device.type == "cpu":
+            packet = getattr(aten, op._schema.name.removeprefix("aten::"))
+            if "ScalarList" in packet.overloads():
+                return packet.ScalarList, (*args[:i], value.tolist(), *args[i + 1 :])
+    return op, args
+
+
+def _foreach_ops() -> list[tuple[str, torch._ops.OpOverload]]:
+    ops = []
+    for name in torch._C._dispatch_get_all_op_names():
+        if not name.startswith("aten::_foreach_"):
+            continue
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(name, "CompositeExplicitAutograd"):
+            continue  # nothing to replace (and no loop to fall back on)
+        packet, _, overload = name.removeprefix("aten::").partition(".")
+        ops.append((name.removeprefix("aten::"), getattr(getattr(aten, packet), overload or "default")))
+    return ops
+
+
 _KERNELS = {
     "empty.memory_format": empty_memory_format,
     "empty_strided": empty_strided,
@@ -149,6 +197,8 @@ def register() -> list[Any]:
     lib = torch.library.Library("aten", "IMPL")
     for name, fn in _KERNELS.items():
         lib.impl(name, fn, "PrivateUse1")
+    for name, op in _foreach_ops():
+        lib.impl(name, _foreach_kernel(op), "PrivateUse1")
     everything = torch.library.Library("_", "IMPL")
     everything.fallback(fallback, dispatch_key="PrivateUse1", with_keyset=False)
     return [lib, everything]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -19,10 +19,12 @@ from ..options import Options
 @dataclass
 class OpGraph:
     """A compiled one-op graph and how many of its outputs are the op's own results (the rest are the new
-    values of the arguments it writes, in order)."""
+    values of the arguments it writes, in order); ``layout``: per result of the op, -1 for one tensor or the
+    length of a list of them (``_foreach_*`` ops return lists)."""
 
     graph: Callable[[list[Any]], list[Any]]
     num_results: int
+    layout: list[int] = field(default_factory=lambda: [-1])
 
 
 #: Compiled one-op graphs (or the refusal of one that cannot be compiled) by key, for the process.
