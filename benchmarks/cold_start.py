@@ -9,10 +9,12 @@ Workloads:
   demo      the demo's TinyLM (2 blocks, one Dynamo graph: a forward and a backward NEFF), AdamW
   regional  4 distinct blocks, each compiled on its own (regional compilation: 4 Dynamo graphs, 8 NEFFs)
 
-Reported: the first step at D and at D=0, and the excess (first step at D minus first step at 0) as a
-multiple of D: compiled one after the other the excess is (number of compiles) x D.
+Reported per compile_jobs setting: the fastest first step at D and at D=0 over the rounds, the excess (their
+difference) as a multiple of D, and each round's own excess (its D run against its D=0 run): compiled one after
+the other the excess is (number of compiles) x D. Every configuration runs in turn in each round, so that the
+shared machine's changing load falls on all of them.
 
-    python benchmarks/cold_start.py [--delay 20] [--jobs 4] [--workload demo,regional] [--repeat 1]
+    python benchmarks/cold_start.py [--delay 20] [--jobs 0,default] [--workload demo,regional] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -155,12 +157,20 @@ def spawn(workload: str, delay: float, jobs: int | None, extra_env: dict[str, st
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _jobs_label(jobs: int | None) -> str:
+    return "default" if jobs is None else str(jobs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--delay", type=float, default=20.0, help="seconds each simulated compile takes (D)")
-    ap.add_argument("--jobs", type=int, default=None, help="option compile_jobs (default: the backend's)")
+    ap.add_argument(
+        "--jobs",
+        default="default",
+        help="option compile_jobs, or several comma-separated (e.g. 0,default: before and after, interleaved)",
+    )
     ap.add_argument("--workload", default="demo,regional")
-    ap.add_argument("--repeat", type=int, default=1, help="runs of each configuration, alternating (the best is kept)")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds; each runs every configuration once, in turn")
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the measured processes")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--steps", type=int, default=2, help=argparse.SUPPRESS)
@@ -170,36 +180,42 @@ def main() -> None:
         print(json.dumps(child(args.child, args.steps)))
         return
     extra = dict(e.split("=", 1) for e in args.env)
+    job_settings = [None if j.strip() == "default" else int(j) for j in args.jobs.split(",")]
     print(f"cold start on the device simulator: D = {args.delay:g} s per compile, compile_jobs "
-          f"{args.jobs if args.jobs is not None else 'default'}{', ' + ' '.join(args.env) if args.env else ''}; "
-          "each run a fresh process and an empty cache")  # fmt: skip
-    print(f"{'workload':<10} {'graphs':>6} {'first step D=0':>15} {'first step D':>13} {'excess':>8} "
-          f"{'excess / D':>10} {'later step':>10}  checks")  # fmt: skip
+          f"{', '.join(_jobs_label(j) for j in job_settings)}{', ' + ' '.join(args.env) if args.env else ''}; "
+          f"each run a fresh process and an empty cache; {args.repeat} round(s), configurations in turn")  # fmt: skip
+    print(f"{'workload':<10} {'jobs':>7} {'graphs':>6} {'first step D=0':>15} {'first step D':>13} "
+          f"{'excess / D':>10}  {'per round':<18} checks")  # fmt: skip
     for workload in args.workload.split(","):
-        # D=0 and D alternate, so that a change in the machine's load falls on both; the fastest of each is kept
-        runs: dict[float, dict | None] = {0.0: None, args.delay: None}
+        # every configuration in turn, round after round, so that a change of the machine's load falls on all
+        runs: dict[tuple[int | None, float], list[dict]] = {(j, d): [] for j in job_settings for d in (0.0, args.delay)}
         failed = False
         for _ in range(args.repeat):
-            for delay in runs:
-                r = spawn(workload, delay, args.jobs, extra)
+            for (jobs, delay), results in runs.items():
+                r = spawn(workload, delay, jobs, extra)
                 if "error" in r:
-                    print(f"{workload:<10} D={delay:g}: FAILED\n{r['error']}")
+                    print(f"{workload:<10} jobs {_jobs_label(jobs)} D={delay:g}: FAILED\n{r['error']}")
                     failed = True
                     break
-                if runs[delay] is None or r["first_step_s"] < runs[delay]["first_step_s"]:
-                    runs[delay] = r
+                results.append(r)
             if failed:
                 break
         if failed:
             continue
-        zero, slow = runs[0.0], runs[args.delay]
-        excess = slow["first_step_s"] - zero["first_step_s"]
-        checks = (f"{slow['executions_in_first_step']} NEFF executions in step 1 (the simulated runtime counted "
-                  f"{slow['simulated_executions_in_first_step']}), {slow['compiles']} compiles, "
-                  f"kinds {'/'.join(slow['kinds'])}, |loss - eager| <= {slow['max_loss_diff']:.1e}")  # fmt: skip
-        print(f"{workload:<10} {slow['graphs']:>6} {zero['first_step_s']:>14.2f}s {slow['first_step_s']:>12.2f}s "
-              f"{excess:>7.2f}s {excess / args.delay if args.delay else float('nan'):>10.2f} "
-              f"{slow['later_step_s']:>9.3f}s  {checks}")  # fmt: skip
+        for jobs in job_settings:
+            zeros, slows = runs[(jobs, 0.0)], runs[(jobs, args.delay)]
+            # per round: the D run against the D=0 run next to it; overall: the fastest of each
+            per_round = [(s["first_step_s"] - z["first_step_s"]) / args.delay for z, s in zip(zeros, slows)]
+            zero = min(zeros, key=lambda r: r["first_step_s"])
+            slow = min(slows, key=lambda r: r["first_step_s"])
+            excess = (slow["first_step_s"] - zero["first_step_s"]) / args.delay
+            checks = (f"{min(r['executions_in_first_step'] for r in slows)} NEFF executions in step 1 (simulated "
+                      f"runtime: {min(r['simulated_executions_in_first_step'] for r in slows)}), "
+                      f"{slow['compiles']} compiles, kinds {'/'.join(slow['kinds'])}, "
+                      f"|loss - eager| <= {max(r['max_loss_diff'] for r in slows):.1e}")  # fmt: skip
+            print(f"{workload:<10} {_jobs_label(jobs):>7} {slow['graphs']:>6} {zero['first_step_s']:>14.2f}s "
+                  f"{slow['first_step_s']:>12.2f}s {excess:>10.2f}  {' '.join(f'{x:.2f}' for x in per_round):<18} "
+                  f"{checks}")  # fmt: skip
 
 
 if __name__ == "__main__":
