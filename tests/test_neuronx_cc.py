@@ -362,11 +362,9 @@ def _catch(errors, fn, *args):
 
 
 def test_ctrl_c_in_the_process_stops_the_compile_and_removes_its_directory(sim, monkeypatch) -> None:
-    import _thread
-
     monkeypatch.setenv("NRTSIM_COMPILE_DELAY", "120")
-    timer = threading.Thread(
-        target=lambda: _wait_until(lambda: _compiler_pid(sim.tmp) is not None) and _thread.interrupt_main()
+    timer = threading.Thread(  # a real SIGINT, as a terminal's Ctrl-C sends: it interrupts the wait at once
+        target=lambda: _wait_until(lambda: _compiler_pid(sim.tmp) is not None) and os.kill(os.getpid(), signal.SIGINT)
     )
     timer.start()
     with pytest.raises(KeyboardInterrupt):
