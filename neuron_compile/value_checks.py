@@ -33,7 +33,8 @@ A Trainium graph cannot raise on a value (neuronx-cc has no conditional and no a
   (``F.one_hot``'s class values): the condition becomes an extra output and a false one raises
   ``RuntimeError(message)``.
 
-The cost is one small output per check.
+The cost is one small output per check. On the ``neuron`` device the checks run at its next synchronization
+(``DEFERRED_CHECKS``), their conditions evaluated on the device.
 """
 
 from __future__ import annotations
@@ -136,6 +137,9 @@ class LinalgCheck:
     def __call__(self, info: torch.Tensor) -> None:
         _CHECK(info, self.api_name, is_matrix=self.is_matrix)
 
+    def holds(self, info: torch.Tensor) -> torch.Tensor:
+        return (info == 0).all()
+
 
 @dataclass(frozen=True)
 class ZeroDivisionCheck:
@@ -149,6 +153,9 @@ class ZeroDivisionCheck:
             error = RuntimeError("ZeroDivisionError")  # eager's message, word for word
             error.add_note(f"neuron backend: integer division by zero in {self.op} at {self.source}")
             raise error
+
+    def holds(self, some_divisor_is_zero: torch.Tensor) -> torch.Tensor:
+        return torch.logical_not(some_divisor_is_zero).all()
 
 
 @dataclass(frozen=True)
@@ -174,6 +181,9 @@ class IndexBoundsCheck:
         error.add_note(f"neuron backend: index out of range in {self.op} at {self.source}")
         raise error
 
+    def holds(self, extremes: torch.Tensor) -> torch.Tensor:
+        return (extremes[0] >= self.low) & (extremes[1] < self.high)
+
 
 @dataclass(frozen=True)
 class AssertCheck:
@@ -188,6 +198,9 @@ class AssertCheck:
             error = RuntimeError(self.message)
             error.add_note(f"neuron backend: a check of {self.op} at {self.source}")
             raise error
+
+    def holds(self, condition: torch.Tensor) -> torch.Tensor:
+        return condition.bool().all()
 
 
 @dataclass(frozen=True)
@@ -210,6 +223,9 @@ class ConvergenceCheck:
             error.add_note(f"neuron backend: a check of {self.op} at {self.source}")
             raise error
 
+    def holds(self, finite: torch.Tensor) -> torch.Tensor:
+        return finite.bool().all()
+
 
 @dataclass(frozen=True)
 class MultinomialCheck:
@@ -225,8 +241,17 @@ class MultinomialCheck:
                 error.add_note(f"neuron backend: invalid weights in {self.op} at {self.source}")
                 raise error
 
+    def holds(self, flags: torch.Tensor) -> torch.Tensor:
+        return torch.logical_not(flags.bool().any())
+
 
 Check = LinalgCheck | ZeroDivisionCheck | IndexBoundsCheck | AssertCheck | ConvergenceCheck | MultinomialCheck
+
+#: Set by the ``neuron`` device when it is registered: ``DEFERRED_CHECKS(checks, values)`` takes a graph's checks
+#: whose values are tensors of that device (returns True), to run them at its next synchronization, as CUDA
+#: reports a device-side assert: reading them after every graph would move bytes and wait for the device at
+#: every call. Each check's ``holds(value)`` is its condition as a torch expression, evaluated on the device.
+DEFERRED_CHECKS: Any = None
 
 
 class CheckedGraph:
@@ -251,6 +276,8 @@ class CheckedGraph:
         out = list(self.inner(args))
         values = out[len(out) - len(self.checks) :]
         del out[len(out) - len(self.checks) :]
+        if DEFERRED_CHECKS is not None and DEFERRED_CHECKS(self.checks, values):
+            return out
         for check, value in zip(self.checks, values):
             if isinstance(value, torch.Tensor) and not value.is_meta:
                 check(value)

@@ -64,8 +64,9 @@ ALLOWED: dict[str, set[str]] = {
         "trace_fixes",
     },
     "__init__": {"cache", "kernels", "nki", "lowering", "evaluate", "bucketing", "device"},
-    # the neuron device: its graphs go through the compiler; executor.DEVICE_CALL is its hook into the runtime
-    "device": {"compiler", "decompositions", "graph_checks", "runtime"},
+    # the neuron device: its graphs go through the compiler; executor.DEVICE_CALL is its hook into the runtime,
+    # value_checks.DEFERRED_CHECKS into the checks of graphs
+    "device": {"compiler", "decompositions", "graph_checks", "runtime", "value_checks"},
     "evaluate": {"backend", "cache", "compiler", "graph_checks", "hbm", "kernels", "lowering", "runtime", "debug"},
     "bucketing": set(),
     "cli": {"cache", "evaluate", "doctor", "precompile"},

@@ -5,7 +5,8 @@ buffers), so a training step moves only its batch across the host boundary.
 hooks PyTorch provides for a device written in Python (``torch.utils.backend_registration.
 _setup_privateuseone_for_python_backend``, marked experimental: ``tests/test_device.py`` pins what we rely
 on). Tensors: ``storage.py`` (memory), ``context.py`` (moving values), ``eager.py`` (every other op as a
-one-op graph), ``graphs.py`` (compiled graphs on device tensors). ``torch.neuron`` is :class:`NeuronModule`.
+one-op graph), ``graphs.py`` (compiled graphs on device tensors), ``checks.py`` (value checks, run at the next
+synchronization). ``torch.neuron`` is :class:`NeuronModule`.
 """
 
 from __future__ import annotations
@@ -79,7 +80,11 @@ class NeuronModule:
 
     @staticmethod
     def synchronize(device: Any = None) -> None:
-        """Wait for the device's work: every execution is synchronous here, so there is nothing to wait for."""
+        """Wait for the device's work (every execution is synchronous here) and report a failed value check of
+        an earlier graph (an index out of range...), as CUDA reports a device-side assert."""
+        from . import checks
+
+        checks.resolve()
 
     @staticmethod
     def memory_allocated(device: Any = None) -> int:
@@ -179,8 +184,11 @@ def register() -> bool:
     from .graphs import call_on_device, is_device_call
 
     executor.DEVICE_CALL = (is_device_call, call_on_device)
-    from .. import graph_checks
+    from .. import graph_checks, value_checks
+    from . import checks, context
 
+    value_checks.DEFERRED_CHECKS = checks.defer
+    context.BEFORE_READ = checks.resolve
     graph_checks.NEURON_DEVICE_REGISTERED = True
     _REGISTERED = True
     return True

@@ -147,8 +147,16 @@ def upload(t: torch.Tensor, index: int) -> torch.Tensor:
     return mem.make_tensor(data.shape, data.stride(), 0, data.dtype, storage)
 
 
+#: Called before device data is read to the host: the pending value checks run (``checks.resolve``, set when the
+#: device is registered).
+BEFORE_READ: Any = None
+
+
 def download(t: torch.Tensor) -> torch.Tensor:
-    """A CPU tensor with the values of neuron tensor ``t`` (contiguous; counted as bytes to the host)."""
+    """A CPU tensor with the values of neuron tensor ``t`` (contiguous; counted as bytes to the host). A read of
+    device data is a synchronization: the pending value checks of earlier graphs run first (``checks.py``)."""
+    if BEFORE_READ is not None:
+        BEFORE_READ()
     dense = densify(t)
     st = mem.device_storage(dense)
     nbytes = dense.numel() * dense.element_size()
