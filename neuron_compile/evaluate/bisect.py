@@ -34,7 +34,11 @@ Three methods (``method=``):
 ``"modules"``: drift across the whole model, by ``nn.Module``. The model runs three times (a float64 copy,
   eager, compiled with the neuron backend) with a forward hook on every submodule; the flagged submodule
   calls in call order (the first is where the forward's drift enters), then each module's own parameters'
-  gradients, modules in backward order (last called first).
+  gradients, modules in backward order (last called first). When only gradients drift, the called children
+  of the model are compiled ALONE in the eager model, the step's outputs and gradients judged, then the
+  children of the worst one that drifts, until none does: the last one brings the drift. This method alone
+  compares with the user's eager model, so it alone sees what the captured graphs themselves change (a
+  decomposition computing an op in more, lower-precision steps than eager's kernel).
 
 Not seen: random ops (``torch.rand``; dropout is turned off: their draws differ by design), view ops (they
 move no values), and user kernels (``nki_op``): their only float64 "reference" is the kernel itself, run
