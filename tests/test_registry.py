@@ -174,6 +174,31 @@ def test_lowered_in_points_at_the_def_line() -> None:
         assert all(text.startswith(("@", " ", ")")) for text in lines[:decorators]), f"{name}: {where}"
 
 
+def test_record_paths_name_each_part_by_function_not_line() -> None:
+    """docs/ops.md lists ``record.paths()``: each names its function (``file::qualified name``, which finds it),
+    never a line number, so an edit above an op leaves the doc current."""
+    import importlib
+
+    from neuron_compile.lowering.registry import RECORDS
+
+    package = LOWERING_DIR.parent
+    wrong = []
+    for op, record in RECORDS.items():
+        parts = {"complex pair": record.complex_pair, "NKI route": record.kernel_route, "lowering": record.lowering,
+                 "channels-last": record.layout_handler}  # fmt: skip
+        for what, where in record.paths().items():
+            path, sep, qualname = where.partition("::")
+            if not sep or not (package / path).is_file():
+                wrong.append(f"{op} {what}: {where!r} is not file::function")
+                continue
+            found: object = importlib.import_module("neuron_compile." + path.removesuffix(".py").replace("/", "."))
+            for name in qualname.split("."):
+                found = getattr(found, name, None)
+            if found is None or inspect.unwrap(found) is not inspect.unwrap(parts[what]):
+                wrong.append(f"{op} {what}: {where!r} does not name its function")
+    assert len(RECORDS) > 400 and not wrong, "\n".join(wrong[:20])
+
+
 def test_lowered_and_decomposed_overlap_is_listed_exactly() -> None:
     """An overload in both tables is only reached where our decompositions do not run: say where."""
     table = decompositions.decomposition_table()

@@ -104,8 +104,8 @@ def refused_ops() -> dict[str, str]:
 
 def lowered_in() -> dict[str, str]:
     """aten overload -> every path its dispatch record holds, in dispatch order, as markdown: its lowering's
-    ``lowering/<family>.py:<line>``, and where it has them its pair lowering, NKI route and channels-last
-    handler."""
+    ``lowering/<family>.py::<function>`` (no line numbers: an edit above an op must not make this doc stale),
+    and where it has them its pair lowering, NKI route and channels-last handler."""
     from neuron_compile.lowering.registry import RECORDS
 
     paths = {}
@@ -375,7 +375,7 @@ def render(results: dict[str, Any], overloads: dict[str, Any] | None = None) -> 
     w("reached the backend in the sweep.")
     w("")
     w("`lowering paths`: everything the op's dispatch record (`neuron_compile/lowering/registry.py`) holds, in")
-    w("the order `lowering/dispatch.py` applies it, as file:line under `neuron_compile/`: the pair lowering")
+    w("the order `lowering/dispatch.py` applies it, as file::function under `neuron_compile/`: the pair lowering")
     w("for complex operands (`complex pair`), the NKI kernel site tried first (`NKI route`), the lowering, and")
     w("the channels-last handler of the CPU target (`channels-last`); for an op the registry refuses, the")
     w("reason its error gives.")

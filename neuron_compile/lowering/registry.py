@@ -54,10 +54,10 @@ class DispatchRecord:
     layout_source: bool = False
 
     def paths(self) -> dict[str, str]:
-        """Each registered part -> where it is defined (``lowering/<file>.py:<line>``), in dispatch order."""
+        """Each registered part -> its function (``lowering/<file>.py::<qualified name>``), in dispatch order."""
         parts = {"complex pair": self.complex_pair, "NKI route": self.kernel_route, "lowering": self.lowering,
                  "channels-last": self.layout_handler}  # fmt: skip
-        return {what: defined_at(fn) for what, fn in parts.items() if fn is not None}
+        return {what: defined_as(fn) for what, fn in parts.items() if fn is not None}
 
 
 #: aten overload -> its record. Register through the decorators below; read through ``record_of``.
@@ -333,17 +333,27 @@ def refusal_for(op: Any) -> str | None:
     return record.refusal if record else None
 
 
+def _source_file(fn: Any) -> str:
+    """The file defining ``fn``, relative to the package where it is inside it (``lowering/<family>.py``)."""
+    path = Path(inspect.getsourcefile(fn) or "?")
+    try:
+        path = path.resolve().relative_to(Path(__file__).resolve().parent.parent)
+    except ValueError:
+        pass
+    return path.as_posix()
+
+
 def defined_at(fn: Any) -> str:
     """Where ``fn`` is defined, as ``lowering/<family>.py:<line>`` (relative to the package)."""
     fn = inspect.unwrap(fn)
-    path = Path(inspect.getsourcefile(fn) or "?")
-    line = inspect.getsourcelines(fn)[1]
-    package = Path(__file__).resolve().parent.parent
-    try:
-        path = path.resolve().relative_to(package)
-    except ValueError:
-        pass
-    return f"{path.as_posix()}:{line}"
+    return f"{_source_file(fn)}:{inspect.getsourcelines(fn)[1]}"
+
+
+def defined_as(fn: Any) -> str:
+    """Which function ``fn`` is, as ``lowering/<family>.py::<qualified name>``: unlike a line, it stays the same
+    when code above it changes (docs/ops.md lists these, and is checked to be current)."""
+    fn = inspect.unwrap(fn)
+    return f"{_source_file(fn)}::{fn.__qualname__}"
 
 
 def lowered_in(op: OpOverload) -> str:
