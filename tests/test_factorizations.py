@@ -23,8 +23,8 @@ from torch._dynamo.exc import BackendCompilerFailed
 
 from neuron_compile.errors import NeuronUnsupportedOpError
 from neuron_compile.lowering import factorizations as F
+from tests.support import opinfo_harness as H
 from tests.util import root_cause
-from tools import opinfo_harness as H
 
 la = torch.linalg
 
@@ -92,7 +92,7 @@ def assert_matches_eager(name: str, fn: Callable[..., Any], args: tuple[torch.Te
     expected = fn(*args)
     actual = _compiled(fn)(*args)
     reference = lambda: fn(*(a.double() if a.is_floating_point() else a for a in args))  # noqa: E731
-    bad = H._compare(actual, expected, "output", reference=reference)
+    bad = H.compare(actual, expected, "output", reference=reference)
     assert bad is None, f"{name}({_describe(args)}): {bad}"
 
 
@@ -245,7 +245,7 @@ def test_gradients_match_eager(name, fn, build) -> None:
     expected = grads(fn, args)
     actual = grads(_compiled(fn), args)
     reference = lambda: grads(fn, tuple(a.double() for a in args))  # noqa: E731
-    bad = H._compare(actual, expected, "grad", reference=reference)
+    bad = H.compare(actual, expected, "grad", reference=reference)
     assert bad is None, f"{name}({_describe(args)}): {bad}"
 
 

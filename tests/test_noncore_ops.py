@@ -3,7 +3,7 @@
 
 Each case is compiled with ``torch.compile(backend="neuron", fullgraph=True)`` (the legality pass runs too)
 and compared with eager on the same inputs, in float32 and bfloat16, by the OpInfo harness's verdict
-(``tools/opinfo_harness._compare``): eager's tolerance for the dtype, or else no further from the float64
+(``tests/support/opinfo_harness.compare``): eager's tolerance for the dtype, or else no further from the float64
 result than twice eager's own error plus one ulp. Where the op has a gradient, the float32 gradients of every
 floating input are compared too (a fixed random cotangent, so a wrong backward cannot hide in a sum).
 """
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import torch.utils._pytree as pytree
 
 from neuron_compile.decompositions import EXTRA_DECOMPOSITIONS, decomposition_table
-from tools import opinfo_harness as H
+from tests.support import opinfo_harness as H
 
 F32, BF16 = torch.float32, torch.bfloat16
 pytestmark = pytest.mark.filterwarnings("ignore:index_reduce\\(\\) is in beta")
@@ -342,7 +342,7 @@ def test_matches_eager(case: Case, dtype: torch.dtype) -> None:
     def reference() -> Any:
         return case.fn(*_clone(base, torch.float64))
 
-    problem = H._compare(actual, expected, "output", reference=reference)
+    problem = H.compare(actual, expected, "output", reference=reference)
     assert problem is None, f"{where} [{dtype}]: {problem}"
     if not grad:
         return
@@ -359,7 +359,7 @@ def test_matches_eager(case: Case, dtype: torch.dtype) -> None:
         cotangents64 = [c.double() for c in cotangents]
         return list(torch.autograd.grad(outs64, _grad_leaves(args64), cotangents64, allow_unused=True))
 
-    problem = H._compare(list(grads_c), list(grads_e), "gradient", reference=grad_reference)
+    problem = H.compare(list(grads_c), list(grads_e), "gradient", reference=grad_reference)
     assert problem is None, f"{where} [{dtype}]: {problem}"
 
 

@@ -4,7 +4,7 @@ Each OpInfo entry is one test. It compiles the op on a deterministic choice of C
 gradients where the op supports autograd, bfloat16, float16, int64, bool where the op takes them) and
 compares with eager; a 16-bit float value that differs from eager passes only as close to the float64
 reference as eager's own (``opinfo_harness.accuracy_distances``). A case may end as PASS, as our clear ``NeuronUnsupportedOpError`` (EXPECTED-UNSUPPORTED), or
-as one of the explained skips of ``tools/opinfo_harness.SKIP_REASONS``; anything else, above all a value
+as one of the explained skips of ``tests/support/opinfo_harness.SKIP_REASONS``; anything else, above all a value
 that differs from eager without an error, fails the test. There is no list of known-wrong results.
 
 CI runs a bounded sample, rotated over every sample index by a fixed scheme (``_ci_cases``):
@@ -33,8 +33,8 @@ import zlib
 import pytest
 import torch
 
+from tests.support import opinfo_harness as H
 from tools import gen_ops_doc
-from tools import opinfo_harness as H
 
 FULL = os.environ.get("NEURON_OPINFO_FULL", "") not in ("", "0")
 SAMPLES = int(os.environ.get("NEURON_OPINFO_SAMPLES", "1"))

@@ -2,7 +2,7 @@
 
 Many lowered overloads are reached by no OpInfo sample (backward ops, ``*_copy`` variants, overloads
 that decompositions produce), so docs/ops.md takes their trn2/trn3 verdict from
-``tools/exercise_overloads.py``. Here each overload of ``supported_ops()`` runs on representative
+``tests/support/exercise_overloads.py``. Here each overload of ``supported_ops()`` runs on representative
 inputs built from its schema (``OVERRIDES`` where the schema's defaults do not make a valid call), in
 the first dtype of float32/bfloat16/int64/bool that eager takes; many overloads share one compiled graph
 (XLA's compile time per graph dominates). The full tool also runs the other dtypes and records them in
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from neuron_compile.lowering import registry, supported_ops
-from tools import exercise_overloads as X
+from tests.support import exercise_overloads as X
 from tools import gen_ops_doc
 
 LOWERED = supported_ops()
@@ -32,7 +32,7 @@ def test_overloads_match_eager_and_have_a_verdict(names: list[str]) -> None:
             no_input.append(f"{name}: {note}")
         cases += made
     assert not no_input, "no valid representative input; add the overload to OVERRIDES in " \
-        "tools/exercise_overloads.py:\n" + "\n".join(no_input)  # fmt: skip
+        "tests/support/exercise_overloads.py:\n" + "\n".join(no_input)  # fmt: skip
     result = X.run_batch(cases, "test_overloads")
     wrong = [f"{c.line()}: {c.problem}" for c in cases if c.problem]
     assert not wrong, "lowered overload refused, crashed or differs from eager:\n" + "\n".join(wrong)

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from tools import opinfo_harness as H
+from tests.support import opinfo_harness as H
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -47,7 +47,7 @@ def test_weight_int8pack_mm_matches_eager(dtype: torch.dtype) -> None:
     scales = (torch.rand(32, generator=g) * 0.1).to(dtype)
     fn = torch._weight_int8pack_mm
     reference = lambda: (x.double() @ q.double().t()) * scales.double()  # noqa: E731
-    problem = H._compare(_compiled(fn)(x, q, scales), fn(x, q, scales), "output", reference=reference)
+    problem = H.compare(_compiled(fn)(x, q, scales), fn(x, q, scales), "output", reference=reference)
     assert problem is None, problem
 
 
@@ -86,7 +86,7 @@ def test_scaled_mm_matches_eager(f8: torch.dtype, scales: str, out_dtype: Any) -
         diff = (got.float() - want.float()).abs().max()
         assert got.dtype == want.dtype and torch.equal(got.float(), want.float()), diff
         return
-    problem = H._compare(got, want, "output", reference=reference)
+    problem = H.compare(got, want, "output", reference=reference)
     assert problem is None, problem
 
 

@@ -4,7 +4,7 @@ Each op is compiled with ``torch.compile(backend="neuron", fullgraph=True)``, wh
 pass (an HLO op neuronx-cc does not take, or a float64 value, fails the compile). Inputs cover the branch
 points of eager's piecewise approximations, poles, zeros, negative arguments, +-inf and NaN.
 
-Verdict, as the OpInfo harness's (``tools/opinfo_harness.py``): NaN exactly where eager has NaN and the same
+Verdict, as the OpInfo harness's (``tests/support/opinfo_harness.py``): NaN exactly where eager has NaN and the same
 infinities; the finite values within eager's tolerance for the dtype (float32 rtol 1.3e-6, atol 1e-5;
 bfloat16 rtol 1.6e-2), or else no further from the float64 result than 2x eager's own error plus one ulp
 (RMS over the finite elements): the Chebyshev closed forms at high degree, cos(n acos x), amplify any
@@ -24,7 +24,7 @@ import torch
 from torch._dynamo.exc import BackendCompilerFailed
 
 from neuron_compile.errors import NeuronUnsupportedOpError
-from tools import opinfo_harness as H
+from tests.support import opinfo_harness as H
 
 F32, BF16 = torch.float32, torch.bfloat16
 S = torch.special
@@ -121,7 +121,7 @@ def assert_matches_eager(name: str, fn: Callable[..., Any], args: tuple[Any, ...
         raise AssertionError(
             f"{name}({_describe(args, i)}): {a[i].item()!r}, eager {e[i].item()!r} ({int(misplaced.sum())} non-finite values differ)"
         )
-    tol = H._DEFAULT_TOL[expected.dtype]
+    tol = H.DEFAULT_TOL[expected.dtype]
     close = torch.isclose(a, e, rtol=tol.rtol, atol=tol.atol, equal_nan=True)
     if bool(close.all()):
         return
@@ -133,7 +133,7 @@ def assert_matches_eager(name: str, fn: Callable[..., Any], args: tuple[Any, ...
     i = int((~close).nonzero()[0])
     assert d["ok"], (
         f"{name}({_describe(args, i)}): {a[i].item()!r}, eager {e[i].item()!r}, float64 "
-        f"{reference.flatten()[i].item()!r}; {H._show(d)}"
+        f"{reference.flatten()[i].item()!r}; {H.describe_distances(d)}"
     )
 
 

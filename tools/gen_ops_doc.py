@@ -9,7 +9,7 @@ Three sources, all cheap and deterministic to read:
   (and why, for the ops the registry always refuses);
 - docs/opinfo_results.json, written by tools/opinfo_sweep.py: OpInfo pass counts per entry, and per aten
   op its trn2/trn3 legality verdict (the legality pass over every graph the sweep lowered, worst wins);
-- docs/overload_verdicts.json, written by tools/exercise_overloads.py: the verdict of every lowered
+- docs/overload_verdicts.json, written by ``python -m tools.exercise_overloads``: the verdict of every lowered
   overload exercised alone, for the ops no OpInfo sample reaches (the OpInfo verdict comes first).
 Regenerate after changing lowerings or rerunning either tool; tests/test_opinfo.py fails when it is stale.
 """
@@ -233,7 +233,7 @@ def reach_rates(results: dict[str, Any]) -> dict[str, dict[str, int]]:
 
 
 def _dtype_status(counts: dict[str, int]) -> str:
-    """One dtype's status from its case counts, by the harness's rule (``opinfo_harness._status``):
+    """One dtype's status from its case counts, by the harness's rule (``tests/support/opinfo_harness._status``):
     fail > unsupported > pass (a PASS or a shape-only case); "skip" when no case was checked."""
     if counts.get("FAIL"):
         return "fail"
@@ -292,7 +292,7 @@ def render(results: dict[str, Any], overloads: dict[str, Any] | None = None) -> 
     categories = summary.get("categories", {})
     config = results.get("config", {})
 
-    from tools.opinfo_harness import CATEGORIES, SKIP_REASONS
+    from tests.support.opinfo_harness import CATEGORIES, SKIP_REASONS
 
     out: list[str] = []
     w = out.append
@@ -463,7 +463,7 @@ def load_results(path: Path = RESULTS) -> dict[str, Any]:
 
 
 def load_overloads(path: Path = OVERLOADS) -> dict[str, Any]:
-    """docs/overload_verdicts.json (tools/exercise_overloads.py), or {} when absent."""
+    """docs/overload_verdicts.json (``python -m tools.exercise_overloads``), or {} when absent."""
     return json.loads(path.read_text()) if path.exists() else {}
 
 

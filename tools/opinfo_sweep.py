@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tools import opinfo_harness as H
+from tests.support import opinfo_harness as H
 
 ROOT = Path(__file__).resolve().parent.parent
 
