@@ -216,17 +216,9 @@ DTYPE_REASONS: dict[str, str] = {
     "ui16": "uint16 is not a NeuronCore data type (int8/uint8/int32/uint32 are)",
 }
 
-#: Custom-call targets neuronx-cc implements (beyond NKI kernels, which enter as AwsNeuronCustomNativeKernel).
-CUSTOM_CALL_TARGETS = frozenset({
-    "AwsNeuronErf", "AwsNeuronGelu", "AwsNeuronGeluApprxTanh", "AwsNeuronGeluBackward",
-    "AwsNeuronGeluApprxTanhBackward", "AwsNeuronSilu", "AwsNeuronSiluBackward", "AwsNeuronRmsNorm",
-    "AwsNeuronRmsNormBackward", "AwsNeuronSoftmax", "AwsNeuronSoftmaxBackward", "AwsNeuronArgMax",
-    "AwsNeuronArgMin", "AwsNeuronTopK", "AwsNeuronDropoutMaskV1", "AwsNeuronCustomNativeKernel",
-    "AwsNeuronCollectiveMatmul", "AwsNeuronIntMatmult", "ResizeNearest", "ResizeBilinear",
-    "ResizeNearestGrad", "ResizeBilinearGrad", "NeuronBoundaryMarkerStart", "NeuronBoundaryMarkerEnd",
-})  # fmt: skip
-
-
 def custom_call_allowed(target: str) -> bool:
-    """The documented list ends in '...': any other ``AwsNeuron*`` target is taken as the compiler's."""
-    return target in CUSTOM_CALL_TARGETS or target.startswith("AwsNeuron")
+    """Whether neuronx-cc recognises custom-call ``target``: error NCC_EVRF015's list, kept in one place beside
+    the lowering that emits the calls (``lowering/device_calls.py``: ``COMPILER_TARGETS``)."""
+    from ..lowering.device_calls import COMPILER_TARGETS
+
+    return target in COMPILER_TARGETS
