@@ -216,6 +216,7 @@ DTYPE_REASONS: dict[str, str] = {
     "ui16": "uint16 is not a NeuronCore data type (int8/uint8/int32/uint32 are)",
 }
 
+
 def custom_call_allowed(target: str) -> bool:
     """Whether neuronx-cc recognises custom-call ``target``: error NCC_EVRF015's list, kept in one place beside
     the lowering that emits the calls (``lowering/device_calls.py``: ``COMPILER_TARGETS``)."""
