@@ -1,13 +1,13 @@
 """Compile-cache benchmark: a small hand-written GPT decoder, one training step (forward + backward).
 
-Every measurement runs in a fresh process (``python benchmarks/cache.py`` spawns them):
+Every measurement runs in a fresh process (``python -m benchmarks.cache`` spawns them):
   neuron cold   empty cache dir            neuron warm   same dir, new process (disk hits)
   aot_eager     (no persistent cache)      inductor cold/warm  fresh / reused TORCHINDUCTOR_CACHE_DIR
 and reports the backend's own compile phase (time inside the cache lookup: lowering + XLA compile on a
 miss; key + read + verify + deserialize on a hit), the end-to-end first step, a steady-state step and
 the disk size of the entries.
 
-    python benchmarks/cache.py [--layers 4] [--skip-inductor]
+    python -m benchmarks.cache [--layers 4] [--skip-inductor]
 """
 
 from __future__ import annotations
@@ -139,8 +139,9 @@ def child(backend: str, layers: int) -> dict:
 
 
 def spawn(backend: str, layers: int, env: dict[str, str]) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", backend, "--layers", str(layers)]
-    proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True)
+    cmd = [sys.executable, "-m", "benchmarks.cache", "--child", backend, "--layers", str(layers)]
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, cwd=repo)
     if proc.returncode != 0:
         return {"backend": backend, "error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "?"}
     return json.loads(proc.stdout.strip().splitlines()[-1])

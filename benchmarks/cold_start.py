@@ -14,7 +14,7 @@ difference) as a multiple of D, and each round's own excess (its D run against i
 the other the excess is (number of compiles) x D. Every configuration runs in turn in each round, so that the
 shared machine's changing load falls on all of them.
 
-    python benchmarks/cold_start.py [--delay 20] [--jobs 0,default] [--workload demo,regional] [--repeat 3]
+    python -m benchmarks.cold_start [--delay 20] [--jobs 0,default] [--workload demo,regional] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -136,7 +136,6 @@ def child(workload: str, steps: int) -> dict:
 
 def spawn(workload: str, delay: float, jobs: int | None, extra_env: dict[str, str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="neuron_cold_start_") as work:
-        sys.path.insert(0, REPO)
         from tests import device_sim
 
         env = {
@@ -150,7 +149,7 @@ def spawn(workload: str, delay: float, jobs: int | None, extra_env: dict[str, st
         }
         if jobs is not None:
             env["NEURON_COMPILE_JOBS"] = str(jobs)
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", workload]
+        cmd = [sys.executable, "-m", "benchmarks.cold_start", "--child", workload]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
         if proc.returncode != 0:
             return {"workload": workload, "error": proc.stderr.strip()[-2000:]}
@@ -176,7 +175,6 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        sys.path.insert(0, REPO)
         print(json.dumps(child(args.child, args.steps)))
         return
     extra = dict(e.split("=", 1) for e in args.env)

@@ -1,6 +1,6 @@
 """Benchmark of the built-in NKI kernels under the emulator's counters and the cost model.
 
-    python benchmarks/nki_kernels.py [--target trn2|trn3] [--emulate-limit N] [--published]
+    python -m benchmarks.nki_kernels [--target trn2|trn3] [--emulate-limit N] [--published]
 
 For each kernel and shape it prints the instructions per engine, bytes moved between HBM and SBUF, the
 estimated time (neuron_compile/kernels/cost.py: the critical path of the instruction stream over the engines,

@@ -1,7 +1,7 @@
 """Run AWS's published NKI kernels, unmodified, in neuron_compile's NKI emulator and print a conformance table
 (kernel, runs, matches NumPy, estimate) in Markdown, for docs/nki.md.
 
-    python benchmarks/nki_samples.py --samples DIR [--library DIR] [--nki-version 0.8]
+    python -m benchmarks.nki_samples --samples DIR [--library DIR] [--nki-version 0.8]
 
 ``--samples`` is a checkout of github.com/aws-neuron/nki-samples, ``--library`` one of
 github.com/aws-neuron/nki-library; neither is part of this repository (nor needed by its tests). In this process

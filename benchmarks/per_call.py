@@ -1,6 +1,6 @@
 """Per-call cost of the CPU target on a one-add graph (issue 14), taken apart next to eager and Inductor.
 
-    python benchmarks/per_call.py [--threads 1] [--calls 5000]
+    python -m benchmarks.per_call [--threads 1] [--calls 5000]
 
 Each row is the median microseconds per call over interleaved rounds, in one process:
 
@@ -23,10 +23,7 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def _median_us(fn: Callable[[], Any], calls: int, rounds: int = 7) -> float:

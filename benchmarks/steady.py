@@ -5,16 +5,19 @@ Steady state (default): four models, each as a training step (forward + backward
 timed interleaved (round-robin, ``--reps`` rounds of ``--inner`` steps each), so a busy spell on a
 shared machine hits all of them alike; the table gives the median per-step time and the ratios.
 
-    python benchmarks/steady.py [--models mlp,decoder,cnn,add] [--modes train,infer] [--reps 30]
-                                [--zoo llama,gpt2] [--json]
+    python -m benchmarks.steady [--models mlp,decoder,cnn,add] [--modes train,infer] [--reps 30]
+                                [--zoo llama,gpt2|all] [--dtype bfloat16] [--json]
 
 First step (``--first-step``): each backend (aot_eager = the Dynamo + AOTAutograd tracing floor, Inductor,
 neuron) compiles and runs one training step in a fresh process, twice against the same private caches:
 cold (empty caches) and warm (the caches the cold process filled).
 
-    python benchmarks/steady.py --first-step [--models mlp,decoder] [--backends aot_eager,inductor,neuron]
+    python -m benchmarks.steady --first-step [--models mlp,decoder] [--backends aot_eager,inductor,neuron]
 
-``--zoo`` adds models of tests/model_zoo.py (training step only). Nothing here runs in the test suite.
+``--zoo`` adds models of tests/model_zoo.py (training step only; ``all``: the whole zoo, Inductor compiles take
+tens of seconds each on 2 cores). ``--dtype bfloat16`` runs every model in bfloat16 (parameters, buffers and
+float inputs; integer inputs such as token ids stay). Run from the repository root; tests/test_benchmarks.py
+runs a one-round smoke of this, not a measurement.
 """
 
 from __future__ import annotations
@@ -50,13 +53,15 @@ _THREADS = _pin_threads(sys.argv)
 if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench_steady_inductor_")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from neuron_compile.demo import TinyLM  # noqa: E402
+
+#: The repository root: the first-step children run ``python -m benchmarks.steady`` from it.
+REPO = Path(__file__).resolve().parents[1]
 
 if _THREADS:
     torch.set_num_threads(_THREADS)
@@ -126,6 +131,27 @@ def make_case(name: str) -> Case:
     raise ValueError(f"unknown model {name!r}; choose from mlp, decoder, cnn, add")
 
 
+def as_dtype(case: Case, dtype: torch.dtype) -> Case:
+    """``case`` with its model's floating parameters and buffers and its float inputs in ``dtype``."""
+    if dtype == torch.float32:
+        return case
+    inputs = tuple(
+        t.detach().to(dtype).requires_grad_(t.requires_grad) if t.is_floating_point() else t for t in case.inputs
+    )
+    return Case(case.model.to(dtype), inputs, case.loss)
+
+
+def zoo_names(text: str) -> list[str]:
+    """``--zoo``'s models: comma-separated names of tests/model_zoo.py, or ``all``."""
+    from tests.model_zoo import ZOO
+
+    names = list(ZOO) if text.strip() == "all" else [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [n for n in names if n not in ZOO]
+    if unknown:
+        raise SystemExit(f"steady: unknown zoo model(s) {unknown}; choose from {', '.join(ZOO)} or all")
+    return names
+
+
 def zoo_case(name: str) -> Case:
     from tests.model_zoo import ZOO
 
@@ -186,10 +212,10 @@ def run_steady(args: argparse.Namespace) -> list[dict[str, Any]]:
     names = [(n, False) for n in args.models] + [(n, True) for n in args.zoo]
     for name, is_zoo in names:
         for mode in ["train"] if is_zoo else args.modes:
-            case = zoo_case(name) if is_zoo else make_case(name)
+            case = as_dtype(zoo_case(name) if is_zoo else make_case(name), args.dtype)
             inner = args.inner if args.inner else (50 if name == "add" else 3)
             r = steady(case, mode, args.backends, args.reps, inner)
-            row: dict[str, Any] = {"model": name, "mode": mode} | r
+            row: dict[str, Any] = {"model": name, "mode": mode, "dtype": str(args.dtype).removeprefix("torch.")} | r
             for b in args.backends:
                 if b != "eager" and "eager" in r:
                     row[f"{b}/eager"] = r[b] / r["eager"]
@@ -228,9 +254,9 @@ def steady_table(rows: list[dict[str, Any]], backends: list[str]) -> str:
 # First step: fresh processes, private caches.
 
 
-def _child_first_step(name: str, backend: str) -> None:
+def _child_first_step(name: str, backend: str, dtype: str) -> None:
     """Runs in a fresh process: compile + one training step, wall time printed as JSON."""
-    case = zoo_case(name[4:]) if name.startswith("zoo:") else make_case(name)
+    case = as_dtype(zoo_case(name[4:]) if name.startswith("zoo:") else make_case(name), getattr(torch, dtype))
     t0 = time.perf_counter()
     fn = torch.compile(case.model, backend=backend, dynamic=False)
     train_step(case, fn)
@@ -256,11 +282,13 @@ def run_first_step(args: argparse.Namespace) -> list[dict[str, Any]]:
                 "TORCHINDUCTOR_CACHE_DIR": os.path.join(root, "inductor"),
                 "NEURON_COMPILE_CACHE_DIR": os.path.join(root, "neuron"),
             }
+            dtype = str(args.dtype).removeprefix("torch.")
             for state in ("cold", "warm"):
                 out = subprocess.run(
-                    [sys.executable, __file__, "--child", name, backend]
+                    [sys.executable, "-m", "benchmarks.steady", "--child", name, backend, dtype]
                     + (["--threads", str(args.threads)] if args.threads else []),
                     env=env,
+                    cwd=REPO,
                     capture_output=True,
                     text=True,
                     check=False,
@@ -306,7 +334,7 @@ def first_step_table(rows: list[dict[str, Any]], backends: list[str]) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child"]:
-        _child_first_step(argv[1], argv[2])
+        _child_first_step(argv[1], argv[2], argv[3])
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="mlp,decoder,cnn,add")
@@ -314,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--backends", default=None, help="default: eager,inductor,neuron (first step: aot_eager,inductor,neuron)"
     )
-    parser.add_argument("--zoo", default="", help="models of tests/model_zoo.py to add (training step)")
+    parser.add_argument("--zoo", default="", help="models of tests/model_zoo.py to add (training step), or all")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="every model's dtype")
     parser.add_argument("--reps", type=int, default=30, help="timed rounds per backend")
     parser.add_argument("--inner", type=int, default=0, help="steps per round (default 3; 50 for add)")
     parser.add_argument("--first-step", action="store_true", help="cold/warm first step in fresh processes")
@@ -328,11 +357,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     split = lambda s: [x.strip() for x in s.split(",") if x.strip()]  # noqa: E731
-    args.models, args.modes, args.zoo = split(args.models), split(args.modes), split(args.zoo)
+    args.models, args.modes, args.zoo = split(args.models), split(args.modes), zoo_names(args.zoo)
+    args.dtype = getattr(torch, args.dtype)
     default = "aot_eager,inductor,neuron" if args.first_step else "eager,inductor,neuron"
     args.backends = split(args.backends or default)
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} torch threads on {len(os.sched_getaffinity(0))} "
+        f"torch {torch.__version__}, {str(args.dtype).removeprefix('torch.')}, {torch.get_num_threads()} torch threads on {len(os.sched_getaffinity(0))} "
         f"cores, load average {os.getloadavg()[0]:.1f}",
         file=sys.stderr,
     )

@@ -1,7 +1,7 @@
 """Where the CPU target's time goes inside XLA: each compiled graph of a steady.py model, timed alone and
 profiled per XLA thunk (dots, YNNPACK fusions, loop fusions, convolutions), next to eager's step.
 
-    python benchmarks/xla_profile.py decoder [--mode train|infer] [--top 25] [--hlo DIR]
+    python -m benchmarks.xla_profile decoder [--mode train|infer] [--top 25] [--hlo DIR]
 
 XLA CPU names its thunks after the optimized HLO (``ynn_fusion.19``, ``dot.98``, ``convolution``); each row
 gives the thunk's time per call and the op kinds inside it. ``--hlo DIR`` writes each graph's optimized
@@ -31,10 +31,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import steady
 import torch
 
+from benchmarks import steady
 from neuron_compile.runtime.executor import CompiledGraph
 
 torch.set_num_threads(1)

@@ -1,5 +1,5 @@
 """The models people bring, tiny and random-init: builders shared by tests/test_models.py and
-benchmarks/models.py.
+``python -m benchmarks.steady --zoo``.
 
 Every builder returns a ``ZooCase``: a float32 model in train mode with dropout off (so eager and compiled
 see the same function), a batch, and a loss. Configs are tiny (hidden 32, 2 layers, sequence 8-16, batch
