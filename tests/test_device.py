@@ -2,15 +2,18 @@
 
 Each case runs on the CPU target (XLA CPU buffers) and, where it says so, on the device simulator's neuron
 target (nrt tensors in the fake libnrt); values are compared with the same computation on CPU tensors.
+Cheap by construction: small shapes, 3 training steps, one-op graphs shared by the whole process (its table),
+the simulator's work (every graph a fake neuronx-cc run) in as few cases as prove it.
 """
 
 from __future__ import annotations
 
 import copy
+import gc
+import json
 import os
 import subprocess
 import sys
-import textwrap
 import warnings
 
 import pytest
@@ -22,6 +25,7 @@ from neuron_compile import STATS, NeuronUnsupportedOpError, Options
 from neuron_compile.device import context, eager
 
 from . import device_sim
+from .device_training import Run, call_loss, decoder_batches, hf_loss, train
 from .models import BatchNormNet, Decoder
 from .test_neuron_target import _STATE_DIR
 from .test_training import _rounding_noise
@@ -41,6 +45,7 @@ def sim_device(monkeypatch: pytest.MonkeyPatch):
     """The device on the simulated neuron target (fake libnrt and neuronx-cc)."""
     for name, value in {**device_sim.environment(), "NRTSIM_STATE_DIR": _STATE_DIR}.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setenv("NEURON_COMPILE_TARGET", "neuron")  # compiled graphs' options as the device's
     context.reset_for_tests(Options.from_user({"target": "neuron"}))
     STATS.reset()
     yield context.device()
@@ -80,12 +85,18 @@ def _scatter_add(x):
     return torch.zeros(4, 6, device=x.device).scatter_add_(0, index, x[:2])
 
 
+def _written_and_read(x):
+    x = x.clone()
+    return x.mul_(x)  # the written tensor is also the argument read
+
+
 #: (name, f): f(x) on a (4, 6) float32 tensor; the device result must equal the CPU one.
 EAGER_CASES = [
     ("transpose_contiguous", lambda x: x.t().contiguous()),
     ("strided_slice_times_two", lambda x: x[1:3, ::2] * 2),
     ("setitem_slice", _setitem_slice),
     ("inplace_through_a_view", _inplace_through_a_view),
+    ("written_and_read", _written_and_read),
     ("broadcast_add", lambda x: x[:1] + x),
     ("sum_dim", lambda x: x.sum(0)),
     ("max_values_and_argmax", lambda x: torch.stack((x.max(1).values, x.argmax(1).float()))),
@@ -200,74 +211,100 @@ def test_memory_is_counted_freed_and_limited(cpu_device) -> None:
     del keep
 
 
-def _decoder_batches(steps: int, vocab: int = 64, batch: int = 4, seq: int = 16) -> list[tuple[torch.Tensor, ...]]:
-    g = torch.Generator().manual_seed(1)
-    out = []
-    for _ in range(steps):
-        data = torch.randint(0, vocab, (batch, seq + 1), generator=g)
-        out.append((data[:, :-1], data[:, 1:]))
-    return out
+def test_foreach_ops_run_as_one_graph_over_the_whole_list(cpu_device) -> None:
+    """An optimizer's ``_foreach_*`` op is one graph and one execution for all its tensors, not one per shape."""
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(3, generator=g), torch.randn(2, 4, generator=g), torch.randn(5, 1, generator=g)]
+    ds = [x.to("neuron") for x in xs]
+    before = STATS.eager_ops_run
+    torch._foreach_addcmul_(ds, ds, ds, value=0.5)
+    norms = torch._foreach_norm(ds)
+    assert STATS.eager_ops_run - before == 2
+    torch._foreach_addcmul_(xs, xs, xs, value=0.5)
+    for got, expected in zip([*ds, *norms], [*xs, *torch._foreach_norm(xs)]):
+        assert got.device.type == "neuron"
+        torch.testing.assert_close(got.cpu(), expected, rtol=1e-6, atol=1e-6)
 
 
-def _train_on_device(model_cls, steps: int, optimizer: str, clip: bool = False, model_kwargs=None, batches=None):
-    """(device losses, eager losses, bytes crossing per step, the two models) for ``steps`` AdamW steps of
-    ``model_cls`` compiled on the device, next to eager on CPU."""
+def test_value_checks_run_at_the_next_synchronization(cpu_device) -> None:
+    """An index out of range raises eager's error where device data is next read (as CUDA's device-side
+    assert), naming the op's line; a check that holds costs one byte at that read, not its values."""
     torch.manual_seed(0)
-    eager_model = model_cls(**(model_kwargs or {}))
-    model = copy.deepcopy(eager_model).to("neuron")
-    compiled = torch.compile(model, backend="neuron", dynamic=False)
-    opt_e = torch.optim.AdamW(eager_model.parameters(), lr=1e-2)
-    opt_d = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=optimizer != "eager")
-    step_fn = torch.compile(opt_d.step, backend="neuron", dynamic=False) if optimizer == "compiled" else opt_d.step
-    losses, ref_losses, crossing = [], [], []
+    emb = torch.nn.Embedding(10, 4)
+    on_device = copy.deepcopy(emb).to("neuron")
+    out = on_device(torch.tensor([1, 12]).to("neuron"))  # eager raises here
+    with pytest.raises(IndexError, match="index out of range in self") as info:
+        out.cpu()
+    assert any(f"{os.path.basename(__file__)}:" in note for note in info.value.__notes__), info.value.__notes__
+    d2h = STATS.device_to_host_bytes
+    total = on_device(torch.tensor([1, 2]).to("neuron")).sum().item()
+    assert total == pytest.approx(emb(torch.tensor([1, 2])).sum().item(), rel=1e-6)
+    assert STATS.device_to_host_bytes - d2h == 4 + 1  # the sum, and one flag for the pending check
+
+
+def _reference(eager_model, batches, clip: bool = False, loss_of=call_loss, lr: float = 1e-2):
+    """Losses of eager AdamW on CPU, and per parameter where its gradient was only rounding noise."""
+    opt = torch.optim.AdamW(eager_model.parameters(), lr=lr)
     noise = {name: torch.zeros_like(p, dtype=torch.bool) for name, p in eager_model.named_parameters()}
-    for inputs in batches:
-        h2d, d2h = STATS.host_to_device_bytes, STATS.device_to_host_bytes
-        loss = compiled(*(t.to("neuron") for t in inputs))
+    losses = []
+    for batch in batches:
+        loss = loss_of(eager_model, batch)
         loss.backward()
-        if clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        step_fn()
-        opt_d.zero_grad()
-        losses.append(loss.item())
-        crossing.append((STATS.host_to_device_bytes - h2d, STATS.device_to_host_bytes - d2h))
-        ref = eager_model(*inputs)
-        ref.backward()
         for name, p in eager_model.named_parameters():
             noise[name] |= _rounding_noise(p.grad)
         if clip:
             torch.nn.utils.clip_grad_norm_(eager_model.parameters(), 1.0)
-        opt_e.step()
-        opt_e.zero_grad()
-        ref_losses.append(ref.item())
-    return losses, ref_losses, crossing, model, eager_model, noise
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, noise
 
 
-def _assert_trained_as_eager(model, eager_model, noise, steps: int) -> None:
-    """Parameters as eager's; where a gradient was only rounding noise, AdamW's normalized step may go either
-    way (test_training's rule: at most 2 * lr per step there)."""
+def _assert_trained_as_eager(run: Run, model, eager_model, reference, lr: float = 1e-2) -> None:
+    """Losses and parameters as eager's; where a gradient was only rounding noise, AdamW's normalized step may
+    go either way (test_training's rule: at most 2 * lr per step there)."""
+    losses, noise = reference
+    torch.testing.assert_close(torch.tensor(run.losses), torch.tensor(losses), rtol=1e-4, atol=1e-5)
     for (name, p_e), p_d in zip(eager_model.named_parameters(), model.parameters()):
         p_d, p_e, n = p_d.detach().cpu(), p_e.detach(), noise[name]
-        assert not n.any() or (p_d[n] - p_e[n]).abs().max() <= 2 * 1e-2 * steps * 1.01, name
+        assert not n.any() or (p_d[n] - p_e[n]).abs().max() <= 2 * lr * len(losses) * 1.01, name
         torch.testing.assert_close(p_d[~n], p_e[~n], rtol=1e-4, atol=1e-5, msg=f"parameter {name}")
 
 
+def _assert_moves_only_its_batch(run: Run, batch: tuple[torch.Tensor, ...]) -> None:
+    """Steady state (the first step also moves the model): at most the batch, the loss and 1 KiB cross."""
+    batch_bytes = sum(t.numel() * t.element_size() for t in batch)
+    for h2d, d2h in run.crossing[1:]:
+        assert h2d + d2h <= batch_bytes + 4 + 1024, run.crossing
+
+
+def _released() -> None:
+    """Let go of what still holds device memory once the caller deleted its names: compiled code (it holds the
+    parameters it was traced with) and value checks not yet run."""
+    torch._dynamo.reset()
+    gc.collect()
+    torch.neuron.synchronize()
+
+
 @pytest.mark.parametrize(
-    "optimizer,clip",
-    [("compiled", False), ("eager", False), ("eager", True)],
-    ids=["compiled_step", "eager_adamw", "eager_adamw_clip"],
+    "optimizer,clip", [("compiled", False), ("eager", True)], ids=["compiled_step", "eager_adamw_clip"]
 )
 def test_a_decoder_trains_on_the_device_as_in_eager_and_moves_only_its_batch(cpu_device, optimizer, clip) -> None:
-    batches = _decoder_batches(3)
-    losses, ref_losses, crossing, model, eager_model, noise = _train_on_device(
-        Decoder, 3, optimizer, clip, batches=batches
-    )
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-4, atol=1e-5)
-    _assert_trained_as_eager(model, eager_model, noise, 3)
-    batch_bytes = sum(t.numel() * t.element_size() for t in batches[0])
-    loss_bytes = 4
-    for h2d, d2h in crossing[1:]:  # the steady state: the first step also moves the model
-        assert h2d + d2h <= batch_bytes + loss_bytes + 1024, crossing
+    """Compiled model with a compiled AdamW step, or eager AdamW with clip_grad_norm_ op by op on the device;
+    memory_allocated() back at its start once the model and the optimizer are deleted."""
+    _released()  # what earlier tests left for the garbage collector
+    start = torch.neuron.memory_allocated()
+    batches = decoder_batches(3)
+    torch.manual_seed(0)
+    eager_model = Decoder()
+    model = copy.deepcopy(eager_model).to("neuron")
+    run, opt = train(model, batches, optimizer, clip)
+    _assert_trained_as_eager(run, model, eager_model, _reference(eager_model, batches, clip))
+    _assert_moves_only_its_batch(run, batches[0])
+    assert torch.neuron.memory_allocated() > start
+    del model, opt
+    _released()
+    assert torch.neuron.memory_allocated() == start
 
 
 def test_a_batchnorm_cnn_trains_on_the_device(cpu_device) -> None:
@@ -278,55 +315,143 @@ def test_a_batchnorm_cnn_trains_on_the_device(cpu_device) -> None:
         def forward(self, x, y):
             return F.cross_entropy(super().forward(x), y)
 
-    losses, ref_losses, _, model, eager_model, noise = _train_on_device(Loss, 3, "compiled", batches=batches)
-    _assert_trained_as_eager(model, eager_model, noise, 3)
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-4, atol=1e-5)
+    torch.manual_seed(0)
+    eager_model = Loss()
+    model = copy.deepcopy(eager_model).to("neuron")
+    run, _ = train(model, batches, "eager")
+    _assert_trained_as_eager(run, model, eager_model, _reference(eager_model, batches))
     for (name, b_e), b_d in zip(eager_model.named_buffers(), model.buffers()):
         torch.testing.assert_close(b_d.cpu(), b_e, rtol=1e-4, atol=1e-5, msg=f"buffer {name}")
 
 
-def test_a_decoder_trains_on_the_simulated_neuroncore(sim_device) -> None:
-    batches = _decoder_batches(3)
-    losses, ref_losses, crossing, model, eager_model, noise = _train_on_device(Decoder, 3, "compiled", batches=batches)
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-4, atol=1e-5)
-    _assert_trained_as_eager(model, eager_model, noise, 3)
-    batch_bytes = sum(t.numel() * t.element_size() for t in batches[0])
-    for h2d, d2h in crossing[1:]:
-        assert h2d + d2h <= batch_bytes + 4 + 1024, crossing
-    written = device_sim.counters()["bytes_written"]
-    assert written == STATS.host_to_device_bytes, "every byte the runtime received was counted"
+_SECOND_PROCESS = """
+import json, os
+import neuron_compile.cache.key as K
+# Key as the test process did: other work may edit the package's source (hashed into every key) between the
+# two processes; what is tested here is what else in a key could differ between processes.
+K.source_fingerprint = lambda: os.environ["NC_TEST_SOURCE_FINGERPRINT"]
+import torch
+from neuron_compile import STATS
+from tests import device_sim
+from tests.device_training import decoder_batches, train
+from tests.models import Decoder
+torch.manual_seed(0)
+run, _ = train(Decoder().to("neuron"), decoder_batches(3), "compiled", clip=True)
+print(json.dumps({"losses": run.losses, "compiles": device_sim.compiler_invocations(),
+                  "graphs": [g.cache for g in STATS.graphs], "eager_ops_run": STATS.eager_ops_run}))
+"""
 
 
-def test_a_second_process_compiles_nothing(tmp_path) -> None:
-    """Compiled graphs and eager ops of a device training step come from the compile cache in a new process."""
-    script = textwrap.dedent(
-        """
-        import json, sys, torch, neuron_compile
-        from tests import device_sim
-        from tests.models import Decoder
-        torch.manual_seed(0)
-        model = Decoder().to("neuron")
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, capturable=True)
-        compiled = torch.compile(model, backend="neuron", dynamic=False)
-        idx = torch.randint(0, 64, (4, 17))
-        for _ in range(2):
-            loss = compiled(idx[:, :-1].to("neuron"), idx[:, 1:].to("neuron"))
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-        print(json.dumps({"loss": loss.item(), "compiles": device_sim.compiler_invocations()}))
-        """
+def test_a_decoder_trains_on_the_simulated_neuroncore_and_a_second_process_compiles_nothing(
+    sim_device, tmp_path
+) -> None:
+    """On the neuron target (fake neuronx-cc and libnrt): the compiled model, a compiled AdamW step and
+    clip_grad_norm_'s eager ops train as eager does, moving only the batch; every byte the runtime received
+    was counted. Then a second process with the same compile cache runs the same training without running
+    the compiler once, for the compiled graphs and the eager ops alike."""
+    _released()  # what earlier tests left for the garbage collector
+    start = torch.neuron.memory_allocated()
+    runtime_start = sim_device.buffers.memory_stats(0)[0]
+    batches = decoder_batches(3)
+    torch.manual_seed(0)
+    eager_model = Decoder()
+    model = copy.deepcopy(eager_model).to("neuron")
+    run, opt = train(model, batches, "compiled", clip=True)
+    _assert_trained_as_eager(run, model, eager_model, _reference(eager_model, batches, clip=True))
+    _assert_moves_only_its_batch(run, batches[0])
+    assert device_sim.counters()["bytes_written"] == STATS.host_to_device_bytes, "every byte was counted"
+    # device memory: ours back at its start; the runtime's count also holds the buffers of the graphs it
+    # loaded (released with the compiled code), so it grew by more and gave back at least as much
+    in_use, runtime_in_use = torch.neuron.memory_allocated(), sim_device.buffers.memory_stats(0)[0]
+    assert in_use > start and runtime_in_use - runtime_start >= in_use - start
+    del model, opt
+    _released()
+    assert torch.neuron.memory_allocated() == start
+    assert sim_device.buffers.memory_stats(0)[0] <= runtime_in_use - (in_use - start)
+
+    env = {
+        **os.environ,
+        **device_sim.environment(tmp_path / "sim"),  # its own compile log: what the second process compiled
+        "NC_TEST_SOURCE_FINGERPRINT": neuron_compile.cache.key.source_fingerprint(),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(device_sim.REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", _SECOND_PROCESS], env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path
     )
-    env = {**os.environ, **device_sim.environment(str(tmp_path / "sim")), "NEURON_COMPILE_CACHE_DIR": str(tmp_path)}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(device_sim.REPO_ROOT), env.get("PYTHONPATH", "")]))
-    runs = []
-    for _ in range(2):
-        proc = subprocess.run(
-            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        import json
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    second = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert second["compiles"] == 0 and "miss" not in second["graphs"], second
+    assert second["eager_ops_run"] > 0 and second["losses"] == run.losses, (second, run.losses)
 
-        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    assert runs[0]["compiles"] > 0 and runs[1]["compiles"] == runs[0]["compiles"], runs
-    assert runs[0]["loss"] == runs[1]["loss"]
+
+def test_the_simulated_runtime_and_the_device_agree_on_memory(sim_device, monkeypatch) -> None:
+    """The device's limit is the runtime's (nrt_get_vnc_memory_stats), the two count a tensor alike, and an
+    allocation past the limit is the device's OutOfMemoryError whether the device or the runtime refuses it."""
+    used, default_limit = sim_device.buffers.memory_stats(0)
+    assert default_limit == 24 * 2**30  # a logical core of a Trn2 at LNC=2
+    limit = used + 2**20
+    monkeypatch.setenv("NRTSIM_HBM_BYTES", str(limit))
+    context.reset_for_tests(Options.from_user({"target": "neuron"}))
+    dev = context.device()
+    x = torch.empty(1000, device="neuron")
+    assert dev.memory_limit == limit and dev.buffers.memory_stats(0) == (used + 4000, limit)
+    with pytest.raises(torch.neuron.OutOfMemoryError, match=f"tried to allocate .* a limit of .* \\({limit:,} bytes"):
+        torch.empty(limit // 4 + 1, device="neuron")  # refused by the device's own count
+    # the runtime's memory also holds loaded graphs' buffers, which the device does not count: past the
+    # runtime's free memory, the runtime refuses (NRT_RESOURCE), reported as the same error
+    context.reset_for_tests(Options.from_user({"target": "neuron", "device_memory_limit": 2**40}))
+    with pytest.raises(torch.neuron.OutOfMemoryError, match="Neuron runtime could not allocate 1,200,000 bytes"):
+        torch.empty(300_000, device="neuron")
+    del x
+    assert context.device().buffers.memory_stats(0)[0] == used
+
+
+def test_a_hugging_face_llama_trains_on_the_device_as_in_eager(cpu_device) -> None:
+    """A tiny LlamaForCausalLM moved to the device: compiled, with eager AdamW, 3 steps as eager on CPU."""
+    from .model_zoo import llama
+
+    case = llama()
+    batches = [(case.inputs["input_ids"],)] * 3
+    eager_model = case.model
+    model = copy.deepcopy(eager_model).to("neuron")
+    run, _ = train(model, batches, "eager", loss_of=hf_loss)
+    _assert_trained_as_eager(run, model, eager_model, _reference(eager_model, batches, loss_of=hf_loss))
+    _assert_moves_only_its_batch(run, (batches[0][0], batches[0][0]))  # input_ids, and the same as labels
+
+
+def test_greedy_generate_with_a_static_cache_moves_only_what_the_user_reads(cpu_device) -> None:
+    """Hugging Face's greedy generate() of the tiny Llama on the device with a static KV cache (its prefill op
+    by op, its decode steps compiled by transformers with backend "neuron"): the tokens and logits of eager
+    on CPU; per token nothing goes in and 2 bytes come out (transformers' "all sequences finished?" read and
+    the flag of the value checks pending); the cache stays on the device; reading the logits moves exactly
+    their bytes."""
+    from transformers import StoppingCriteria
+
+    from .model_zoo import llama
+
+    model = llama().model.eval()
+    ids = torch.randint(3, 64, (1, 5), generator=torch.Generator().manual_seed(4))
+    options = dict(max_new_tokens=6, do_sample=False, return_dict_in_generate=True, output_logits=True)
+    expected = model.generate(ids, cache_implementation="static", **options)
+    marks = []
+
+    class Mark(StoppingCriteria):
+        """Called once per new token: the counters there (it reads nothing from the device)."""
+
+        def __call__(self, input_ids, scores, **kwargs):
+            marks.append((STATS.host_to_device_bytes, STATS.device_to_host_bytes))
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    on_device = copy.deepcopy(model).to("neuron")
+    out = on_device.generate(ids.to("neuron"), cache_implementation="static", stopping_criteria=[Mark()], **options)
+    per_token = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(marks, marks[1:])]
+    assert len(per_token) == 5 and all(crossing == (0, 2) for crossing in per_token), per_token
+    cache = out.past_key_values.layers
+    assert all(layer.keys.device.type == layer.values.device.type == "neuron" for layer in cache)
+    cache_bytes = sum(2 * layer.keys.numel() * layer.keys.element_size() for layer in cache)
+    assert marks[-1][1] - marks[0][1] < cache_bytes // 10
+    assert out.sequences.cpu().equal(expected.sequences)
+    logits = torch.stack(out.logits)
+    d2h = STATS.device_to_host_bytes
+    torch.testing.assert_close(logits.cpu(), torch.stack(expected.logits), rtol=1e-5, atol=1e-5)
+    assert STATS.device_to_host_bytes - d2h == logits.numel() * logits.element_size()

@@ -8,11 +8,19 @@ is counted here (``STATS.host_to_device_bytes`` / ``device_to_host_bytes``).
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import torch
 
+from ..errors import NeuronRuntimeError
 from ..stats import STATS
+
+
+class _VncMemoryStats(ctypes.Structure):
+    """``nrt_vnc_memory_stats_t`` (nrt.h): fields are only ever added at its end."""
+
+    _fields_ = [("bytes_used", ctypes.c_size_t), ("bytes_limit", ctypes.c_size_t)]
 
 
 class CpuBuffers:
@@ -60,6 +68,10 @@ class CpuBuffers:
     def free(self, payload: Any) -> None:
         pass
 
+    def memory_stats(self, index: int) -> tuple[int, int] | None:
+        """No runtime to ask: the device's own count (``storage.py``) is the only one."""
+        return None
+
 
 class NeuronBuffers:
     """The neuron target: a buffer is an nrt tensor on the process's logical NeuronCore."""
@@ -70,18 +82,64 @@ class NeuronBuffers:
         self.target = target
 
     def allocate(self, nbytes: int, index: int) -> Any:
-        from ..runtime import libnrt
-
-        return libnrt.tensor_allocate(self._vnc(index), max(nbytes, 1))
+        return self._allocate(nbytes, index)
 
     def from_host(self, data: torch.Tensor, index: int) -> Any:
         from ..runtime import libnrt
 
         flat = _bytes_of(data)
-        handle = libnrt.tensor_allocate(self._vnc(index), max(flat.numel(), 1))
+        handle = self._allocate(flat.numel(), index)
         if flat.numel():
             libnrt.tensor_write(handle, flat)
         return handle
+
+    def _allocate(self, nbytes: int, index: int) -> Any:
+        from ..runtime import libnrt
+
+        try:
+            return libnrt.tensor_allocate(self._vnc(index), max(nbytes, 1))
+        except NeuronRuntimeError as e:
+            raise self._out_of_memory(e, nbytes, index) from e
+
+    def _out_of_memory(self, error: NeuronRuntimeError, nbytes: int, index: int) -> Exception:
+        """The runtime's NRT_RESOURCE as the device's out-of-memory error, with the runtime's own figures."""
+        from ..runtime import libnrt
+        from .storage import NeuronOutOfMemoryError
+
+        if libnrt.status_name(error.status) != "NRT_RESOURCE":
+            return error
+
+        stats = self.memory_stats(index)
+        used, limit = stats if stats is not None else (None, None)
+        figures = f" with {used:,} bytes in use and a limit of {limit:,} bytes" if stats is not None else ""
+        return NeuronOutOfMemoryError(
+            f"neuron device: out of memory on neuron:{index}: the Neuron runtime could not allocate {nbytes:,} "
+            f"bytes on NeuronCore {self._vnc(index)}{figures} (nrt_get_vnc_memory_stats; the runtime's memory "
+            "also holds loaded graphs and their buffers). Free tensors (del, or move them to CPU), use a smaller "
+            "batch, or unload other work from the core."
+        )
+
+    def memory_stats(self, index: int) -> tuple[int, int] | None:
+        """(bytes in use, limit) of the logical core as the runtime reports them (``nrt_get_vnc_memory_stats``,
+        nrt.h), or None for a runtime without that call."""
+        from ..runtime import libnrt
+
+        fn = getattr(libnrt.runtime().lib, "nrt_get_vnc_memory_stats", None)
+        if fn is None:
+            return None
+        fn.restype = ctypes.c_int
+        fn.argtypes = [
+            ctypes.c_uint32,
+            ctypes.POINTER(_VncMemoryStats),
+            ctypes.c_size_t,
+            ctypes.POINTER(ctypes.c_size_t),
+        ]
+        stats, written = _VncMemoryStats(), ctypes.c_size_t()
+        libnrt.check(
+            fn(self._vnc(index), ctypes.byref(stats), ctypes.sizeof(stats), ctypes.byref(written)),
+            "nrt_get_vnc_memory_stats",
+        )
+        return int(stats.bytes_used), int(stats.bytes_limit)
 
     def to_host(self, payload: Any, offset: int, nbytes: int) -> torch.Tensor:
         from ..runtime import libnrt
@@ -102,7 +160,10 @@ class NeuronBuffers:
         from ..runtime import libnrt
 
         model = executable.model(self.target.core)
-        handles = libnrt.execute_on_device(model, parameters)
+        try:
+            handles = libnrt.execute_on_device(model, parameters)
+        except NeuronRuntimeError as e:  # its outputs did not fit
+            raise self._out_of_memory(e, sum(spec.size for spec in model._by_usage[1]), 0) from e
         return list(zip(handles, (spec.size for spec in model._by_usage[1])))
 
     def free(self, payload: Any) -> None:

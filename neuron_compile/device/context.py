@@ -41,7 +41,18 @@ class Device:
         self.opts = opts
         self.target = target_for(opts)
         self.buffers = buffers_for(self.target)
-        self.memory_limit = opts.device_memory_limit or default_memory_limit(opts.generation, opts.lnc)
+        self._memory_limit = opts.device_memory_limit
+
+    @property
+    def memory_limit(self) -> int:
+        """Bytes a logical core may hold: option ``device_memory_limit``, else what the Neuron runtime reports
+        for the core (``nrt_get_vnc_memory_stats``; asked at the first allocation, not before: the runtime
+        takes the process's cores when it starts), else the target's HBM."""
+        if self._memory_limit is None:
+            stats = self.buffers.memory_stats(current_index())
+            limit = stats[1] if stats is not None and stats[1] else None
+            self._memory_limit = limit or default_memory_limit(self.opts.generation, self.opts.lnc)
+        return self._memory_limit
 
     def new_buffer(self, payload: Any, nbytes: int, index: int) -> mem.DeviceBuffer:
         return mem.DeviceBuffer(self.buffers, payload, nbytes, index)
@@ -131,19 +142,22 @@ def check_dtype(dtype: torch.dtype) -> None:
         )
 
 
-def upload(t: torch.Tensor, index: int) -> torch.Tensor:
-    """A dense neuron tensor with the values of CPU tensor ``t`` (counted as bytes to the device)."""
+def upload(t: torch.Tensor, index: int, counted: bool = True) -> torch.Tensor:
+    """A dense neuron tensor with the values of CPU tensor ``t`` (counted as bytes to the device; ``counted``:
+    in ``memory_allocated()``, False for the device's own constants)."""
     check_dtype(t.dtype)
     dev = device()
     data = t.detach().contiguous()
     nbytes = data.numel() * data.element_size()
-    mem.reserve(index, nbytes, dev.memory_limit)
+    if counted:
+        mem.reserve(index, nbytes, dev.memory_limit)
     try:
         payload = dev.buffers.from_host(data, index)
     except BaseException:
-        mem.release(index, nbytes)
+        if counted:
+            mem.release(index, nbytes)
         raise
-    storage = mem.new_storage(nbytes, index, dev.new_buffer(payload, nbytes, index))
+    storage = mem.new_storage(nbytes, index, mem.DeviceBuffer(dev.buffers, payload, nbytes, index, counted))
     return mem.make_tensor(data.shape, data.stride(), 0, data.dtype, storage)
 
 

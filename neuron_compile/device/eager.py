@@ -20,7 +20,7 @@ import warnings
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..errors import NeuronCompileError, NeuronUnsupportedOpError, NeuronWarning, UnsupportedNode
 from ..stats import STATS
@@ -67,6 +67,23 @@ def written_arguments(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> l
             if isinstance(leaf, torch.Tensor):
                 written.append(leaf)
     return written
+
+
+_WRITTEN = object()
+
+
+def written_positions(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> list[int]:
+    """Where the tensors ``op`` writes are in ``tree_flatten((args, kwargs))``: by argument, not by identity (in
+    ``x.add_(x)`` or ``torch._foreach_mul_(xs, xs)`` a written tensor is also read)."""
+    args, kwargs = list(args), dict(kwargs)
+    for i, arg in enumerate(op._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        if i < len(args) and not arg.kwarg_only:
+            args[i] = tree_map(lambda x: _WRITTEN if isinstance(x, torch.Tensor) else x, args[i])
+        elif arg.name in kwargs:
+            kwargs[arg.name] = tree_map(lambda x: _WRITTEN if isinstance(x, torch.Tensor) else x, kwargs[arg.name])
+    return [i for i, x in enumerate(tree_flatten((tuple(args), kwargs))[0]) if x is _WRITTEN]
 
 
 def is_view_op(op: torch._ops.OpOverload) -> bool:
@@ -119,18 +136,17 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
                     f"Expected all tensors to be on the same device, but found at least two devices, neuron:0 and "
                     f"{x.device}! (when checking argument for {op})"
                 )
-    written_ids = {id(t) for t in written_arguments(op, args, kwargs)}
-    written_positions = [i for i in positions if id(originals[i]) in written_ids]
+    written = written_positions(op, args, kwargs)
     key = (context.device().target.name, op, spec, tuple(_describe(x) for x in flat))
     entry = onegraph.GRAPHS.get(key)
     if entry is None:
-        entry = _build(key, op, flat, spec, positions, written_positions)
+        entry = _build(key, op, flat, spec, positions, written)
     if isinstance(entry, NeuronUnsupportedOpError):  # refused before: refused again without tracing
         raise entry
     STATS.eager_ops_run += 1
     outputs = list(entry.graph([flat[i] for i in positions]))
     results, new_values = outputs[: entry.num_results], outputs[entry.num_results :]
-    for pos, value in zip(written_positions, new_values):
+    for pos, value in zip(written, new_values):
         target = originals[pos]
         if tuple(value.shape) != tuple(target.shape):
             _resize(target, value.shape)

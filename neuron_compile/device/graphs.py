@@ -70,7 +70,8 @@ def _seed(graph: Any, index: int) -> torch.Tensor:
     key = (context.device().target.name, index)
     seed = _NO_SEED.get(key)
     if seed is None:
-        seed = _NO_SEED[key] = context.upload(torch.from_numpy(np.zeros(2, dtype=np.int32)), index)
+        # the device's own constant, like CUDA's context not in memory_allocated()
+        seed = _NO_SEED[key] = context.upload(torch.from_numpy(np.zeros(2, dtype=np.int32)), index, counted=False)
     return seed
 
 

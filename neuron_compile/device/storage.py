@@ -56,21 +56,24 @@ def account(index: int) -> _Accounting:
 
 
 class DeviceBuffer:
-    """``nbytes`` on the device, written once when made; freed when the last storage holding it lets go."""
+    """``nbytes`` on the device, written once when made; freed when the last storage holding it lets go.
+    ``counted``: in ``memory_allocated()`` (every tensor's buffer; not the device's own constants)."""
 
-    __slots__ = ("backend", "payload", "nbytes", "index", "__weakref__")
+    __slots__ = ("backend", "payload", "nbytes", "index", "counted", "__weakref__")
 
-    def __init__(self, backend: Any, payload: Any, nbytes: int, index: int) -> None:
+    def __init__(self, backend: Any, payload: Any, nbytes: int, index: int, counted: bool = True) -> None:
         self.backend = backend
         self.payload = payload
         self.nbytes = nbytes
         self.index = index
+        self.counted = counted
 
     def __del__(self) -> None:
         try:
-            acc = account(self.index)
-            with _ACCOUNT_LOCK:
-                acc.allocated -= self.nbytes
+            if self.counted:
+                acc = account(self.index)
+                with _ACCOUNT_LOCK:
+                    acc.allocated -= self.nbytes
             self.backend.free(self.payload)
         except Exception:  # at interpreter exit the runtime may be closed already: nothing left to free
             pass

@@ -16,7 +16,10 @@
  *     nrt_get_total_vnc_count / nrt_get_visible_vnc_count ("can be called before nrt_init()") and their
  *     deprecated *_nc_count twins, nrt_allocate_tensor_set, nrt_destroy_tensor_set (void),
  *     nrt_add_tensor_to_tensor_set, nrt_get_tensor_from_tensor_set, nrt_execute, nrt_tensor_allocate,
- *     nrt_tensor_free (void), nrt_tensor_read, nrt_tensor_write, nrt_tensor_get_size (size_t).
+ *     nrt_tensor_free (void), nrt_tensor_read, nrt_tensor_write, nrt_tensor_get_size (size_t);
+ *     nrt_vnc_memory_stats_t {size_t bytes_used; size_t bytes_limit;} ("ALWAYS add to the end of this struct")
+ *     and nrt_get_vnc_memory_stats(uint32_t vnc, nrt_vnc_memory_stats_t *stats, size_t stats_size_in, size_t
+ *     *stats_size_out) (the caller's and the library's struct sizes, "for compatibility purposes").
  *   src/libnrt/include/nrt/nrt_experimental.h (commit 86a92868):
  *     nrt_tensor_usage_t INPUT=0 OUTPUT=1; NRT_TENSOR_NAME_MAX 256; nrt_tensor_info_t {char name[256];
  *     nrt_tensor_usage_t usage; size_t size; nrt_dtype_t dtype; uint32_t *shape; uint32_t ndim;} (296 bytes
@@ -66,9 +69,19 @@
  *     out-of-range NEURON_RT_VISIBLE_CORES, or an LNC other than 1/2: NRT_FAILURE from nrt_init (and from the
  *     vnc counts called before it), with the reason on stderr.
  *   - Tensors are zero-filled at allocation (the guide's example relies on unwritten inputs being zeros).
+ *   - Device memory is accounted per logical core: the bytes of live NRT_TENSOR_PLACEMENT_DEVICE tensors. An
+ *     allocation past the core's HBM returns NRT_RESOURCE with a line on stderr (the header's "resource"
+ *     status; the runtime's wording is not public). The HBM of a logical core is 12 GiB per physical core
+ *     times the LNC (Trn2: 96 GiB for 8 physical cores; 24 GiB at LNC=2, the runtime's total_hbm of
+ *     25769803776), or NRTSIM_HBM_BYTES, read at every call so that a test can change it in a running
+ *     process. nrt_get_vnc_memory_stats reports them; its vnc is an index among the process's cores, as
+ *     nrt_tensor_allocate's (the header says "Local VNC (within the instance)"); another index: NRT_INVALID.
+ *     It copies min(stats_size_in, its own struct size) bytes and reports that size in *stats_size_out.
+ *     NOT REAL: a loaded NEFF takes no device memory here (on a core its instructions and scratchpad do),
+ *     and host-placement tensors none (they live in host memory there too).
  *
  * NOT REAL (extensions for tests, all prefixed nrtsim_): nrtsim_inject, nrtsim_clear_injections, nrtsim_counters,
- * nrtsim_reset_counters; env NRTSIM_INJECT, NRTSIM_NUM_DEVICES, NRTSIM_STATE_DIR, NRTSIM_COMPUTE.
+ * nrtsim_reset_counters; env NRTSIM_INJECT, NRTSIM_NUM_DEVICES, NRTSIM_STATE_DIR, NRTSIM_COMPUTE, NRTSIM_HBM_BYTES.
  *
  * THE SIMULATOR'S NEFF (written by neuronx_cc.py; a real NEFF is a different container): bytes 0..1023 a
  * header: magic "NRTSIMNEFF\0\0" (12 bytes), u32 format version (1), u32 lnc, u32 reserved, u64
@@ -329,6 +342,7 @@ static struct {
     size_t n_lock_fds;
     bool check_numerics;
     registry_t models, tensors, sets, infos;
+    size_t hbm_used[MAX_PHYS_CORES]; /* bytes of live device tensors per logical core (process index) */
     uint64_t counters[C_COUNT];
     injection_t injections[MAX_INJECTIONS];
 } rt = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -574,6 +588,7 @@ static void drop_all(void) {
     for (size_t i = 0; i < rt.infos.n; i++) free_info(rt.infos.items[i]);
     rt.models.n = rt.tensors.n = rt.sets.n = rt.infos.n = 0;
     rt.counters[C_LIVE_MODELS] = rt.counters[C_LIVE_TENSORS] = 0;
+    memset(rt.hbm_used, 0, sizeof rt.hbm_used);
 }
 
 /* ------------------------------------------------------------------ init / close / version */
@@ -901,6 +916,20 @@ static bool valid_tensor(const nrt_tensor_t *t) {
     return registry_has(&rt.tensors, t) && t->magic == SIM_MAGIC_TENSOR;
 }
 
+#define HBM_PER_PHYS_CORE (12ULL << 30) /* Trn2: 96 GiB of HBM for 8 physical NeuronCores */
+
+/* The HBM of one logical core (see DECISIONS): NRTSIM_HBM_BYTES, else 12 GiB per physical core times the LNC. */
+static size_t hbm_limit(void) {
+    const char *env = getenv("NRTSIM_HBM_BYTES");
+    if (env && *env) {
+        char *end = NULL;
+        unsigned long long v = strtoull(env, &end, 10);
+        if (end && *end == '\0') return (size_t)v;
+        LOG("NRTSIM_HBM_BYTES='%s' is not a number of bytes: ignored", env);
+    }
+    return (size_t)(HBM_PER_PHYS_CORE * (unsigned long long)(rt.lnc > 0 ? rt.lnc : 2));
+}
+
 NRT_EXPORT NRT_STATUS nrt_tensor_allocate(nrt_tensor_placement_t tensor_placement, int vnc, size_t size,
                                           const char *name, nrt_tensor_t **tensor) {
     pthread_mutex_lock(&rt.lock);
@@ -916,6 +945,12 @@ NRT_EXPORT NRT_STATUS nrt_tensor_allocate(nrt_tensor_placement_t tensor_placemen
             vnc, rt.n_visible);
         UNLOCK_RETURN(NRT_INVALID);
     }
+    bool on_device = tensor_placement == NRT_TENSOR_PLACEMENT_DEVICE;
+    if (on_device && size > hbm_limit() - (rt.hbm_used[vnc] < hbm_limit() ? rt.hbm_used[vnc] : hbm_limit())) {
+        LOG("nrt_tensor_allocate: device tensor '%s' of %zu bytes does not fit on NeuronCore %d: %zu of %zu bytes "
+            "in use", name ? name : "", size, vnc, rt.hbm_used[vnc], hbm_limit());
+        UNLOCK_RETURN(NRT_RESOURCE);
+    }
     nrt_tensor_t *t = calloc(1, sizeof *t);
     unsigned char *data = calloc(size ? size : 1, 1); /* zero-filled, as the guide's example relies on */
     if (!t || !data || !registry_add(&rt.tensors, t)) {
@@ -929,6 +964,7 @@ NRT_EXPORT NRT_STATUS nrt_tensor_allocate(nrt_tensor_placement_t tensor_placemen
     t->vnc = vnc;
     t->size = size;
     t->data = data;
+    if (on_device) rt.hbm_used[vnc] += size;
     rt.counters[C_TENSORS_ALLOCATED]++;
     rt.counters[C_LIVE_TENSORS]++;
     *tensor = t;
@@ -948,6 +984,7 @@ NRT_EXPORT void nrt_tensor_free(nrt_tensor_t **tensor) {
         return;
     }
     registry_remove(&rt.tensors, *tensor);
+    if ((*tensor)->placement == NRT_TENSOR_PLACEMENT_DEVICE) rt.hbm_used[(*tensor)->vnc] -= (*tensor)->size;
     free_tensor(*tensor);
     *tensor = NULL;
     rt.counters[C_TENSORS_FREED]++;
@@ -985,6 +1022,25 @@ NRT_EXPORT NRT_STATUS nrt_tensor_read(const nrt_tensor_t *tensor, void *buf, siz
     if (st != NRT_SUCCESS) UNLOCK_RETURN(st);
     memcpy(buf, tensor->data + offset, size);
     rt.counters[C_BYTES_READ] += size;
+    UNLOCK_RETURN(NRT_SUCCESS);
+}
+
+/* nrt.h's struct: fields are only ever added at its end. */
+typedef struct nrt_vnc_memory_stats {
+    size_t bytes_used;
+    size_t bytes_limit;
+} nrt_vnc_memory_stats_t;
+
+NRT_EXPORT NRT_STATUS nrt_get_vnc_memory_stats(uint32_t vnc, nrt_vnc_memory_stats_t *stats, size_t stats_size_in,
+                                               size_t *stats_size_out) {
+    pthread_mutex_lock(&rt.lock);
+    INJECTED("nrt_get_vnc_memory_stats");
+    REQUIRE_RUNNING();
+    if (!stats || vnc >= rt.n_visible) UNLOCK_RETURN(NRT_INVALID);
+    nrt_vnc_memory_stats_t mine = {.bytes_used = rt.hbm_used[vnc], .bytes_limit = hbm_limit()};
+    size_t n = stats_size_in < sizeof mine ? stats_size_in : sizeof mine;
+    memcpy(stats, &mine, n);
+    if (stats_size_out) *stats_size_out = n;
     UNLOCK_RETURN(NRT_SUCCESS);
 }
 
