@@ -167,6 +167,22 @@ def _backend_registered() -> str:
             "(python -m pip install -e . in a checkout)")  # fmt: skip
 
 
+def _neuron_device() -> str:
+    """Which ``neuron`` device PyTorch has (PrivateUse1 holds one device, whoever registers it first):
+    neuron_compile's (docs/device.md), another library's (TorchNeuron's torch_neuronx), or none."""
+    name = torch._C._get_privateuse1_backend_name()
+    if name == "privateuseone":
+        return "none: PrivateUse1 is free (neuron_compile registers its 'neuron' device at import neuron_compile)"
+    module = getattr(torch, name, None)
+    if name == "neuron" and type(module).__module__ == "neuron_compile.device":
+        return "neuron_compile's: tensors on 'neuron' keep their data on the NeuronCore (docs/device.md)"
+    owner = "TorchNeuron's torch_neuronx" if "torch_neuronx" in sys.modules else "another library"
+    return (
+        f"{owner}'s: PrivateUse1 is registered as {name!r}, so neuron_compile's device is not; compiled graphs "
+        "take CPU tensors"
+    )
+
+
 def collect_versions() -> dict[str, str]:
     """The versions a bug report needs, by component (``versions.json``; the report's first section)."""
     compiler = shutil.which("neuronx-cc")
@@ -183,6 +199,7 @@ def collect_versions() -> dict[str, str]:
         "libnrt": _libnrt_row(library) if library else _library_missing(),
         "nki": _nki_version(),
         "backend 'neuron'": _backend_registered(),
+        "device 'neuron'": _neuron_device(),
     }
 
 

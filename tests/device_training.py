@@ -50,10 +50,12 @@ def train(
     loss_of: Callable[[Any, tuple[torch.Tensor, ...]], torch.Tensor] = call_loss,
     lr: float = 1e-2,
     compile_model: bool = True,
+    on_step: Callable[[], None] | None = None,
 ) -> tuple[Run, torch.optim.Optimizer]:
     """Train ``model`` (on the device or on CPU: its parameters say) one step per batch with AdamW:
     ``optimizer`` "eager" (``opt.step()`` op by op; ``capturable=True``, so the step count stays a device tensor
-    and no step compiles a new graph) or "compiled" (``torch.compile(opt.step)``, one graph)."""
+    and no step compiles a new graph) or "compiled" (``torch.compile(opt.step)``, one graph). ``on_step``: called
+    after each step."""
     device = next(model.parameters()).device
     forward = torch.compile(model, backend="neuron", dynamic=False) if compile_model else model
     opt = torch.optim.AdamW(model.parameters(), lr=lr, capturable=device.type == "neuron")
@@ -71,4 +73,6 @@ def train(
         run.losses.append(loss.item())
         run.seconds.append(time.perf_counter() - start)
         run.crossing.append((STATS.host_to_device_bytes - h2d, STATS.device_to_host_bytes - d2h))
+        if on_step is not None:
+            on_step()
     return run, opt

@@ -455,3 +455,39 @@ def test_greedy_generate_with_a_static_cache_moves_only_what_the_user_reads(cpu_
     d2h = STATS.device_to_host_bytes
     torch.testing.assert_close(logits.cpu(), torch.stack(expected.logits), rtol=1e-5, atol=1e-5)
     assert STATS.device_to_host_bytes - d2h == logits.numel() * logits.element_size()
+
+
+_TAKEN = """
+import sys, types
+import torch
+# what TorchNeuron's torch_neuronx does when it is imported: PrivateUse1 named 'neuron', its module torch.neuron
+fake = types.ModuleType("torch_neuronx")
+fake.is_available, fake.device_count = (lambda: False), (lambda: 0)
+torch.utils.rename_privateuse1_backend("neuron")
+torch._register_device_module("neuron", fake)
+sys.modules["torch_neuronx"] = fake
+import neuron_compile
+from neuron_compile import device, doctor
+x = torch.randn(3)
+out = torch.compile(lambda t: t * 2 + 1, backend="neuron")(x)
+assert torch.equal(out, x * 2 + 1) and not device.is_registered()
+print(device.NOT_REGISTERED)
+print(doctor._neuron_device())
+"""
+
+
+def test_where_another_library_holds_privateuse1_nothing_is_registered_and_the_doctor_says_whose() -> None:
+    from neuron_compile import doctor
+
+    assert doctor._neuron_device().startswith("neuron_compile's")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(device_sim.REPO_ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    env["NEURON_COMPILE_TARGET"] = "cpu"
+    proc = subprocess.run([sys.executable, "-c", _TAKEN], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    not_registered, row = proc.stdout.strip().splitlines()[-2:]
+    assert "already registered as 'neuron' by another library" in not_registered
+    assert "neuron_compile: PrivateUse1 is already registered" in proc.stderr  # said once, on the logger
+    assert row.startswith("TorchNeuron's torch_neuronx's: PrivateUse1 is registered as 'neuron'"), row
