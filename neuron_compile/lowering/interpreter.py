@@ -11,10 +11,11 @@ data-dependent ops and the refused ones together.
 
 from __future__ import annotations
 
+import functools
 import operator
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -236,16 +237,13 @@ class _GraphTracer:
         if bad_kind:
             self.fail(node, f"unsupported tensor kind: {bad_kind}")
             return _meta_structs(node.meta.get("val"))
-        dispatch = resolve(node, kernels=self.kernels)
-        if dispatch.lowering is None:
-            self.fail(node, dispatch.refusal or "no lowering for this op")
+        lower = resolve(node, kernels=self.kernels, target=self.target)
+        if lower.lowering is None:
+            self.fail(node, lower.refusal or "no lowering for this op")
             return _meta_structs(node.meta.get("val"))
         if follows is not None:
             return self._follow_up(node, follows)
-        lowering, routed = dispatch.lowering, dispatch.route
-        handler = dispatch.layout_handler(self.target, args, kwargs)
-        if handler is None or routed is not None:
-            args, kwargs, handler = layout.materialize(args), layout.materialize(kwargs), None
+        value = lower.bind(args, kwargs)  # route, channels-last handler, lowering (dispatch.py)
         context = NodeContext(
             node, self.target, self.seed_for, self.kernels, self._count_kernel_site, self.generation, self.run_subgraph
         )
@@ -258,13 +256,7 @@ class _GraphTracer:
         }
         try:
             with lowering_context(context), jax.named_scope(scope):
-                result = routed(*args, **kwargs) if routed is not None else None
-                if handler is not None:  # channels-last arguments or result (layout.py)
-                    result = handler(lowering, args, kwargs)
-                    if result is None:
-                        args, kwargs = layout.materialize(args), layout.materialize(kwargs)
-                if result is None:  # not routed to an NKI kernel, or the kernel does not fit this node
-                    result = lowering(*args, **kwargs)
+                result = value()
         except Unsupported as e:
             self.fail(node, str(e))
             return _meta_structs(node.meta.get("val"))
@@ -338,6 +330,27 @@ def _returns_tensors(target: Any) -> bool:
     )
 
 
+def _lower_with_plan(
+    traced: Callable[..., tuple[tuple[Any, ...], list[OutputSpec]]], structs: list[Any]
+) -> tuple[Any, list[OutputSpec]]:
+    """``jax.jit(traced).lower(*structs)`` of the arrays ``traced`` returns, and the output plan it returns beside
+    them: a jitted function's outputs are arrays only, so the plan is taken off on the way out of the trace."""
+    plans: list[list[OutputSpec]] = []
+
+    @functools.wraps(traced)  # the module keeps the traced function's name (@jit_traced)
+    def arrays_only(*arrays: Any) -> tuple[Any, ...]:
+        tensors, plan = traced(*arrays)
+        plans.append(plan)
+        return tensors
+
+    with jax.enable_x64(True), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # jax's own dtype-truncation chatter
+        # keep_unused: the runtime passes every input positionally, so none may be pruned.
+        lowered = jax.jit(arrays_only, keep_unused=True).lower(*structs)
+    (plan,) = plans  # traced once
+    return lowered, plan
+
+
 def lower_graph(
     gm: torch.fx.GraphModule,
     example_inputs: list[Any],
@@ -358,14 +371,14 @@ def lower_graph(
     if bad_inputs:
         raise NeuronUnsupportedOpError(name, bad_inputs)
 
-    output_specs: list[OutputSpec] = []
     out_args = list(next(n for n in gm.graph.nodes if n.op == "output").args[0])
     saved_from = gm.meta.get(SAVED_FOR_BACKWARD_FROM)
     # A data-dependent node is refused (its output has no static shape to plan): the walk only collects.
     refused_anyway = bool(data_dependent_roots(gm))
     buffers, placement = ([], []) if refused_anyway else output_plan.output_buffers(gm, out_args)
 
-    def traced(*arrays: Any) -> tuple[Any, ...]:
+    def traced(*arrays: Any) -> tuple[tuple[Any, ...], list[OutputSpec]]:
+        """The module's output arrays and the plan that places them in the graph's outputs."""
         *arrays, tracer.seed = arrays
         full_args = list(input_specs)
         for pos, arr in zip(tensor_positions, arrays):
@@ -379,21 +392,17 @@ def lower_graph(
             full_args[pos] = arr
         values = tracer.run(gm, full_args, [b.node for b in buffers])
         if tracer.failures:  # refused after the walk (lower_graph): no output plan is needed
-            return ()
+            return (), []
         results, roots = values[: len(out_args)], values[len(out_args) :]
         tensors, plan = output_plan.assemble(buffers, placement, results, roots, saved_from)
-        output_specs[:] = plan  # the module's outputs are arrays only: the plan leaves the trace through here
-        return tuple(tensors)
+        return tuple(tensors), plan
 
     structs = [
         jax.ShapeDtypeStruct(*device_struct(input_specs[i].device_shape, input_specs[i].dtype))
         for i in tensor_positions
     ]
     structs.append(jax.ShapeDtypeStruct((2,), jnp.int32))  # the per-call RNG seed
-    with jax.enable_x64(True), warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # jax's own dtype-truncation chatter
-        # keep_unused: the runtime passes every input positionally, so none may be pruned.
-        lowered = jax.jit(traced, keep_unused=True).lower(*structs)
+    lowered, output_specs = _lower_with_plan(traced, structs)
     if tracer.failures:
         raise NeuronUnsupportedOpError(name, tracer.failures)
 
