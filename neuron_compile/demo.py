@@ -1,9 +1,11 @@
 """Demo: train a small transformer language model with backend="neuron" next to eager.
 
-    python -m neuron_compile.demo [--steps N] [--layers N] [--dtype float32|bfloat16]
+    python -m neuron_compile.demo [--steps N] [--layers N] [--dtype float32|bfloat16] [--device cpu|neuron]
 
 Prints the loss of each step (compiled and eager), each compiled graph with its op count, lowering and
-compile time and cache state, and the totals.
+compile time and cache state, and the totals. ``--device neuron`` trains the model on the ``neuron`` device
+(docs/device.md): its parameters, gradients and AdamW's state stay there, and each step prints the bytes that
+crossed the host boundary.
 """
 
 from __future__ import annotations
@@ -67,16 +69,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument(
+        "--device", choices=["cpu", "neuron"], default="cpu", help="where the model's tensors live (default: cpu)"
+    )
     args = parser.parse_args(argv)
+    on_device = args.device == "neuron"
     dtype = getattr(torch, args.dtype)
 
     torch.manual_seed(0)
     vocab, seq, batch = 64, 16, 4
     eager = TinyLM(vocab=vocab, n_layers=args.layers, seq=seq).to(dtype)
-    model = copy.deepcopy(eager)
+    model = copy.deepcopy(eager).to(args.device)
     compiled = torch.compile(model, backend="neuron", dynamic=False)
     opt_eager = torch.optim.AdamW(eager.parameters(), lr=3e-3)
-    opt_neuron = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    # on the device AdamW runs there op by op; capturable: its step count stays a device tensor
+    opt_neuron = torch.optim.AdamW(model.parameters(), lr=3e-3, capturable=on_device)
     data = torch.randint(0, vocab, (batch, seq + 1), generator=torch.Generator().manual_seed(1))
     idx, targets = data[:, :-1], data[:, 1:]
 
@@ -90,36 +97,55 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"neuron_compile demo: TinyLM ({args.layers} blocks, {sum(p.numel() for p in model.parameters())} "
         f"params, {args.dtype}), AdamW, {args.steps} steps, target {where}"
+        + (", tensors on the 'neuron' device" if on_device else "")
     )
-    print(f"{'step':>4} {'loss (neuron)':>14} {'loss (eager)':>13} {'|diff|':>9} {'step s':>8}")
+    crossing = f" {'to device':>10} {'to host':>8}" if on_device else ""
+    print(f"{'step':>4} {'loss (neuron)':>14} {'loss (eager)':>13} {'|diff|':>9} {'step s':>8}{crossing}")
     worst = 0.0
     for step in range(args.steps):
+        h2d, d2h = STATS.host_to_device_bytes, STATS.device_to_host_bytes
         t0 = time.perf_counter()
         opt_neuron.zero_grad()
-        loss = compiled(idx, targets)
+        loss = compiled(idx.to(args.device), targets.to(args.device))
         loss.backward()
         opt_neuron.step()
+        loss_value = loss.item()
         elapsed = time.perf_counter() - t0
+        crossing = (
+            f" {STATS.host_to_device_bytes - h2d:>10,} {STATS.device_to_host_bytes - d2h:>8,}" if on_device else ""
+        )
         opt_eager.zero_grad()
         ref = eager(idx, targets)
         ref.backward()
         opt_eager.step()
-        diff = abs(loss.item() - ref.item())
+        diff = abs(loss_value - ref.item())
         worst = max(worst, diff)
-        print(f"{step:>4} {loss.item():>14.6f} {ref.item():>13.6f} {diff:>9.2e} {elapsed:>8.3f}")
+        print(f"{step:>4} {loss_value:>14.6f} {ref.item():>13.6f} {diff:>9.2e} {elapsed:>8.3f}{crossing}")
+    if on_device:
+        print(
+            f"  bytes crossing per step: the batch ({idx.numel() * idx.element_size() * 2:,} bytes of token ids), the "
+            "loss read (4) and 1 for the value checks run on the device; the model crossed once, before step 0"
+        )
 
     print("\ncompiled graphs:")
     print(
         f"  {'graph':<22} {'kind':<10} {'aten ops':>8} {'NKI sites':>9} {'lower s':>8} {'compile s':>9} {'cache':>6} "
         f"{'HBM peak':>10}"
     )
-    for g in STATS.graphs:
+    one_op = [g for g in STATS.graphs if g.name.startswith("eager_")]  # the device's eager ops (docs/device.md)
+    graphs = [g for g in STATS.graphs if not g.name.startswith("eager_")]
+    for g in graphs:
         peak = human_size(g.hbm_peak) if g.hbm_peak is not None else "-"
         print(
             f"  {g.name:<22} {g.kind:<10} {g.num_ops:>8} {g.nki_kernels:>9} {g.lower_seconds:>8.3f} "
             f"{g.compile_seconds:>9.3f} {g.cache:>6} {peak:>10}"
         )
-    peaks = [g.hbm_peak for g in STATS.graphs if g.hbm_peak is not None]
+    if one_op:
+        print(
+            f"  eager ops on the device: {STATS.eager_ops_run} run as {len(one_op)} one-op graphs (AdamW's step, "
+            "the backward's seed, ...), each compiled once"
+        )
+    peaks = [g.hbm_peak for g in graphs if g.hbm_peak is not None]
     if peaks:
         from .hbm import fit_line
 
@@ -127,17 +153,17 @@ def main(argv: list[str] | None = None) -> int:
             f"  HBM peak: estimated on one NeuronCore (I/O + intermediates + scratchpad, as neuronx-cc budgets it); "
             f"the largest, {human_size(max(peaks))}, {fit_line(max(peaks))}"
         )
-    total_ops = sum(g.num_ops for g in STATS.graphs)
-    sites = sum(g.nki_kernels for g in STATS.graphs)
-    hits = sum(1 for g in STATS.graphs if g.cache == "hit")
+    total_ops = sum(g.num_ops for g in graphs)
+    sites = sum(g.nki_kernels for g in graphs)
+    hits = sum(1 for g in graphs if g.cache == "hit")
     print(
-        f"  {len(STATS.graphs)} graphs, {total_ops} aten ops lowered to StableHLO, {sites} of them NKI kernel sites "
+        f"  {len(graphs)} graphs, {total_ops} aten ops lowered to StableHLO, {sites} of them NKI kernel sites "
         + (
             "(NKI kernels compiled by nki, or their reference StableHLO where nki is not installed), "
             if target == "neuron"
             else "(their StableHLO reference on the CPU target; options={'kernels': 'emulate'} runs the kernels), "
         )
-        + f"cache hits {hits}/{len(STATS.graphs)}"
+        + f"cache hits {hits}/{len(graphs)}"
     )
     from .cache import cache_stats
 

@@ -37,3 +37,16 @@ def test_demo_runs_and_matches_eager(device: str, tmp_path) -> None:
     assert f", target {target} (" in proc.stdout.splitlines()[0], proc.stdout.splitlines()[0]
     if device == "simulated":
         assert "NeuronCore transfers: 6 executions" in proc.stdout, proc.stdout
+
+
+def test_demo_on_the_neuron_device_moves_only_the_batch_and_the_loss(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--device neuron`` (in this process, on its target): the losses match eager's, and after the first step
+    each step moves the batch in and the loss (and one byte of value checks) out."""
+    from neuron_compile import STATS, demo
+
+    STATS.reset()  # the demo reports this process's counters
+    assert demo.main(["--device", "neuron", "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "tensors on the 'neuron' device" in out.splitlines()[0] and "MATCH" in out
+    steps = [line.split() for line in out.splitlines() if re.match(r"\s+\d+\s+\d+\.\d+\s", line)]
+    assert len(steps) == 3 and all(row[-2:] == ["1,024", "5"] for row in steps[1:]), out
