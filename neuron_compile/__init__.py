@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .cache import cache_stats  # importing the cache registers its mega-cache artifact type
 from .device import register as _register_device
+from .device import wanted_at_import as _device_wanted
 from .errors import (
     NeuronCompileError,
     NeuronCompileTimeoutError,
@@ -26,8 +27,10 @@ from .options import Options
 from .stats import STATS
 from .version import __version__
 
-# The `neuron` device (PrivateUse1), unless another library holds PrivateUse1: neuron_compile/device.
-_register_device()
+# The `neuron` device (PrivateUse1) where a Neuron runtime is found or NEURON_COMPILE_DEVICE=1, unless another
+# library holds PrivateUse1: neuron_compile/device.
+if _device_wanted():
+    _register_device()
 
 __all__ = [
     "EvaluationReport",

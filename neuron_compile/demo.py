@@ -18,6 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import device as neuron_device
 from .options import Options, human_size, neuron_toolchain
 from .stats import STATS
 
@@ -74,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     on_device = args.device == "neuron"
+    if on_device and not neuron_device.register():
+        parser.error(f"--device neuron: {neuron_device.NOT_REGISTERED}")
     dtype = getattr(torch, args.dtype)
 
     torch.manual_seed(0)

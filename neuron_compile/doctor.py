@@ -172,7 +172,10 @@ def _neuron_device() -> str:
     neuron_compile's (docs/device.md), another library's (TorchNeuron's torch_neuronx), or none."""
     name = torch._C._get_privateuse1_backend_name()
     if name == "privateuseone":
-        return "none: PrivateUse1 is free (neuron_compile registers its 'neuron' device at import neuron_compile)"
+        return (
+            "none: PrivateUse1 is free (import neuron_compile registers the 'neuron' device where libnrt is found "
+            "or NEURON_COMPILE_DEVICE=1; neuron_compile.device.register() does it here)"
+        )
     module = getattr(torch, name, None)
     if name == "neuron" and type(module).__module__ == "neuron_compile.device":
         return "neuron_compile's: tensors on 'neuron' keep their data on the NeuronCore (docs/device.md)"

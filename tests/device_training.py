@@ -10,7 +10,11 @@ from typing import Any, Callable
 
 import torch
 
+import neuron_compile
 from neuron_compile import STATS
+
+# On the CPU target too (import neuron_compile does it where libnrt is found); tests/test_device.py relies on it.
+neuron_compile.device.register()
 
 
 def decoder_batches(steps: int, vocab: int = 64, batch: int = 4, seq: int = 16) -> list[tuple[torch.Tensor, ...]]:

@@ -484,7 +484,7 @@ def test_where_another_library_holds_privateuse1_nothing_is_registered_and_the_d
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(device_sim.REPO_ROOT), os.environ.get("PYTHONPATH")])),
     }
-    env["NEURON_COMPILE_TARGET"] = "cpu"
+    env["NEURON_COMPILE_TARGET"], env["NEURON_COMPILE_DEVICE"] = "cpu", "1"
     proc = subprocess.run([sys.executable, "-c", _TAKEN], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     not_registered, row = proc.stdout.strip().splitlines()[-2:]

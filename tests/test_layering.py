@@ -72,7 +72,7 @@ ALLOWED: dict[str, set[str]] = {
     "cli": {"cache", "evaluate", "doctor", "precompile"},
     "precompile": {"cache", "compiler", "runtime"},
     "doctor": {"cache", "runtime", "kernels", "debug"},
-    "demo": {"cache", "hbm"},
+    "demo": {"cache", "device", "hbm"},  # device: --device neuron registers it on the CPU target
 }
 
 

@@ -1,7 +1,8 @@
 """The ``neuron`` device: PyTorch tensors whose data stays on the NeuronCore (or, on the CPU target, in XLA CPU
 buffers), so a training step moves only its batch across the host boundary.
 
-``import neuron_compile`` registers it on PyTorch's PrivateUse1 dispatch key (``register()``) through the
+``import neuron_compile`` registers it (where a Neuron runtime is found, or ``NEURON_COMPILE_DEVICE=1``;
+else ``neuron_compile.device.register()``) on PyTorch's PrivateUse1 dispatch key through the
 hooks PyTorch provides for a device written in Python (``torch.utils.backend_registration.
 _setup_privateuseone_for_python_backend``, marked experimental: ``tests/test_device.py`` pins what we rely
 on). Tensors: ``storage.py`` (memory), ``context.py`` (moving values), ``eager.py`` (every other op as a
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from typing import Any, Iterator
 
 import torch
@@ -156,8 +158,31 @@ def _index(device: Any) -> int:
     return torch.device(device).index or 0
 
 
+#: ``NEURON_COMPILE_DEVICE``: whether ``import neuron_compile`` registers the device: "1" always, "0" never,
+#: unset when a Neuron runtime (libnrt) is found. Registration is not free for others: PyTorch then reports
+#: PrivateUse1 as the machine's accelerator (``torch._C._get_accelerator()``), and FSDP2's default mesh and
+#: ``torch.accelerator`` users follow it, so a CPU machine without the runtime keeps torch as it was.
+DEVICE_ENV = "NEURON_COMPILE_DEVICE"
+
+
+def wanted_at_import() -> bool:
+    """Whether ``import neuron_compile`` registers the device (``NEURON_COMPILE_DEVICE``, else a runtime found)."""
+    value = os.environ.get(DEVICE_ENV, "").strip().lower()
+    if value in ("1", "true", "on", "yes"):
+        return True
+    if value in ("0", "false", "off", "no"):
+        return False
+    if value:
+        raise ValueError(f"{DEVICE_ENV}={value!r}: use 1 (register the 'neuron' device) or 0 (do not)")
+    from ..runtime import libnrt
+
+    return libnrt.library_path() is not None
+
+
 def register() -> bool:
-    """Register the ``neuron`` device on PrivateUse1, once per process; whether it is ours. Where another
+    """Register the ``neuron`` device on PrivateUse1, once per process; whether it is ours. ``import
+    neuron_compile`` calls it where a Neuron runtime is found (:func:`wanted_at_import`); call it to use the
+    device on the CPU target. Where another
     library holds PrivateUse1 (TorchNeuron's ``torch_neuronx`` registers its own ``neuron`` device), nothing is
     registered: the host-tensor path works as before, and ``NOT_REGISTERED`` says why."""
     global _REGISTERED, NOT_REGISTERED
