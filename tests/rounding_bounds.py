@@ -1,16 +1,21 @@
-"""First-order rounding-error bounds of bfloat16 recurrent layers (LSTM, GRU, RNN) against float64.
+"""First-order rounding-error bounds of bfloat16 layers against float64: recurrent layers (LSTM, GRU, RNN) and a
+convolution followed by a broadcast scale, forward and backward.
 
-Why a derived bound and not eager's bits: eager's bfloat16 LSTM is oneDNN's kernel where oneDNN has bfloat16
-(AVX-512, AVX512-BF16, AMX: gates in float32, c and h rounded once a step) and ATen's per-op kernel where it does
-not (AVX2-only CPUs: every gate op rounded to bfloat16). The two differ by a few ulps, so a test that copies one
-machine's eager values fails on the other (issue 52). Both, and the compiled lowering, are judged here against
-the float64 result of the same bfloat16 inputs with a bound from the layer's rounding-error analysis:
+Why a derived bound and not eager's bits: eager's bfloat16 kernels are oneDNN's where oneDNN has bfloat16
+(AVX-512, AVX512-BF16, AMX) and ATen's where it does not (AVX2-only CPUs). The LSTM: oneDNN computes the gates
+in float32 and rounds c and h once a step, ATen rounds every gate op. A convolution's weight gradient: oneDNN
+accumulates the whole batch in float32 and rounds once, ATen's slow convolution adds each sample's float32
+product into the bfloat16 gradient (rounded at every sample). The orders differ by a few ulps (more where the
+samples' terms cancel), so a test that copies one machine's eager values fails on the other (issue 52). Both,
+and the compiled lowering, are judged here against the float64 result of the same bfloat16 inputs with a bound
+from the computation's rounding-error analysis:
 
 * **Sites.** ``recurrent_program`` recomputes the layer in float64 and marks every intermediate value that some
-  implementation rounds (a *site*): the union of ATen's per-op order (each op's result rounded), oneDNN's (the
-  bias pair summed in the dtype, c and h rounded once a step) and the lowering's (oneDNN's for LSTM, torch's
-  per-op decomposition for GRU/RNN). An implementation that does not round at a site only carries its float32
-  error there, which the site's radius includes, so one bound covers every order.
+  implementation rounds (a *site*): the union of ATen's per-op order (each op's result rounded; the weight and
+  bias gradients of a convolution rounded after each sample), oneDNN's (the LSTM's bias pair summed in the
+  dtype, c and h rounded once a step) and the lowering's (oneDNN's for LSTM, torch's per-op decomposition for
+  GRU/RNN). An implementation that does not round at a site only carries its float32 error there, which the
+  site's radius includes, so one bound covers every order.
 * **Radius of a site.** Rounding to bfloat16 (8 significand bits, to nearest): ``|d| <= u|v|``, u = 2^-8, plus
   the float32 arithmetic before it (2 u32, u32 = 2^-24). A float32 sigmoid/tanh is within 16 u32 (Sleef is
   within 1 ulp, XLA's rational tanh a few). A dot product of k bfloat16 products (exact in float32) accumulated
@@ -27,8 +32,9 @@ the float64 result of the same bfloat16 inputs with a bound from the layer's rou
   elements is at most the RMS of sigma. (Errors uniform in [-r, r] would give sigma / sqrt(3): the check
   leaves that factor for fluctuation, and holds exactly in expectation for any distribution within the radii.)
 
-A sequence's outputs do not depend on another sequence of the batch: one Jacobian row serves the whole batch,
-so the rows are the outputs of one sequence (the cost is one batched backward pass over the float64 program).
+A recurrent layer's outputs for one sequence do not depend on another sequence of the batch: one Jacobian row
+serves the whole batch, so the rows are the outputs of one sequence (one batched backward pass over the float64
+program). A convolution's weight gradient mixes the batch: there every output element is a row.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 #: Unit roundoff of bfloat16 and float32 (round to nearest).
 U_BF16 = 2.0**-8
@@ -144,10 +151,12 @@ class Bound:
     sigma: torch.Tensor
 
 
-def first_order_bounds(outputs: dict[str, torch.Tensor], s: Sites) -> dict[str, Bound]:
-    """The bound of every output element (batch first: row j of the Jacobian serves every sequence)."""
-    flat = torch.cat([o.reshape(o.shape[0], -1) for o in outputs.values()], 1)  # (B, rows)
-    batch, rows = flat.shape
+def first_order_bounds(outputs: dict[str, torch.Tensor], s: Sites, per_sequence: bool = True) -> dict[str, Bound]:
+    """The bound of every output element. ``per_sequence``: the outputs are batch first and no sequence's depend
+    on another's, so row j of the Jacobian serves every sequence; else every output element is a row."""
+    batch = next(iter(outputs.values())).shape[0] if per_sequence else 1
+    flat = torch.cat([o.reshape(batch, -1) for o in outputs.values()], 1)  # (batch, rows)
+    rows = flat.shape[1]
     cotangents = torch.eye(rows, dtype=torch.float64).unsqueeze(1).expand(rows, batch, rows)
     grads = torch.autograd.grad(flat, s.perturbations, cotangents, is_grads_batched=True, allow_unused=True)
     worst = torch.zeros(rows, batch, dtype=torch.float64)
@@ -159,7 +168,7 @@ def first_order_bounds(outputs: dict[str, torch.Tensor], s: Sites) -> dict[str, 
             square += contribution.square().sum(-1)
     bounds, start = {}, 0
     for name, o in outputs.items():
-        n = o[0].numel()
+        n = o.numel() // batch
         worst_o, sigma_o = (t[start : start + n].T.reshape(o.shape) for t in (worst, square.sqrt()))
         bounds[name] = Bound(worst_o, sigma_o)
         start += n
@@ -178,6 +187,56 @@ def recurrent_bounds(module: torch.nn.RNNBase, x: torch.Tensor) -> tuple[dict[st
 
     values = {n: layout(n, o.detach()) for n, o in outputs.items()}
     return values, {n: Bound(layout(n, b.worst), layout(n, b.sigma)) for n, b in bounds.items()}
+
+
+def _accumulated(s: Sites, parts: list[torch.Tensor], magnitude: torch.Tensor, terms: int) -> torch.Tensor:
+    """The sum of per-sample ``parts`` (each a float32 sum), as ATen's slow convolution adds them into a
+    bfloat16 gradient (rounded after each) or oneDNN in one float32 accumulator of ``terms`` terms whose
+    absolute values sum to ``magnitude`` (rounded once)."""
+    total = parts[0]
+    for part in parts[1:]:
+        total = s.rounded(total) + part
+    return s.site(total, _gamma(terms) * magnitude + (U_BF16 + U_F32) * total.detach().abs())
+
+
+def conv_scale_program(
+    conv: torch.nn.Conv2d, scale: torch.Tensor, x: torch.Tensor, cotangent: torch.Tensor, s: Sites
+) -> dict[str, torch.Tensor]:
+    """``conv(x) * scale + 1`` and its gradients for ``cotangent`` (of the input, weight, bias and scale) in
+    float64 with their rounding sites marked."""
+    assert conv.bias is not None and conv.groups == 1 and isinstance(conv.padding, tuple), conv
+    w, b, sc, x, g = (t.detach().double() for t in (conv.weight, conv.bias, scale, x, cotangent))
+    kw = {"stride": conv.stride, "padding": conv.padding, "dilation": conv.dilation}
+    y = F.conv2d(x, w, b, **kw)
+    y = s.site(y, _gamma(w[0].numel() + 1) * F.conv2d(x.abs(), w.abs(), b.abs(), **kw) + (U_BF16 + U_F32) * y.abs())
+    out = s.rounded(s.rounded(y * sc) + 1)
+    g_y = s.rounded(g * sc)
+    per_sample = g_y.shape[0] * g_y[0, 0].numel()  # the terms of a weight or bias gradient element
+    grad_x = torch.nn.grad.conv2d_input(x.shape, w, g_y, **kw)
+    magnitude = torch.nn.grad.conv2d_input(x.shape, w.abs(), g_y.detach().abs(), **kw)
+    grad_x = s.site(grad_x, _gamma(w.shape[0] * w[0, 0].numel()) * magnitude + (U_BF16 + U_F32) * grad_x.abs())
+    grad_w = _accumulated(
+        s,
+        [torch.nn.grad.conv2d_weight(x[n : n + 1], w.shape, g_y[n : n + 1], **kw) for n in range(len(x))],
+        torch.nn.grad.conv2d_weight(x.abs(), w.shape, g_y.detach().abs(), **kw),
+        per_sample,
+    )
+    grad_b = _accumulated(s, [part.sum((1, 2)) for part in g_y], g_y.detach().abs().sum((0, 2, 3)), per_sample)
+    product = s.rounded(g * y)
+    grad_scale = product.sum((0, 2, 3)).reshape(sc.shape)
+    magnitude = product.detach().abs().sum((0, 2, 3)).reshape(sc.shape)
+    grad_scale = s.site(grad_scale, _gamma(per_sample) * magnitude + (U_BF16 + U_F32) * grad_scale.abs())
+    return {"output": out, "grad of input": grad_x, "grad of weight": grad_w, "grad of bias": grad_b,
+            "grad of scale": grad_scale}  # fmt: skip
+
+
+def conv_scale_bounds(
+    conv: torch.nn.Conv2d, scale: torch.Tensor, x: torch.Tensor, cotangent: torch.Tensor
+) -> tuple[dict[str, torch.Tensor], dict[str, Bound]]:
+    """The float64 values of ``conv_scale_program`` and their bounds."""
+    s = Sites()
+    outputs = conv_scale_program(conv, scale, x, cotangent, s)
+    return {n: o.detach() for n, o in outputs.items()}, first_order_bounds(outputs, s, per_sequence=False)
 
 
 def assert_within_bound(actual: torch.Tensor, reference: torch.Tensor, bound: Bound, what: str) -> None:

@@ -491,6 +491,37 @@ def test_lstm_dropout_between_layers_applies_in_training() -> None:
     assert not torch.allclose(compiled(x)[0], without), "dropout=0.5 in training left the LSTM's output unchanged"
 
 
+def test_bf16_conv_then_broadcast_scale_within_bound() -> None:
+    """A convolution, then ``y * scale + 1`` (a per-channel parameter broadcast over a channels-last result):
+    forward and the gradients of the input, weight, bias and scale, compiled and eager, within the rounding bound
+    against float64. Eager's weight gradient is oneDNN's (one float32 sum over the batch) with AVX-512 and ATen's
+    slow convolution (rounded to bfloat16 after each sample) on AVX2; the two differ by up to 7% of an element
+    where the samples' terms cancel, which a tolerance against eager's values cannot tell from a wrong result
+    (issue 52: tests/test_lowering_nn.py's bfloat16 broadcast_param case)."""
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(4, 6, 3, padding=1).to(torch.bfloat16)
+    scale = torch.randn(6, 1, 1).to(torch.bfloat16)
+    x = torch.randn(2, 4, 7, 6).to(torch.bfloat16)
+    cotangent = torch.randn(2, 6, 7, 6).to(torch.bfloat16)
+    reference, bounds = RB.conv_scale_bounds(conv, scale, x, cotangent)
+
+    def run(compiled: bool) -> dict[str, torch.Tensor]:
+        module, s, xi = copy.deepcopy(conv), scale.clone().requires_grad_(), x.clone().requires_grad_()
+
+        def fn(v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+            return module(v) * w + 1
+
+        out = (_compiled(fn) if compiled else fn)(xi, s)
+        out.backward(cotangent)
+        grads = (xi.grad, module.weight.grad, module.bias.grad, s.grad)
+        return dict(zip(reference, (out.detach(), *grads)))
+
+    for who, values in (("compiled", run(True)), ("eager", run(False))):
+        for name, bound in bounds.items():
+            assert values[name].dtype == torch.bfloat16, f"{name} ({who})"
+            RB.assert_within_bound(values[name], reference[name], bound, f"conv * scale + 1 {name} ({who})")
+
+
 # ---- the same numerics as on a CPU without AVX-512 (issue 52) -------------------------------------------
 #: Variables read once at start-up: oneDNN's ISA ceiling (its bfloat16 kernels need AVX-512, so eager's LSTM
 #: takes ATen's per-op kernel) and ATen's vectorized-kernel dispatch.
@@ -500,6 +531,7 @@ _AVX2_RERUN = [
     "tests/test_bf16_numerics.py::test_bf16_recurrent_error_against_float64_within_bound[LSTM]",
     "tests/test_bf16_numerics.py::test_bf16_recurrent_error_against_float64_within_bound[GRU]",
     "tests/test_bf16_numerics.py::test_bf16_lstm_inference_within_bound",
+    "tests/test_bf16_numerics.py::test_bf16_conv_then_broadcast_scale_within_bound",
     "tests/test_lowering_nn.py::test_recurrent[lstm_2_layers-bfloat16]",
     "tests/test_lowering_nn.py::test_recurrent[gru_bidirectional_2_layers-bfloat16]",
     "tests/test_lowering_nn.py::test_convolution[conv2d-bfloat16]",
