@@ -526,7 +526,7 @@ def test_bf16_conv_then_broadcast_scale_within_bound() -> None:
 #: Variables read once at start-up: oneDNN's ISA ceiling (its bfloat16 kernels need AVX-512, so eager's LSTM
 #: takes ATen's per-op kernel) and ATen's vectorized-kernel dispatch.
 _AVX2_ENVIRONMENT = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
-#: Tests whose eager side differs by ISA: oneDNN's bfloat16 LSTM, matmul and convolution kernels.
+#: Tests whose eager side differs by ISA: oneDNN's bfloat16 LSTM, matmul and convolution kernels, its int8 matmul.
 _AVX2_RERUN = [
     "tests/test_bf16_numerics.py::test_bf16_recurrent_error_against_float64_within_bound[LSTM]",
     "tests/test_bf16_numerics.py::test_bf16_recurrent_error_against_float64_within_bound[GRU]",
@@ -537,6 +537,7 @@ _AVX2_RERUN = [
     "tests/test_lowering_nn.py::test_convolution[conv2d-bfloat16]",
     "tests/test_lowering_nn.py::test_convolution[conv_transpose2d_full-bfloat16]",
     "tests/test_lowering_nn.py::test_bf16_matmul_accumulates_in_float32",
+    "tests/test_quantization.py::test_int_mm_is_exact",
 ]
 #: The child first shows that the variables took effect (else it would prove nothing), then runs the tests.
 _AVX2_CHILD = """

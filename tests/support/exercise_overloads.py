@@ -389,8 +389,12 @@ OVERRIDES: dict[str, Callable[[Maker], Args]] = {
 }  # fmt: skip
 
 
-#: Eager's result for overloads that CPU eager does not implement: what the overload means, in torch.
+#: Eager's result for overloads that CPU eager does not implement, or gets wrong on some CPUs: what the overload
+#: means, in torch.
 REFERENCES: dict[str, Callable[..., Any]] = {
+    # int8 x int8 -> int32, exact: eager's oneDNN kernel saturates pairs of products to int16 on CPUs without
+    # AVX-512 VNNI (ONEDNN_MAX_CPU_ISA=AVX2 shows it), so eager is not the reference there (issue 52)
+    "aten._int_mm.default": lambda a, b: (a.long() @ b.long()).int(),
     # out_dtype matmuls: the product of the inputs, accumulated and returned in out_dtype
     "aten.mm.dtype": lambda a, b, dt: torch.mm(a.to(dt), b.to(dt)),
     "aten.bmm.dtype": lambda a, b, dt: torch.bmm(a.to(dt), b.to(dt)),
