@@ -128,7 +128,9 @@ def test_readme_shows_the_test_command_ci_runs_and_the_demo_command() -> None:
         if line.strip() and not line.lstrip().startswith("#")
     ]
     commands = _shell_commands(README.read_text())
-    assert ci[-1] in commands, f"CI runs {ci[-1]!r}; the README's commands are {commands}"
+    test_command = 'python -m pip install -e ".[test]" && python -m pytest'
+    assert test_command in commands, f"the README's commands are {commands}"
+    assert test_command in ci, f"CI runs {ci}, not the README's test command"
     assert "python -m pip install -e . && python -m neuron_compile.demo" in commands, commands
 
 

@@ -26,6 +26,9 @@ from neuron_compile.lowering import factorizations as F
 from tests.support import opinfo_harness as H
 from tests.util import root_cause
 
+#: A lowering family niche on Trainium (no native linalg/FFT units): CI's extended job (pyproject.toml's markers).
+pytestmark = pytest.mark.extended
+
 la = torch.linalg
 
 

@@ -23,6 +23,9 @@ from neuron_compile.evaluate.numerics import DEFAULT_TOL, NumericsVerdict, compa
 
 from .model_zoo import BATCH, ZOO, ZooCase, _tokens, cast_inputs, copy_as
 
+#: The zoo's costliest training cases (10-36 s each), run by CI's extended job (pyproject.toml's markers).
+EXTENDED_ZOO = {"sd_unet", "whisper", "bart", "mixtral"}
+
 pytest.importorskip("transformers")
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -106,7 +109,7 @@ def _judge(case: ZooCase, dtype: torch.dtype) -> list[NumericsVerdict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
-@pytest.mark.parametrize("name", list(ZOO))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.extended) if n in EXTENDED_ZOO else n for n in ZOO])
 def test_training_steps_match_reference(name: str, dtype: torch.dtype) -> None:
     STATS.reset()
     for step, verdict in enumerate(_judge(ZOO[name](), dtype)):

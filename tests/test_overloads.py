@@ -23,6 +23,7 @@ ALONE = [name for name in LOWERED if not X.not_isolated(name)]
 CHUNKS = [ALONE[i : i + X.BATCH_SIZE] for i in range(0, len(ALONE), X.BATCH_SIZE)]
 
 
+@pytest.mark.extended  # ~100 s of the suite: CI's extended job (pyproject.toml's markers)
 @pytest.mark.parametrize("names", CHUNKS, ids=lambda c: f"{c[0]}..{c[-1]}")
 def test_overloads_match_eager_and_have_a_verdict(names: list[str]) -> None:
     cases, no_input = [], []

@@ -124,7 +124,9 @@ def _fleet(tmp_path: Path, script: list[str], url: str) -> dict:
     return dict(collected=collected, graphs=graphs, before=before, after=after, compiled=compiled, runs=runs)
 
 
-@pytest.mark.parametrize("name", sorted(SCRIPTS))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.extended) if n == "zoo_resnet" else n for n in sorted(SCRIPTS)]
+)
 def test_collect_compile_then_the_neuron_run_compiles_nothing(tmp_path, url, name) -> None:
     fingerprint = _fingerprint()
     out = _fleet(tmp_path, SCRIPTS[name](tmp_path), url)
@@ -165,6 +167,7 @@ def buckets(tmp_path_factory) -> Path:
     return manifest
 
 
+@pytest.mark.extended
 def test_eight_graphs_of_four_seconds_compile_in_about_two_rounds_with_four_jobs(tmp_path, buckets) -> None:
     """The same 8 compiles without and with a 4 s delay each: the delay adds about two rounds (8 s), where
     one compiler at a time would add 32 s. (The difference leaves out starting the fake compiler, python +
@@ -199,6 +202,7 @@ def test_two_shards_cover_every_key_exactly_once(tmp_path, buckets, monkeypatch)
     assert done[0] | done[1] == {precompile.resolve(r, versions)[0] for r in graphs.values()}
 
 
+@pytest.mark.extended
 def test_a_failing_graph_is_listed_with_the_compiler_message_and_the_others_finish(tmp_path, buckets) -> None:
     graphs = sorted(precompile.read_manifest(str(buckets)).values(), key=lambda r: r.name)
     bad = graphs[3]
@@ -216,6 +220,7 @@ def test_a_failing_graph_is_listed_with_the_compiler_message_and_the_others_fini
     assert re.search(rf"MISS .* {re.escape(bad.name)} .*{re.escape(bad.source)}", check.stdout), check.stdout
 
 
+@pytest.mark.extended
 def test_a_run_with_a_changed_option_says_which_key_part_differs(tmp_path, buckets) -> None:
     sim = _env(tmp_path, sim=True)
     _run(_cli("precompile", "compile", str(buckets), "--jobs", "4"), sim, tmp_path)

@@ -201,6 +201,7 @@ def test_second_process_gets_a_remote_hit_without_compiling(url, s3, tmp_path):
     assert len(list(DiskStore(str(tmp_path / "host_b")).entries())) == 1  # copied into the local cache
 
 
+@pytest.mark.extended
 def test_four_racing_processes_publish_exactly_one_entry(url, s3, tmp_path):
     ready = tmp_path / "ready"
     ready.mkdir()

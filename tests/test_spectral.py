@@ -25,6 +25,9 @@ from neuron_compile.errors import NeuronUnsupportedOpError
 from neuron_compile.lowering import spectral
 from tests.util import root_cause
 
+#: A lowering family niche on Trainium (no native linalg/FFT units): CI's extended job (pyproject.toml's markers).
+pytestmark = pytest.mark.extended
+
 la = torch.linalg
 EPS = torch.finfo(torch.float32).eps
 #: How much further from the float64 result than eager's float32 result ours may be.
