@@ -537,7 +537,8 @@ _AVX2_RERUN = [
     "tests/test_lowering_nn.py::test_convolution[conv2d-bfloat16]",
     "tests/test_lowering_nn.py::test_convolution[conv_transpose2d_full-bfloat16]",
     "tests/test_lowering_nn.py::test_bf16_matmul_accumulates_in_float32",
-    "tests/test_quantization.py::test_int_mm_is_exact",
+    "tests/test_quantization.py::test_int_mm_is_exact[k1030-torch.int8]",
+    "tests/test_quantization.py::test_int_mm_is_exact[k1030-torch.uint8]",
 ]
 #: The child first shows that the variables took effect (else it would prove nothing), then runs the tests.
 _AVX2_CHILD = """
