@@ -491,3 +491,23 @@ def test_where_another_library_holds_privateuse1_nothing_is_registered_and_the_d
     assert "already registered as 'neuron' by another library" in not_registered
     assert "neuron_compile: PrivateUse1 is already registered" in proc.stderr  # said once, on the logger
     assert row.startswith("TorchNeuron's torch_neuronx's: PrivateUse1 is registered as 'neuron'"), row
+
+
+_EAGER_ONLY = """
+import torch, neuron_compile
+x = torch.randn(4, 3, device="neuron")
+print((x * 2).sum().item())
+"""
+
+
+def test_precompile_collect_records_eager_ops_of_a_script_that_compiles_nothing(tmp_path) -> None:
+    """``neuron-compile precompile collect`` of a script whose only graphs are the device's one-op graphs: the
+    recorder starts at the first one (not only at a backend compile), so the fleet gets them precompiled."""
+    manifest = tmp_path / "manifest.json"
+    env = {**os.environ, "NEURON_COMPILE_TARGET": "cpu", "NEURON_COMPILE_DEVICE": "1"}
+    env["NEURON_COMPILE_CACHE_DIR"], env["NEURON_COMPILE_PRECOMPILE_MANIFEST"] = str(tmp_path / "cache"), str(manifest)
+    proc = subprocess.run([sys.executable, "-c", _EAGER_ONLY], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    graphs = json.loads(manifest.read_text())["graphs"]
+    names = sorted(g["name"] for g in (graphs.values() if isinstance(graphs, dict) else graphs))
+    assert any(n.startswith("eager_aten_mul") for n in names) and len(names) >= 2, names

@@ -66,7 +66,7 @@ ALLOWED: dict[str, set[str]] = {
     "__init__": {"cache", "kernels", "nki", "lowering", "evaluate", "bucketing", "device"},
     # the neuron device: its graphs go through the compiler; executor.DEVICE_CALL is its hook into the runtime,
     # value_checks.DEFERRED_CHECKS into the checks of graphs
-    "device": {"compiler", "decompositions", "graph_checks", "runtime", "value_checks"},
+    "device": {"cache", "compiler", "decompositions", "graph_checks", "runtime", "value_checks"},
     "evaluate": {"backend", "cache", "compiler", "graph_checks", "hbm", "kernels", "lowering", "runtime", "debug"},
     "bucketing": set(),
     "cli": {"cache", "evaluate", "doctor", "precompile"},

@@ -65,7 +65,12 @@ def trace(fn: Callable[..., Any], examples: list[tuple[tuple[int, ...], torch.dt
 
 
 def compile_one(gm: torch.fx.GraphModule, op: Any, opts: Options) -> Callable[[list[Any]], list[Any]]:
-    from ..compiler import compile_graph
+    from ..compiler import build_artifact, compile_graph
+
+    if opts.precompile_manifest:  # precompile collect: an eager op may come before the backend's first compile
+        from ..cache.collect import start_collecting
+
+        start_collecting(build_artifact)
 
     fakes = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     name = f"eager_{str(op).replace('.', '_')}"
