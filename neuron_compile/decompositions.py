@@ -11,95 +11,96 @@ import contextlib
 import contextvars
 import functools
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch._decomp import core_aten_decompositions, get_decompositions
+from torch._ops import OpOverload
 
 aten = torch.ops.aten
 
-KEEP_WHOLE = [
-    aten._softmax,
-    aten._log_softmax,
-    aten._softmax_backward_data,
-    aten._log_softmax_backward_data,
-    aten.native_layer_norm,
-    aten.native_layer_norm_backward,
-    aten.gelu,
-    aten.gelu_backward,
-    aten.silu,
-    aten.silu_backward,
-    aten.addmm,
-    aten.mm,
-    aten.bmm,
-    aten.embedding,
-    aten.embedding_dense_backward,
-    # Computed in opmath and rounded once, in eager's order of operations (lowering/pointwise.py); Dynamo's
-    # own split of these ops is undone for neuron compiles (trace_fixes.py).
-    aten.addcmul,
-    aten.addcdiv,
-    aten.nll_loss_forward,
-    aten.nll_loss_backward,
-    # torch's decomposition indexes with a 0-d index tensor, which guards on its data (.item()).
-    aten.take,
-    # core ATen maps it to alias(), a view: in a scan/map body that aliases the body's input, which torch's
-    # autograd of those ops refuses ("scan might be aliasing"); lowered as the value it is (lowering/views.py).
-    aten.detach,
-    # Lowered with constant-index gathers / concatenation (lowering/padding.py); torch's decompositions
-    # compute the indices in the graph (more ops, non-constant gathers, float64 aranges).
-    aten.upsample_nearest1d,
-    aten.upsample_nearest2d,
-    aten.upsample_nearest3d,
-    aten._upsample_nearest_exact1d,
-    aten._upsample_nearest_exact2d,
-    aten._upsample_nearest_exact3d,
-    aten.upsample_linear1d,
-    aten.upsample_bilinear2d,
-    aten.upsample_trilinear3d,
-    aten.upsample_nearest1d_backward,
-    aten.upsample_nearest2d_backward,
-    aten.upsample_nearest3d_backward,
-    aten._upsample_nearest_exact1d_backward,
-    aten._upsample_nearest_exact2d_backward,
-    aten._upsample_nearest_exact3d_backward,
-    aten.upsample_linear1d_backward,
-    aten.upsample_bilinear2d_backward,
-    aten.upsample_trilinear3d_backward,
-    aten.reflection_pad1d,
-    aten.reflection_pad2d,
-    aten.reflection_pad3d,
-    aten.replication_pad1d,
-    aten.replication_pad2d,
-    aten.replication_pad3d,
-    aten.reflection_pad1d_backward,
-    aten.reflection_pad2d_backward,
-    aten.reflection_pad3d_backward,
-    aten.replication_pad1d_backward,
-    aten.replication_pad2d_backward,
-    aten.replication_pad3d_backward,
-]
+#: How the table treats an op (``Treatment.kind``).
+KEPT_WHOLE = "kept whole"
+FROM_TORCH = "torch's decomposition (from torch._decomp, not core ATen's)"
+OURS = "our decomposition (decompositions.py)"
+PER_TENSOR = "one op per tensor of the lists (decompositions.py::_foreach_decomposition)"
+CORE = "core ATen's decomposition"
 
 
-#: Non-core ops that torch's own decomposition table (torch._decomp, also used by Inductor) reduces to ops
-#: lowered here with eager's numerics; each is taken from torch rather than lowered by hand.
-EXTRA_DECOMPOSITIONS = [
-    # norm(input - other, p): eager's own formula (the difference rounded to the input dtype, then the norm
-    # in opmath), so bfloat16 rounds where eager does.
-    aten.dist,
-    # narrow + clone: a static slice.
-    aten.narrow_copy,
-    # What nn.BatchNorm's training forward becomes under torch.export-style functionalization; torch's
-    # decomposition is native_batch_norm's own helper (var_mean, rsqrt, running-stat update in opmath).
-    aten._batch_norm_with_update_functional,
-    # Its backward (the one autograd records for _batch_norm_with_update): native_batch_norm_backward's
-    # decomposition, which core ATen already uses for the other batch-norm forms.
-    aten.batch_norm_backward,
-    # Bilinear/nearest/bicubic sampling as gathers at computed indices, with ``pw_cast_for_opmath`` (16-bit
-    # inputs computed in float32, rounded once). Its backward, which autograd records before the table
-    # runs, is lowered (lowering/grid_sample.py).
-    aten.grid_sampler_2d,
-]
+@dataclass(frozen=True)
+class Treatment:
+    """How ``decomposition_table()`` treats one op, and why (the ``why`` of a CORE entry of ``PLAN``: why
+    the op's lowering is kept although the table decomposes it)."""
+
+    kind: str
+    why: str = ""
+    #: OURS: the decomposition.
+    fn: Callable[..., Any] | None = None
+
+    def describe(self) -> str:
+        if self.kind == CORE and self.why:
+            return f"{self.kind}; lowered too: {self.why}"
+        return f"{self.kind}: {self.why}" if self.why else self.kind
+
+
+#: op (packet or overload) -> its treatment, for every op whose treatment is decided here rather than by torch's
+#: core-ATen table: kept whole, torch's non-core decomposition taken, our own decomposition, and the core-ATen
+#: decomposed ops that are lowered too (with why). Read per op through ``treatment_of`` (and
+#: ``DispatchRecord.decomposition``); tests/test_registry.py checks the lowered-and-decomposed entries are exact.
+PLAN: dict[Any, Treatment] = {}
+
+
+def _plan(kind: str, why: str, *ops: Any, fn: Callable[..., Any] | None = None) -> None:
+    for op in ops:
+        if op in PLAN:
+            raise ValueError(f"{op} is planned twice: {PLAN[op].describe()} and {kind}: {why}")
+        PLAN[op] = Treatment(kind, why, fn)
+
+
+_plan(KEPT_WHOLE, "an NKI kernel takes it (lowering/kernel_routing.py)",
+      aten._softmax, aten._log_softmax, aten._softmax_backward_data, aten._log_softmax_backward_data,
+      aten.native_layer_norm, aten.native_layer_norm_backward, aten.addmm, aten.mm, aten.bmm)  # fmt: skip
+_plan(KEPT_WHOLE, "a device-friendly form, lowered whole",
+      aten.gelu, aten.gelu_backward, aten.silu, aten.silu_backward, aten.embedding,
+      aten.embedding_dense_backward, aten.nll_loss_forward, aten.nll_loss_backward)  # fmt: skip
+_plan(KEPT_WHOLE, "computed in opmath and rounded once, in eager's order of operations (lowering/pointwise.py); "
+      "Dynamo's own split of these ops is undone for neuron compiles (trace_fixes.py)",
+      aten.addcmul, aten.addcdiv)  # fmt: skip
+_plan(
+    KEPT_WHOLE, "torch's decomposition indexes with a 0-d index tensor, which guards on its data (.item())", aten.take
+)
+_plan(KEPT_WHOLE, "core ATen maps it to alias(), a view: in a scan/map body that aliases the body's input, which "
+      "torch's autograd of those ops refuses (\"scan might be aliasing\"); lowered as the value it is "
+      "(lowering/views.py)", aten.detach)  # fmt: skip
+_plan(KEPT_WHOLE, "lowered with constant-index gathers / concatenation (lowering/padding.py); torch's "
+      "decompositions compute the indices in the graph (more ops, non-constant gathers, float64 aranges)",
+      aten.upsample_nearest1d, aten.upsample_nearest2d, aten.upsample_nearest3d,
+      aten._upsample_nearest_exact1d, aten._upsample_nearest_exact2d, aten._upsample_nearest_exact3d,
+      aten.upsample_linear1d, aten.upsample_bilinear2d, aten.upsample_trilinear3d,
+      aten.upsample_nearest1d_backward, aten.upsample_nearest2d_backward, aten.upsample_nearest3d_backward,
+      aten._upsample_nearest_exact1d_backward, aten._upsample_nearest_exact2d_backward,
+      aten._upsample_nearest_exact3d_backward, aten.upsample_linear1d_backward,
+      aten.upsample_bilinear2d_backward, aten.upsample_trilinear3d_backward,
+      aten.reflection_pad1d, aten.reflection_pad2d, aten.reflection_pad3d,
+      aten.replication_pad1d, aten.replication_pad2d, aten.replication_pad3d,
+      aten.reflection_pad1d_backward, aten.reflection_pad2d_backward, aten.reflection_pad3d_backward,
+      aten.replication_pad1d_backward, aten.replication_pad2d_backward, aten.replication_pad3d_backward)  # fmt: skip
+
+# Non-core ops that torch's own decomposition table (torch._decomp, also used by Inductor) reduces to ops
+# lowered here with eager's numerics; each is taken from torch rather than lowered by hand.
+_plan(FROM_TORCH, "eager's own formula (the difference rounded to the input dtype, then the norm in opmath), so "
+      "bfloat16 rounds where eager does", aten.dist)  # fmt: skip
+_plan(FROM_TORCH, "narrow + clone: a static slice", aten.narrow_copy)
+_plan(FROM_TORCH, "what nn.BatchNorm's training forward becomes under torch.export-style functionalization; "
+      "torch's decomposition is native_batch_norm's own helper (var_mean, rsqrt, running-stat update in opmath)",
+      aten._batch_norm_with_update_functional)  # fmt: skip
+_plan(FROM_TORCH, "the backward autograd records for _batch_norm_with_update: native_batch_norm_backward's "
+      "decomposition, which core ATen already uses for the other batch-norm forms", aten.batch_norm_backward)  # fmt: skip
+_plan(FROM_TORCH, "bilinear/nearest/bicubic sampling as gathers at computed indices, with pw_cast_for_opmath "
+      "(16-bit inputs computed in float32, rounded once); its backward, which autograd records before the table "
+      "runs, is lowered (lowering/grid_sample.py)", aten.grid_sampler_2d)  # fmt: skip
 
 
 def _exact_integral_linspace(reference: Callable[..., Any]) -> Callable[..., Any]:
@@ -611,17 +612,27 @@ def _foreach_decompositions() -> dict[Any, Callable[..., Any]]:
     return table
 
 
-#: Decompositions written here, for ops torch has none for.
-OWN_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
-    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: _sdpa_flash_for_cpu_backward,
-    aten._native_multi_head_attention.default: _native_multi_head_attention,
-    aten._transformer_encoder_layer_fwd.default: _transformer_encoder_layer_fwd,
-    aten._weight_norm_interface_backward.default: _weight_norm_interface_backward,
-    # torch's are wrong (see the functions); also their Autograd kernels (AUTOGRAD_KERNEL_FIXES).
-    aten.multilabel_margin_loss_forward.default: _multilabel_margin_loss_forward,
-    aten.multilabel_margin_loss_backward.default: _multilabel_margin_loss_backward,
-    aten.multi_margin_loss.default: _multi_margin_loss,
-}
+_NONE_IN_TORCH = "torch has no decomposition for it"
+_TORCHS_WRONG = "torch's is wrong (see the function); also its Autograd kernel (AUTOGRAD_KERNEL_FIXES)"
+_plan(OURS, _NONE_IN_TORCH, aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+      fn=_sdpa_flash_for_cpu_backward)  # fmt: skip
+_plan(OURS, _NONE_IN_TORCH, aten._native_multi_head_attention.default, fn=_native_multi_head_attention)
+_plan(OURS, _NONE_IN_TORCH, aten._transformer_encoder_layer_fwd.default, fn=_transformer_encoder_layer_fwd)
+_plan(OURS, _NONE_IN_TORCH, aten._weight_norm_interface_backward.default, fn=_weight_norm_interface_backward)
+_plan(OURS, _TORCHS_WRONG, aten.multilabel_margin_loss_forward.default, fn=_multilabel_margin_loss_forward)
+_plan(OURS, "torch's is wrong (see the function)", aten.multilabel_margin_loss_backward.default,
+      fn=_multilabel_margin_loss_backward)  # fmt: skip
+_plan(OURS, _TORCHS_WRONG, aten.multi_margin_loss.default, fn=_multi_margin_loss)
+
+
+def _planned(kind: str) -> list[Any]:
+    return [op for op, treatment in PLAN.items() if treatment.kind == kind]
+
+
+#: The ops ``PLAN`` keeps whole (packets); the non-core ops whose torch decomposition is taken; ours.
+KEEP_WHOLE = _planned(KEPT_WHOLE)
+EXTRA_DECOMPOSITIONS = _planned(FROM_TORCH)
+OWN_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {op: PLAN[op].fn for op in _planned(OURS)}
 
 
 def _core_aten() -> dict[Any, Callable[..., Any]]:
@@ -659,6 +670,19 @@ def decomposition_table() -> dict[Any, Callable[..., Any]]:
     return dict(_table())
 
 
+def treatment_of(op: OpOverload) -> Treatment | None:
+    """How ``decomposition_table()`` treats the overload ``op``: kept whole, decomposed (by whose
+    decomposition, and for a lowered op why its lowering is kept), or None when the table leaves it alone."""
+    planned = PLAN.get(op) or PLAN.get(op.overloadpacket)
+    if op not in _table():
+        return planned if planned is not None and planned.kind == KEPT_WHOLE else None
+    if planned is not None and planned.kind != KEPT_WHOLE:
+        return planned
+    if op in _foreach_decompositions():
+        return Treatment(PER_TENSOR)
+    return Treatment(CORE)
+
+
 # A graph traced by AOTAutograd with ``decomposition_table()`` never holds these: torch decomposes them
 # first (the OpInfo sweep saw none of them reach the backend). They stay lowered because
 # ``lowering.lower_graph`` takes any aten graph, e.g. one from ``make_fx`` or ``torch.export`` traced
@@ -669,54 +693,56 @@ _INDEX_ADD_REASON = (
     "it directly to check alpha and duplicate indices"
 )
 
-#: Every overload that is both lowered (lowering/) and decomposed away by ``decomposition_table()``,
-#: with why its lowering is kept. tests/test_registry.py checks that this list is exact.
-LOWERED_AND_DECOMPOSED: dict[Any, str] = {
-    aten._unsafe_view.default: _WITHOUT_OUR_TABLE,
-    aten.all.default: _WITHOUT_OUR_TABLE,
-    aten.all.dim: _WITHOUT_OUR_TABLE,
-    aten.all.dims: _WITHOUT_OUR_TABLE,
-    aten.arange.default: _WITHOUT_OUR_TABLE,
-    aten.arange.start: _WITHOUT_OUR_TABLE,
-    aten.bernoulli.default: _WITHOUT_OUR_TABLE,
-    aten.clamp_max.Tensor: _WITHOUT_OUR_TABLE,
-    aten.clamp_max.default: _WITHOUT_OUR_TABLE,
-    aten.clamp_min.Tensor: _WITHOUT_OUR_TABLE,
-    aten.clamp_min.default: _WITHOUT_OUR_TABLE,
-    aten.diagonal_copy.default: _WITHOUT_OUR_TABLE,
-    aten.empty_like.default: _WITHOUT_OUR_TABLE,
-    aten.expand_copy.default: _WITHOUT_OUR_TABLE,
-    aten.floor_divide.Scalar: _WITHOUT_OUR_TABLE,
-    aten.floor_divide.default: _WITHOUT_OUR_TABLE,
-    aten.index_add.default: _INDEX_ADD_REASON,
-    aten.index_copy.default: _WITHOUT_OUR_TABLE,
-    aten.index_fill.int_Scalar: _WITHOUT_OUR_TABLE,
-    aten.index_fill.int_Tensor: _WITHOUT_OUR_TABLE,
-    aten.native_dropout_backward.default: _WITHOUT_OUR_TABLE,
-    aten.new_empty.default: _WITHOUT_OUR_TABLE,
-    aten.new_full.default: _WITHOUT_OUR_TABLE,
-    aten.new_ones.default: _WITHOUT_OUR_TABLE,
-    aten.new_zeros.default: _WITHOUT_OUR_TABLE,
-    aten.ones.default: _WITHOUT_OUR_TABLE,
-    aten.ones_like.default: _WITHOUT_OUR_TABLE,
-    aten.rsub.Scalar: _WITHOUT_OUR_TABLE,
-    aten.rsub.Tensor: _WITHOUT_OUR_TABLE,
-    aten.select_scatter.default: _WITHOUT_OUR_TABLE,
-    aten.sgn.default: _WITHOUT_OUR_TABLE,
-    aten.split.Tensor: _WITHOUT_OUR_TABLE,
-    aten.split_with_sizes_copy.default: _WITHOUT_OUR_TABLE,
-    aten.squeeze.default: _WITHOUT_OUR_TABLE,
-    aten.squeeze.dim: _WITHOUT_OUR_TABLE,
-    aten.squeeze_copy.default: _WITHOUT_OUR_TABLE,
-    aten.squeeze_copy.dim: _WITHOUT_OUR_TABLE,
-    aten.squeeze_copy.dims: _WITHOUT_OUR_TABLE,
-    aten.sum.default: _WITHOUT_OUR_TABLE,
-    aten.t.default: _WITHOUT_OUR_TABLE,
-    aten.t_copy.default: _WITHOUT_OUR_TABLE,
-    aten.transpose.int: _WITHOUT_OUR_TABLE,
-    aten.transpose_copy.int: _WITHOUT_OUR_TABLE,
-    aten.unbind.int: _WITHOUT_OUR_TABLE,
-    aten.unsqueeze_copy.default: _WITHOUT_OUR_TABLE,
-    aten.zeros.default: _WITHOUT_OUR_TABLE,
-    aten.zeros_like.default: _WITHOUT_OUR_TABLE,
-}
+# Every overload that is both lowered (lowering/) and decomposed away by core ATen's table, with why its
+# lowering is kept (tests/test_registry.py checks that these entries are exact).
+_plan(CORE, _WITHOUT_OUR_TABLE,
+      aten._unsafe_view.default,
+      aten.all.default,
+      aten.all.dim,
+      aten.all.dims,
+      aten.arange.default,
+      aten.arange.start,
+      aten.bernoulli.default,
+      aten.clamp_max.Tensor,
+      aten.clamp_max.default,
+      aten.clamp_min.Tensor,
+      aten.clamp_min.default,
+      aten.diagonal_copy.default,
+      aten.empty_like.default,
+      aten.expand_copy.default,
+      aten.floor_divide.Scalar,
+      aten.floor_divide.default,
+      aten.index_copy.default,
+      aten.index_fill.int_Scalar,
+      aten.index_fill.int_Tensor,
+      aten.native_dropout_backward.default,
+      aten.new_empty.default,
+      aten.new_full.default,
+      aten.new_ones.default,
+      aten.new_zeros.default,
+      aten.ones.default,
+      aten.ones_like.default,
+      aten.rsub.Scalar,
+      aten.rsub.Tensor,
+      aten.select_scatter.default,
+      aten.sgn.default,
+      aten.split.Tensor,
+      aten.split_with_sizes_copy.default,
+      aten.squeeze.default,
+      aten.squeeze.dim,
+      aten.squeeze_copy.default,
+      aten.squeeze_copy.dim,
+      aten.squeeze_copy.dims,
+      aten.sum.default,
+      aten.t.default,
+      aten.t_copy.default,
+      aten.transpose.int,
+      aten.transpose_copy.int,
+      aten.unbind.int,
+      aten.unsqueeze_copy.default,
+      aten.zeros.default,
+      aten.zeros_like.default,
+)  # fmt: skip
+_plan(CORE, _INDEX_ADD_REASON, aten.index_add.default)
+#: Every overload both lowered and decomposed away -> why its lowering is kept.
+LOWERED_AND_DECOMPOSED: dict[Any, str] = {op: PLAN[op].why for op in _planned(CORE)}

@@ -32,7 +32,7 @@ ALLOWED: dict[str, set[str]] = {
     "kernels": set(),
     "nki": {"kernels"},
     "distributed": set(),
-    "lowering": {"graph_checks", "kernels", "distributed"},
+    "lowering": {"graph_checks", "kernels", "distributed", "decompositions"},
     "legality": {"lowering", "runtime"},
     # the HBM estimate names a tensor's aten node and user line through the legality pass's MLIR locations
     "hbm": {"legality"},

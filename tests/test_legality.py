@@ -21,7 +21,7 @@ import neuron_compile.compiler as compiler
 from neuron_compile import Options, legality
 from neuron_compile.legality import NeuronLegalityWarning
 from neuron_compile.lowering import device_calls, lower_graph
-from neuron_compile.lowering.registry import LOWERINGS, register_lowering
+from neuron_compile.lowering.registry import register_lowering, unregister
 from neuron_compile.runtime.neuron import NeuronTarget
 
 NO_CACHE = {"cache": False}
@@ -113,7 +113,7 @@ def cholesky_lowering():
     """A lowering (as a user extension would register it) that emits XLA CPU's LAPACK custom call."""
     register_lowering(torch.ops.fidelity_test.cholesky.default)(lambda a: jnp.linalg.cholesky(a))
     yield
-    del LOWERINGS[torch.ops.fidelity_test.cholesky.default]  # a second registration would be an error
+    unregister(torch.ops.fidelity_test.cholesky.default)  # a second registration would be an error
 
 
 @pytest.mark.parametrize("fn, make_input, reason, tol", RESTRICTED)

@@ -123,6 +123,15 @@ def test_ops_doc_is_current() -> None:
     assert actual == expected, "docs/ops.md is stale: run `python -m tools.gen_ops_doc`"
 
 
+def test_record_verdicts_are_current() -> None:
+    """The verdicts the op records read (neuron_compile/lowering/op_verdicts.json) are those of docs/ops.md."""
+    from neuron_compile.lowering.registry import VERDICTS_FILE
+
+    expected = gen_ops_doc.verdicts_text(gen_ops_doc.load_results(), gen_ops_doc.load_overloads())
+    actual = VERDICTS_FILE.read_text() if VERDICTS_FILE.exists() else ""
+    assert actual == expected, f"{VERDICTS_FILE} is stale: run `python -m tools.gen_ops_doc`"
+
+
 # ---- corner cases of torch semantics that random OpInfo samples rarely hit ---------------------------
 _I = torch.tensor([7, -7, 7, -7, 0, 5], dtype=torch.int64)
 _J = torch.tensor([2, 2, -2, -2, 3, -5], dtype=torch.int64)

@@ -100,8 +100,7 @@ def test_op():
     lib.impl(name, lambda x: torch.empty_like(x), "Meta")
     op = getattr(torch.ops.registry_test, name).default
     yield op
-    LOWERINGS.pop(op, None)
-    REFUSALS.pop(op, None)
+    registry.unregister(op)
     lib._destroy()
 
 
@@ -244,3 +243,92 @@ def test_unsupported_node_from_node_names_op_inputs_and_line() -> None:
     assert entry.op == "aten.relu.default" and "[2, 3]" in entry.inputs and entry.reason == "because", entry
     graph = UnsupportedNode.from_node(None, "because")
     assert graph.op == "graph" and graph.source == "<unknown source line>", graph
+
+
+# ---- one record per op, whatever its family ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "op, family",
+    [
+        (torch.ops._c10d_functional.all_reduce.default, "collective"),
+        (torch.ops.higher_order.flex_attention, "higher-order"),
+        ("transformers.grouped_mm_fallback.default", "library"),
+        (torch.ops.aten.add.Tensor, "aten"),
+    ],
+    ids=str,
+)
+def test_every_family_has_one_record(op, family: str) -> None:
+    """Collectives, higher-order ops and other libraries' ops are records too; only aten ops are listed."""
+    record = registry.RECORDS[op]
+    assert record.family == family and record.lowering is not None
+    if not isinstance(op, str):
+        assert registry.lowering_for(op) is record.lowering and registry.record_of(op) is record
+    assert (str(op) in supported_ops()) == (family == "aten")
+
+
+def test_a_library_op_defined_later_is_found_by_name() -> None:
+    """A library op's record is keyed by its name: the op object, made after the package, finds it."""
+    lib = torch.library.Library("registry_late", "FRAGMENT")
+    lib.define("late(Tensor x) -> Tensor")
+    try:
+        register = registry.register_library_op("registry_late.late.default")
+        register(first)
+        assert registry.lowering_for(torch.ops.registry_late.late.default) is first
+        with pytest.raises(ValueError, match="registered twice"):
+            register(second)
+    finally:
+        registry.unregister("registry_late.late.default")
+        lib._destroy()
+
+
+def test_a_collective_registered_twice_raises() -> None:
+    op = torch.ops._c10d_functional.all_reduce.default
+    with pytest.raises(ValueError, match=r"all_reduce.default is registered twice"):
+        registry.register_collective(op)(first)
+
+
+def test_parts_are_read_only_outside_the_decorators(test_op) -> None:
+    """LOWERINGS cannot be written (a write would skip the duplicate check); tests use ``replaced``."""
+    with pytest.raises(TypeError):
+        LOWERINGS[test_op] = first  # type: ignore[index]
+    register_lowering(test_op)(first)
+    with registry.replaced(test_op, "lowering", second) as record:
+        assert LOWERINGS[test_op] is second and record.lowering is second
+    assert LOWERINGS[test_op] is first
+
+
+@pytest.mark.parametrize(
+    "op, expected",
+    [
+        (torch.ops.aten.mm.default, "kept whole: an NKI kernel takes it"),
+        (torch.ops.aten.gelu.default, "kept whole"),
+        (torch.ops.aten.zeros.default, "core ATen's decomposition; lowered too: reached only in aten graphs"),
+        (torch.ops.aten.add.Tensor, None),
+    ],
+    ids=str,
+)
+def test_record_says_how_the_decomposition_table_treats_its_op(op, expected: str | None) -> None:
+    decomposition = registry.record_of(op).decomposition
+    assert (decomposition is None) if expected is None else decomposition.startswith(expected)
+    assert (op in decompositions.decomposition_table()) == (expected is not None and "decomposition" in expected)
+
+
+def test_record_holds_the_measured_legality_verdict() -> None:
+    """The verdict docs/ops.md shows is the record's (a legal op, and one the legality pass refuses on trn2)."""
+    add = registry.record_of(torch.ops.aten.add.Tensor).verdicts
+    assert add["trn2"]["legal"] and add["source"] == "OpInfo"
+    illegal = [str(op) for op, r in registry.RECORDS.items() if r.verdicts and not r.verdicts["trn2"]["legal"]]
+    assert illegal and all(registry.record_of(getattr_op(name)).verdicts["trn2"]["reasons"] for name in illegal)
+
+
+def getattr_op(name: str):
+    namespace, packet, overload = name.split(".")
+    return getattr(getattr(getattr(torch.ops, namespace), packet), overload)
+
+
+def test_planned_decompositions_are_said_once() -> None:
+    """Every op the plan names has one treatment; the kept-whole ops are out of the table."""
+    table = decompositions.decomposition_table()
+    for packet in decompositions.KEEP_WHOLE:
+        assert not any(getattr(packet, name) in table for name in packet.overloads()), packet
+    with pytest.raises(ValueError, match="planned twice"):
+        decompositions._plan(decompositions.OURS, "again", torch.ops.aten.mm)

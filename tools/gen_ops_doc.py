@@ -157,6 +157,28 @@ def legality_labels(
     return labels
 
 
+def measured_verdicts(results: dict[str, Any], overloads: dict[str, Any] | None = None) -> dict[str, Any]:
+    """op -> {"source": where the verdict comes from, "trn2"/"trn3": {legal, assumed, reasons, label}}, for every
+    lowered op with a verdict: what ``DispatchRecord.verdicts`` reads (neuron_compile/lowering/op_verdicts.json,
+    written beside docs/ops.md). The OpInfo sweep's verdict first, as in ``legality_labels``."""
+    from neuron_compile.legality import rules
+
+    recorded = results.get("legality", {})
+    alone = (overloads or {}).get("overloads", {})
+    out: dict[str, Any] = {}
+    for op in sorted(set(recorded) | set(alone)):
+        source, by_gen = (FROM_OPINFO, recorded[op]) if op in recorded else (FROM_ALONE, alone[op])
+        if all(gen in by_gen for gen in rules.GENERATIONS):
+            out[op] = {"source": source, **{gen: {k: by_gen[gen][k] for k in ("legal", "assumed", "reasons", "label")}
+                                            for gen in rules.GENERATIONS}}  # fmt: skip
+    return out
+
+
+def verdicts_text(results: dict[str, Any], overloads: dict[str, Any] | None = None) -> str:
+    """The text of neuron_compile/lowering/op_verdicts.json."""
+    return json.dumps(measured_verdicts(results, overloads), indent=1, sort_keys=True) + "\n"
+
+
 def verdict_sources(results: dict[str, Any], ops: list[str], overloads: dict[str, Any] | None = None) -> dict[str, str]:
     """op -> where its verdict comes from: OpInfo, exercised alone, or why it has none."""
     recorded = results.get("legality", {})
@@ -469,21 +491,24 @@ def load_overloads(path: Path = OVERLOADS) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="exit 1 if docs/ops.md is stale")
+    parser.add_argument("--check", action="store_true", help="exit 1 if docs/ops.md or op_verdicts.json is stale")
     parser.add_argument("--results", default=str(RESULTS))
     parser.add_argument("--overloads", default=str(OVERLOADS), help="verdicts of the overloads exercised alone")
     parser.add_argument("--doc", default=str(DOC), help="where to write (e.g. /tmp for a subset sweep)")
     args = parser.parse_args(argv)
-    text = render(load_results(Path(args.results)), load_overloads(Path(args.overloads)))
-    doc = Path(args.doc)
+    results, overloads = load_results(Path(args.results)), load_overloads(Path(args.overloads))
+    from neuron_compile.lowering.registry import VERDICTS_FILE
+
+    outputs = {Path(args.doc): render(results, overloads), VERDICTS_FILE: verdicts_text(results, overloads)}
     if args.check:
-        if not doc.exists() or doc.read_text() != text:
-            print(f"{doc} is stale: run python -m tools.gen_ops_doc", file=sys.stderr)
-            return 1
-        return 0
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(text)
-    print(f"wrote {doc}")
+        stale = [path for path, text in outputs.items() if not path.exists() or path.read_text() != text]
+        for path in stale:
+            print(f"{path} is stale: run python -m tools.gen_ops_doc", file=sys.stderr)
+        return 1 if stale else 0
+    for path, text in outputs.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"wrote {path}")
     return 0
 
 

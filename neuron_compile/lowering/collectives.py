@@ -31,7 +31,7 @@ from jax.extend.mlir.dialects import stablehlo as hlo
 from jax.interpreters import mlir
 
 from ..distributed import parse_replica_groups, replica_groups
-from .registry import COLLECTIVE_LOWERINGS, Unsupported, current
+from .registry import Unsupported, current, register_collective
 
 _c10d = torch.ops._c10d_functional
 
@@ -43,15 +43,6 @@ _REDUCERS: dict[str, Callable[..., Any]] = {
     "min": hlo.MinOp,
     "max": hlo.MaxOp,
 }
-
-
-def _register(*ops: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        for op in ops:
-            COLLECTIVE_LOWERINGS[op] = fn
-        return fn
-
-    return decorate
 
 
 # -- one jax primitive that emits any of the StableHLO collectives ------------------------------------
@@ -141,7 +132,7 @@ def _all_reduce_one(x: Any, reduce_op: str, groups: list[list[int]]) -> Any:
     return _average(_emit(x, "all_reduce", groups, reduce_op.lower()), reduce_op, len(groups[0]))
 
 
-@_register(_c10d.all_reduce.default)
+@register_collective(_c10d.all_reduce.default)
 def c10d_all_reduce(x: Any, reduce_op: str, group_name: Any) -> Any:
     """_c10d_functional.all_reduce -> stablehlo.all_reduce."""
     groups = _groups(group_name, "all_reduce")
@@ -149,7 +140,7 @@ def c10d_all_reduce(x: Any, reduce_op: str, group_name: Any) -> Any:
     return _all_reduce_one(x, reduce_op, groups)
 
 
-@_register(_c10d.all_reduce_coalesced.default)
+@register_collective(_c10d.all_reduce_coalesced.default)
 def c10d_all_reduce_coalesced(xs: list[Any], reduce_op: str, group_name: Any) -> list[Any]:
     """_c10d_functional.all_reduce_coalesced -> one stablehlo.all_reduce per tensor."""
     groups = _groups(group_name, "all_reduce_coalesced")
@@ -168,7 +159,7 @@ def _all_gather_one(x: Any, groups: list[list[int]]) -> Any:
     return _emit(x, "all_gather", groups)
 
 
-@_register(_c10d.all_gather_into_tensor.default)
+@register_collective(_c10d.all_gather_into_tensor.default)
 def c10d_all_gather_into_tensor(x: Any, group_size: int, group_name: Any) -> Any:
     """_c10d_functional.all_gather_into_tensor -> stablehlo.all_gather along dim 0."""
     groups = _groups(group_name, "all_gather_into_tensor")
@@ -176,7 +167,7 @@ def c10d_all_gather_into_tensor(x: Any, group_size: int, group_name: Any) -> Any
     return _all_gather_one(x, groups)
 
 
-@_register(_c10d.all_gather_into_tensor_coalesced.default)
+@register_collective(_c10d.all_gather_into_tensor_coalesced.default)
 def c10d_all_gather_into_tensor_coalesced(xs: list[Any], group_size: int, group_name: Any) -> list[Any]:
     """_c10d_functional.all_gather_into_tensor_coalesced -> one stablehlo.all_gather per tensor."""
     groups = _groups(group_name, "all_gather_into_tensor_coalesced")
@@ -191,7 +182,7 @@ def _reduce_scatter_one(x: Any, reduce_op: str, groups: list[list[int]]) -> Any:
     return _average(_emit(x, "reduce_scatter", groups, reduce_op.lower()), reduce_op, n)
 
 
-@_register(_c10d.reduce_scatter_tensor.default)
+@register_collective(_c10d.reduce_scatter_tensor.default)
 def c10d_reduce_scatter_tensor(x: Any, reduce_op: str, group_size: int, group_name: Any) -> Any:
     """_c10d_functional.reduce_scatter_tensor -> stablehlo.reduce_scatter along dim 0."""
     groups = _groups(group_name, "reduce_scatter_tensor")
@@ -200,7 +191,7 @@ def c10d_reduce_scatter_tensor(x: Any, reduce_op: str, group_size: int, group_na
     return _reduce_scatter_one(x, reduce_op, groups)
 
 
-@_register(_c10d.reduce_scatter_tensor_coalesced.default)
+@register_collective(_c10d.reduce_scatter_tensor_coalesced.default)
 def c10d_reduce_scatter_tensor_coalesced(xs: list[Any], reduce_op: str, group_size: int, group_name: Any) -> list[Any]:
     """_c10d_functional.reduce_scatter_tensor_coalesced -> one stablehlo.reduce_scatter per tensor."""
     groups = _groups(group_name, "reduce_scatter_tensor_coalesced")
@@ -209,7 +200,7 @@ def c10d_reduce_scatter_tensor_coalesced(xs: list[Any], reduce_op: str, group_si
     return [_reduce_scatter_one(x, reduce_op, groups) for x in xs]
 
 
-@_register(_c10d.all_to_all_single.default)
+@register_collective(_c10d.all_to_all_single.default)
 def c10d_all_to_all_single(x: Any, output_split_sizes: list[int], input_split_sizes: list[int], group_name: Any) -> Any:
     """_c10d_functional.all_to_all_single with equal splits -> stablehlo.all_to_all along dim 0."""
     groups = _groups(group_name, "all_to_all_single")
@@ -225,7 +216,7 @@ def c10d_all_to_all_single(x: Any, output_split_sizes: list[int], input_split_si
     return _emit(x, "all_to_all", groups)
 
 
-@_register(_c10d.broadcast.default)
+@register_collective(_c10d.broadcast.default)
 def c10d_broadcast(x: Any, src: int, group_name: Any) -> Any:
     """_c10d_functional.broadcast -> stablehlo.all_gather of a new leading dim, then the source's slice.
 
@@ -239,7 +230,7 @@ def c10d_broadcast(x: Any, src: int, group_name: Any) -> Any:
     return lax.index_in_dim(gathered, src, axis=0, keepdims=False)
 
 
-@_register(_c10d.wait_tensor.default)
+@register_collective(_c10d.wait_tensor.default)
 def c10d_wait_tensor(x: Any) -> Any:
     """_c10d_functional.wait_tensor: the identity (a StableHLO collective is complete where it stands)."""
     return x

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .registry import LIBRARY_LOWERINGS, Unsupported, current, register_higher_order
+from .registry import Unsupported, current, register_higher_order, register_library_op
 from .semantics import convert, jax_dtype, out_dtype
 
 _LN2 = math.log(2.0)
@@ -422,6 +422,7 @@ def flex_attention_backward(query, key, value, out, logsumexp, grad_out, grad_lo
 
 
 # ---- the joint graph's gradient of ``buffer[index]`` ---------------------------------------------------------
+@register_library_op("flex_lib.zeros_and_scatter.default")
 def zeros_and_scatter(shape, indices, vals):
     """``flex_lib::zeros_and_scatter``, the gradient of ``buffer[index]`` in a score_mod's joint graph: zeros of
     ``shape`` with ``vals`` added at ``indices``. Vmapped over the (b, h, q, k) grid its result is one tensor,
@@ -442,6 +443,3 @@ def zeros_and_scatter(shape, indices, vals):
         return scatter(values, [jnp.broadcast_to(i, values.shape) for i in index]), False
 
     return scatter(vals, list(indices))
-
-
-LIBRARY_LOWERINGS["flex_lib.zeros_and_scatter.default"] = zeros_and_scatter

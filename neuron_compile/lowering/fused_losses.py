@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .matmul import dot
-from .registry import LIBRARY_LOWERINGS, Unsupported
+from .registry import Unsupported, register_library_op
 from .semantics import convert, out_dtype, out_shape
 
 _F32 = jnp.float32
@@ -76,6 +76,8 @@ def _output(index: int, value: Any, wanted: bool) -> Any:
     return convert(value, out_dtype(index))
 
 
+# By name: torch defines these ops when torch.nn.modules.linear_cross_entropy is first imported.
+@register_library_op("torch_nn._linear_cross_entropy_batch_chunked.default")
 def linear_cross_entropy_batch_chunked(
     input, linear_weight, target, linear_bias, weight, reduction, ignore_index, label_smoothing,
     batch_chunk_size, acc_policy, acc_dtype, allow_retain_graph,
@@ -103,16 +105,10 @@ def linear_cross_entropy_batch_chunked(
     )
 
 
+@register_library_op("torch_nn._linear_cross_entropy_batch_chunked_no_reduction.default")
 def linear_cross_entropy_batch_chunked_no_reduction(
     input, linear_weight, target, linear_bias, weight, ignore_index, batch_chunk_size, acc_policy, acc_dtype,
 ):  # fmt: skip
     """Per-sample losses (N,) for reduction="none"."""
     terms = _loss_terms(input, linear_weight, target, linear_bias, weight, ignore_index)
     return convert(_per_row_loss(*terms), out_dtype())
-
-
-# By name: torch defines these ops when torch.nn.modules.linear_cross_entropy is first imported.
-LIBRARY_LOWERINGS["torch_nn._linear_cross_entropy_batch_chunked.default"] = linear_cross_entropy_batch_chunked
-LIBRARY_LOWERINGS["torch_nn._linear_cross_entropy_batch_chunked_no_reduction.default"] = (
-    linear_cross_entropy_batch_chunked_no_reduction
-)

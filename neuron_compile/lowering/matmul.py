@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from .registry import LIBRARY_LOWERINGS, Unsupported, register_lowering
+from .registry import Unsupported, register_library_op, register_lowering
 from .semantics import convert, is_float, is_integer, opmath_dtype, out_dtype
 
 aten = torch.ops.aten
@@ -168,19 +168,17 @@ def _result_dtype() -> Any:
     return out_dtype()
 
 
+# By name: transformers defines these ops when its MoE module is imported, which may be after this one.
+@register_library_op("transformers.grouped_mm_fallback.default")
 def transformers_grouped_mm_fallback(input, weight, offs):
     """``transformers::grouped_mm_fallback`` (transformers' MoE experts, non-bf16 under torch.compile):
     rows of ``input`` grouped by ``offs`` times their expert's ``weight`` [G, K, N]."""
     return convert(grouped_mm_static(input, weight, offs), _result_dtype())
 
 
+@register_library_op("transformers.grouped_mm_fallback_backward.default")
 def transformers_grouped_mm_fallback_backward(input, weight, offs, grad_output):
     """``transformers::grouped_mm_fallback_backward``: (grad_input, grad_weight) of the op above."""
     grad_input = grouped_mm_static(grad_output, jnp.swapaxes(weight, 1, 2), offs)
     grad_weight = grouped_mm_static(jnp.swapaxes(input, 0, 1), grad_output, offs)
     return convert(grad_input, input.dtype), convert(grad_weight, weight.dtype)
-
-
-# By name: transformers defines these ops when its MoE module is imported, which may be after this one.
-LIBRARY_LOWERINGS["transformers.grouped_mm_fallback.default"] = transformers_grouped_mm_fallback
-LIBRARY_LOWERINGS["transformers.grouped_mm_fallback_backward.default"] = transformers_grouped_mm_fallback_backward

@@ -1,11 +1,18 @@
-"""The op registry: one dispatch record per aten overload, holding everything the backend has for it.
+"""The op registry: one dispatch record per op, holding everything the backend has for it.
 
-A record holds the overload's lowering (a plain function from jax values, for tensor arguments, and Python
+A record holds the op's lowering (a plain function from jax values, for tensor arguments, and Python
 values, for the rest, to jax values) or the reason it is always refused; its lowering on (real, imag) pairs
-for complex operands (``complex_pairs.py``); the NKI kernel it may be routed to (``kernel_routing.py``); and
-its channels-last handler (``layout.py``). Each part is registered by decorator next to its code, and a part
-registered twice for one overload is an error at import. ``dispatch.resolve(node)`` picks from the record
-with one fixed precedence; the interpreter makes that one call per node.
+for complex operands (``complex_pairs.py``); the NKI kernel it may be routed to (``kernel_routing.py``); its
+channels-last handler (``layout.py``); and, read on demand, how ``decompositions.decomposition_table()``
+treats it (``DispatchRecord.decomposition``) and its trn2/trn3 legality verdict (``DispatchRecord.verdicts``,
+measured by the OpInfo sweep and the overload exercise). Each part is registered by decorator next to its
+code, and a part registered twice for one op is an error at import. ``dispatch.resolve(node)`` picks from the
+record with one fixed precedence; the interpreter makes that one call per node.
+
+Records are of four families: aten overloads (the op set ``supported_ops()`` and docs/ops.md list), the
+``_c10d_functional`` collectives (``collectives.py``), higher-order ops (``flex_attention``), and custom ops of
+other libraries (transformers' MoE ops), which may be defined after this package is imported and are therefore
+registered and found by name (``"namespace.op.overload"``).
 
 Torch semantics shared by many ops (type promotion, broadcasting, the float64 policy) live in
 ``semantics.py``, not in the lowerings. A lowering is registered under its own name in its family file (so
@@ -17,8 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import inspect
-from collections.abc import Iterator, MutableMapping
+import json
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
@@ -26,17 +35,26 @@ from typing import Any, Callable
 import torch
 from torch._ops import HigherOrderOperator, OpOverload, OpOverloadPacket
 
+from .. import decompositions
+
 LoweringFn = Callable[..., Any]
 
 #: A channels-last handler (``layout.py``): called with the node's lowering, its args and kwargs.
 LayoutHandler = Callable[[LoweringFn, tuple, dict], Any]
 
 
+#: The families of records (see the module docstring); only "aten" records are the listed op set.
+FAMILIES = ("aten", "collective", "higher-order", "library")
+
+
 @dataclass
 class DispatchRecord:
-    """Everything registered for one aten overload. ``lowering`` and ``refusal`` exclude each other."""
+    """Everything registered for one op. ``lowering`` and ``refusal`` exclude each other."""
 
-    op: OpOverload
+    #: The overload (or higher-order op); a library op's ``"namespace.op.overload"`` name.
+    op: OpOverload | HigherOrderOperator | str
+    #: One of ``FAMILIES``.
+    family: str = "aten"
     #: The StableHLO lowering (real dtypes).
     lowering: LoweringFn | None = None
     #: Why the overload is always refused (a data-dependent output shape...): the user's error.
@@ -59,49 +77,100 @@ class DispatchRecord:
                  "channels-last": self.layout_handler}  # fmt: skip
         return {what: defined_as(fn) for what, fn in parts.items() if fn is not None}
 
+    @property
+    def decomposition(self) -> str | None:
+        """How AOTAutograd's table (``decompositions.decomposition_table()``) treats this op, as a sentence,
+        or None when it leaves the op alone (``decompositions.treatment_of``)."""
+        if not isinstance(self.op, OpOverload):
+            return None
+        treatment = decompositions.treatment_of(self.op)
+        return treatment.describe() if treatment is not None else None
 
-#: aten overload -> its record. Register through the decorators below; read through ``record_of``.
-RECORDS: dict[OpOverload, DispatchRecord] = {}
+    @property
+    def verdicts(self) -> dict[str, Any]:
+        """The op's legality verdicts as last measured (op_verdicts.json, written with docs/ops.md by
+        ``python -m tools.gen_ops_doc``): ``"trn2"``/``"trn3"`` -> ``{legal, assumed, reasons, label}``, and
+        ``"source"``: "OpInfo" (the sweep's graphs) or "exercised alone"; {} for an op never measured."""
+        return dict(_measured_verdicts().get(str(self.op), {}))
 
-_PARTS = {f.name for f in fields(DispatchRecord)} - {"op", "kernels", "layout_source"}
+
+#: op (or a library op's name) -> its record. Register through the decorators below; read through ``record_of``.
+RECORDS: dict[Any, DispatchRecord] = {}
+
+_PARTS = {f.name for f in fields(DispatchRecord)} - {"op", "family", "kernels", "layout_source"}
+
+#: The legality verdicts of docs/ops.md, per op (written with it by tools/gen_ops_doc.py).
+VERDICTS_FILE = Path(__file__).with_name("op_verdicts.json")
+
+
+@functools.lru_cache(maxsize=1)
+def _measured_verdicts() -> dict[str, dict[str, dict[str, Any]]]:
+    return json.loads(VERDICTS_FILE.read_text()) if VERDICTS_FILE.exists() else {}
 
 
 def record_of(op: Any) -> DispatchRecord | None:
-    return RECORDS.get(op) if isinstance(op, OpOverload) else None
+    """``op``'s record (an aten overload, a collective, a higher-order op, or a library op by its name)."""
+    if isinstance(op, HigherOrderOperator):
+        return RECORDS.get(op)
+    if not isinstance(op, OpOverload):
+        return None
+    return RECORDS.get(op) or RECORDS.get(str(op))
 
 
-class _PartView(MutableMapping):
-    """One part of every record as a dict (overload -> part), for code that reads a single table: iteration
-    lists the overloads that have the part. Writing sets the part without the duplicate check (tests)."""
+class _PartView(Mapping):
+    """One part of every aten record as a read-only dict (overload -> part), for code that reads a single
+    table: iteration lists the overloads that have the part. Register through the decorators; tests replace a
+    part with ``replaced``."""
 
     def __init__(self, part: str) -> None:
         self.part = part
 
+    def _records(self) -> list[DispatchRecord]:
+        return [r for r in RECORDS.values() if r.family == "aten" and getattr(r, self.part) is not None]
+
     def __getitem__(self, op: Any) -> Any:
-        value = getattr(RECORDS[op], self.part) if op in RECORDS else None
+        record = RECORDS.get(op) if isinstance(op, OpOverload) else None
+        value = getattr(record, self.part) if record is not None and record.family == "aten" else None
         if value is None:
             raise KeyError(op)
         return value
 
-    def __setitem__(self, op: OpOverload, value: Any) -> None:
-        setattr(RECORDS.setdefault(op, DispatchRecord(op)), self.part, value)
-
-    def __delitem__(self, op: Any) -> None:
-        self[op]  # KeyError when absent, as a dict
-        setattr(RECORDS[op], self.part, None)
-
     def __iter__(self) -> Iterator[OpOverload]:
-        return iter([op for op, record in RECORDS.items() if getattr(record, self.part) is not None])
+        return iter([r.op for r in self._records()])
 
     def __len__(self) -> int:
-        return sum(getattr(record, self.part) is not None for record in RECORDS.values())
+        return len(self._records())
 
 
 #: aten overload -> lowering function (a view of the records). Read it through ``supported_ops()``.
-LOWERINGS: MutableMapping[OpOverload, LoweringFn] = _PartView("lowering")
+LOWERINGS: Mapping[OpOverload, LoweringFn] = _PartView("lowering")
 
 #: aten overload -> why it is always refused (a view of the records). Not lowered, not in ``supported_ops()``.
-REFUSALS: MutableMapping[OpOverload, str] = _PartView("refusal")
+REFUSALS: Mapping[OpOverload, str] = _PartView("refusal")
+
+
+@contextlib.contextmanager
+def replaced(op: Any, part: str, value: Any) -> Iterator[DispatchRecord]:
+    """Tests: ``op``'s ``part`` is ``value`` inside the block (registering the record if needed) and what it was
+    after. Not for the package, whose registrations go through the decorators and their duplicate check."""
+    if part not in _PARTS:
+        raise ValueError(f"{part!r} is not a part of a record: {sorted(_PARTS)}")
+    created = op not in RECORDS
+    record = RECORDS.setdefault(op, DispatchRecord(op))
+    before = getattr(record, part)
+    setattr(record, part, value)
+    try:
+        yield record
+    finally:
+        if created:
+            del RECORDS[op]
+        else:
+            setattr(record, part, before)
+
+
+def unregister(op: Any) -> None:
+    """Tests: forget every part registered for ``op`` (a custom op made by the test)."""
+    RECORDS.pop(op, None)
 
 
 class Unsupported(Exception):
@@ -212,10 +281,12 @@ def _describe(value: Any) -> str:
     return f"{getattr(value, '__module__', '?')}.{getattr(value, '__qualname__', repr(value))}"
 
 
-def _register(overload: OpOverload, part: str, value: Any) -> DispatchRecord:
+def _register(overload: Any, part: str, value: Any, family: str = "aten") -> DispatchRecord:
     """Set one part of ``overload``'s record; a part set twice is an error (the later one would silently
     replace the first), and so is a lowering next to a refusal."""
-    record = RECORDS.setdefault(overload, DispatchRecord(overload))
+    record = RECORDS.setdefault(overload, DispatchRecord(overload, family))
+    if record.family != family:
+        raise ValueError(f"{overload} is registered as a {record.family} op and now as a {family} op")
     clashes = ("lowering", "refusal") if part in ("lowering", "refusal") else (part,)
     for other in clashes:
         first = getattr(record, other)
@@ -286,45 +357,47 @@ def register_layout_handler(*ops: OpOverload, source: bool = False) -> Callable[
     return decorate
 
 
-#: ``_c10d_functional`` collective -> its lowering (neuron target; lowering/collectives.py). Not aten ops: kept
-#: out of the records, ``supported_ops()`` and docs/ops.md, which list the aten op set.
-COLLECTIVE_LOWERINGS: dict[OpOverload, LoweringFn] = {}
+def register_collective(*ops: OpOverload) -> Callable[[LoweringFn], LoweringFn]:
+    """Register ``fn`` as the lowering of the ``_c10d_functional`` collectives ``ops`` (neuron target;
+    ``collectives.py``). Not aten ops: not in ``supported_ops()`` or docs/ops.md."""
+
+    def decorate(fn: LoweringFn) -> LoweringFn:
+        for op in ops:
+            _register(op, "lowering", fn, family="collective")
+        return fn
+
+    return decorate
 
 
-#: ``"namespace.op.overload"`` -> lowering, for custom ops of other libraries (transformers' MoE ops) that
-#: are defined when that library is imported, possibly after this package: looked up by name when a graph
-#: meets them. Not aten ops: kept out of ``supported_ops()`` and docs/ops.md.
-LIBRARY_LOWERINGS: dict[str, LoweringFn] = {}
+def register_library_op(*names: str) -> Callable[[LoweringFn], LoweringFn]:
+    """Register ``fn`` as the lowering of custom ops of other libraries, by ``"namespace.op.overload"`` name:
+    they are defined when that library is imported, possibly after this package, and found by name when a
+    graph meets them. Not aten ops: not in ``supported_ops()`` or docs/ops.md."""
 
+    def decorate(fn: LoweringFn) -> LoweringFn:
+        for name in names:
+            _register(name, "lowering", fn, family="library")
+        return fn
 
-#: Higher-order op (``torch.ops.higher_order.*``) -> its lowering, which gets the op's subgraphs as GraphModules
-#: and lowers them through ``NodeContext.run_subgraph``. Not aten ops: kept out of the records,
-#: ``supported_ops()`` and docs/ops.md. (scan, map_impl and invoke_subgraph are inlined by the interpreter.)
-HIGHER_ORDER_LOWERINGS: dict[HigherOrderOperator, LoweringFn] = {}
+    return decorate
 
 
 def register_higher_order(op: HigherOrderOperator) -> Callable[[LoweringFn], LoweringFn]:
-    """Register ``fn`` as the lowering of the higher-order op ``op``; registering it twice raises."""
+    """Register ``fn`` as the lowering of the higher-order op ``op``, which gets the op's subgraphs as
+    GraphModules and lowers them through ``NodeContext.run_subgraph`` (scan, map_impl and invoke_subgraph are
+    inlined by the interpreter instead). Not aten ops: not in ``supported_ops()`` or docs/ops.md."""
 
     def decorate(fn: LoweringFn) -> LoweringFn:
-        if op in HIGHER_ORDER_LOWERINGS:
-            raise ValueError(
-                f"{op.name()} is registered twice: {_describe(HIGHER_ORDER_LOWERINGS[op])} and {_describe(fn)}"
-            )
-        HIGHER_ORDER_LOWERINGS[op] = fn
+        _register(op, "lowering", fn, family="higher-order")
         return fn
 
     return decorate
 
 
 def lowering_for(op: Any) -> LoweringFn | None:
-    """The real-dtype lowering of ``op``: its record's, a collective's, a library op's or a higher-order op's."""
-    if isinstance(op, HigherOrderOperator):
-        return HIGHER_ORDER_LOWERINGS.get(op)
-    if not isinstance(op, OpOverload):
-        return None
-    record = RECORDS.get(op)
-    return (record.lowering if record else None) or COLLECTIVE_LOWERINGS.get(op) or LIBRARY_LOWERINGS.get(str(op))
+    """The real-dtype lowering of ``op`` (any family), from its record."""
+    record = record_of(op)
+    return record.lowering if record is not None else None
 
 
 def refusal_for(op: Any) -> str | None:
