@@ -11,7 +11,7 @@ import pytest
 
 from neuron_compile import nki
 from neuron_compile.kernels.emulator import api_surface
-from neuron_compile.kernels.emulator.core import NkiUnsupportedError
+from neuron_compile.kernels.emulator.errors import NkiUnsupportedError
 from tools import gen_nki_api_table
 
 nl, nisa = nki.language, nki.isa

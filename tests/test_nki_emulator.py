@@ -3,6 +3,8 @@ memory, dtype rounding, views, counters and the shape-only mode."""
 
 from __future__ import annotations
 
+import gc
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -183,6 +185,75 @@ def test_freed_tiles_release_capacity():
 
     _, st = nki.simulate(nki.jit(k), stats=True)(rand(2, 2))
     assert st.sbuf_peak_bytes_per_partition == 2 * 100 * 1024
+
+
+def _fills_sbuf_then_raises(x):
+    big = _sbuf((128, 40 * 1024))  # 160 KiB of trn2's 208 KiB per partition
+    banks = [nl.ndarray((128, 512), "float32", buffer=nl.psum) for _ in range(8)]  # every PSUM bank
+    nisa.memset(big, 0.0)
+    raise RuntimeError(f"kernel bug after allocating {big!r} and {len(banks)} PSUM tiles")
+
+
+def test_tiles_kept_alive_by_a_failed_run_do_not_hold_capacity_in_the_next():
+    """SBUF/PSUM is accounted per run and given back when the run ends: a traceback that keeps the tiles of a
+    failed run alive must not make the next run, which needs most of SBUF and every PSUM bank, run out."""
+    try:
+        nki.simulate(nki.jit(_fills_sbuf_then_raises))(rand(2, 2))
+    except RuntimeError as e:
+        kept = e  # the traceback holds the failed kernel's frame, and so its tiles
+    assert kept.__traceback__ is not None
+
+    @nki.jit
+    def needs_most_of_sbuf(x):
+        big = _sbuf((128, 50 * 1024))  # 200 KiB per partition
+        banks = [nl.ndarray((128, 512), "float32", buffer=nl.psum) for _ in range(8)]
+        nisa.memset(big, 1.0)
+        out = _out_like(x)
+        nisa.dma_copy(out, big[: x.shape[0], : x.shape[1]])
+        return out, len(banks)
+
+    out, _ = nki.simulate(needs_most_of_sbuf)(rand(2, 2))
+    assert (out == 1.0).all()
+    del kept
+
+
+def test_a_run_gives_back_its_memory_when_it_ends():
+    """The accounting does not wait for the garbage collector: when a run ends (here, by raising) its ledger
+    is empty although its tiles are still referenced, and their late release changes nothing."""
+    from neuron_compile.kernels.emulator.run import current_run
+
+    seen = []
+
+    def k(x):
+        seen.append(current_run())
+        _fills_sbuf_then_raises(x)
+
+    with pytest.raises(RuntimeError) as info:
+        nki.simulate(nki.jit(k))(rand(2, 2))
+    (run,) = seen
+    assert info.value.__traceback__ is not None  # the tiles are alive...
+    assert run.sbuf_used == 0 and run.psum_banks == [0] * run.gen.psum_banks  # ...but hold nothing
+    assert run.memory.live == 0
+    assert run.stats.sbuf_peak_bytes_per_partition == 160 * 1024
+    del info
+    gc.collect()  # the tiles die now: nothing is given back twice
+    assert run.sbuf_used == 0 and run.psum_banks == [0] * run.gen.psum_banks
+
+
+def test_psum_tiles_record_their_bank():
+    """Each PSUM allocation holds a (bank, bytes) reservation: tiles of every size land in the bank the
+    first-fit allocator picked, and freeing one gives back exactly its bytes in its bank."""
+    from neuron_compile.kernels.emulator.run import current_run
+
+    def k(x):
+        run = current_run()
+        tiles = [nl.ndarray((128, n), "float32", buffer=nl.psum) for n in (512, 256, 128, 256, 64)]
+        assert [t._alloc.bank for t in tiles] == [0, 1, 1, 2, 1]
+        assert run.psum_banks[:3] == [2048, 1792, 1024]
+        del tiles[2]
+        assert run.psum_banks[:3] == [2048, 1280, 1024]
+
+    nki.simulate(nki.jit(k))(rand(2, 2))
 
 
 # ------------------------------------------------------------------------------------------ memory contents

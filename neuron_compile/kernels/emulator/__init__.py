@@ -28,33 +28,31 @@ from typing import Any
 import numpy as np
 
 from . import isa, language, lnc
-from .core import (
-    DEFAULT_MAX_STEPS,
-    MAX_STEPS_ENV,
-    KernelArg,
+from .dtypes import dtype_name, np_dtype
+from .errors import (
     NkiBudgetError,
     NkiCapacityError,
     NkiError,
     NkiOutOfBoundsError,
-    NkiTensor,
     NkiUndeclaredMutationError,
     NkiUnsupportedError,
     NkiValidationError,
+)
+from .legacy_namespace import install as _install_legacy_namespace_finder
+from .lnc import LncLaunch, NkiDeadlockError
+from .run import (
+    KernelArg,
     Run,
     RunStats,
-    dtype_name,
     in_kernel,
     last_run_stats,
-    max_steps_default,
-    np_dtype,
     pop_run,
     push_run,
     report_arg_writes,
     watch_arg_writes,
-    wrap_hbm,
 )
-from .legacy_namespace import install as _install_legacy_namespace_finder
-from .lnc import LncLaunch, NkiDeadlockError
+from .settings import DEFAULT_MAX_STEPS, MAX_STEPS_ENV, max_steps_default
+from .tensors import NkiTensor, wrap_hbm
 from .versions import DEFAULT_VERSION, VERSION_ENV, VERSIONS, NkiVersionError, NkiWarning
 
 _install_legacy_namespace_finder()  # `import neuronxcc.nki` fails with the migration message (Neuron 2.34)
@@ -302,6 +300,7 @@ def _run(
         result = _from_out(out, as_torch, shape_only, inputs)
         run.finish()
     finally:
+        run.end()  # its SBUF/PSUM is given back even if a traceback keeps its tiles alive
         pop_run()
     report_arg_writes(run)
     return result, run.stats

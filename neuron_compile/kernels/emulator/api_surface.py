@@ -505,7 +505,8 @@ def api_states() -> list[ApiState]:
 
 def _api_states() -> list[ApiState]:
     from . import isa, language, lnc
-    from .core import NkiTensor, NkiUnsupportedError
+    from .errors import NkiUnsupportedError
+    from .tensors import NkiTensor
 
     out = []
     for name, params in LANGUAGE.items():

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .core import Buffer, NkiError, NkiTensor, NkiValidationError, new_tensor
+from .errors import NkiError, NkiValidationError
+from .memory import Buffer
+from .tensors import NkiTensor, new_tensor
 
 
 class NkiGrid:

@@ -16,21 +16,12 @@ import numpy as np
 from . import lnc as _lnc
 from . import ops as _ops
 from . import versions as _versions
-from .core import (
-    PMAX,
-    NkiError,
-    NkiScalar,
-    NkiTensor,
-    NkiUnsupportedError,
-    NkiValidationError,
-    _fmt_shape,
-    _runtime_int,
-    cast,
-    current_run,
-    is_float,
-    run_rng,
-    unsupported,
-)
+from .dtypes import cast, is_float
+from .errors import NkiError, NkiUnsupportedError, NkiValidationError, unsupported
+from .memory import PMAX
+from .run import current_run, run_rng
+from .scalars import NkiScalar
+from .tensors import NkiTensor, fmt_shape, runtime_int
 
 __all__ = [
     "NkiError",
@@ -144,7 +135,7 @@ def _t(x: Any, op: str, role: str) -> NkiTensor:
 def _buf(t: NkiTensor, allowed: Sequence[str], op: str, role: str) -> None:
     if t.buffer not in allowed and not (t.buffer == "shared_hbm" and "hbm" in allowed):
         raise NkiValidationError(
-            f"nisa.{op}: {role} {_fmt_shape(t)} is in {t.buffer}, but {op} takes its {role} from "
+            f"nisa.{op}: {role} {fmt_shape(t)} is in {t.buffer}, but {op} takes its {role} from "
             f"{' or '.join(allowed)} (unsupported memory)"
         )
 
@@ -153,7 +144,7 @@ def _same_partitions(op: str, *ts: NkiTensor) -> None:
     ps = {t.partitions for t in ts}
     if len(ps) > 1:
         raise NkiValidationError(
-            f"nisa.{op}: partition counts differ: {', '.join(_fmt_shape(t) for t in ts)} (num partition mismatch)"
+            f"nisa.{op}: partition counts differ: {', '.join(fmt_shape(t) for t in ts)} (num partition mismatch)"
         )
 
 
@@ -161,8 +152,8 @@ def _same_free(op: str, dst: NkiTensor, *srcs: NkiTensor) -> None:
     for s in srcs:
         if s.free_size != dst.free_size:
             raise NkiValidationError(
-                f"nisa.{op}: {_fmt_shape(s)} has {s.free_size} elements per partition but dst "
-                f"{_fmt_shape(dst)} has {dst.free_size}"
+                f"nisa.{op}: {fmt_shape(s)} has {s.free_size} elements per partition but dst "
+                f"{fmt_shape(dst)} has {dst.free_size}"
             )
 
 
@@ -171,7 +162,7 @@ def _free_limit(op: str, *ts: NkiTensor) -> None:
         lim = _VEC_FREE_MAX.get(t.buffer)
         if lim is not None and t.free_size > lim:
             raise NkiValidationError(
-                f"nisa.{op}: {_fmt_shape(t)} has {t.free_size} elements per partition, above the "
+                f"nisa.{op}: {fmt_shape(t)} has {t.free_size} elements per partition, above the "
                 f"{lim} limit for {t.buffer} operands of Vector/Scalar/GpSimd instructions"
             )
 
@@ -181,13 +172,13 @@ def _partition_start(op: str, t: NkiTensor) -> None:
     n = t.partitions
     if t.pstep != 1 and n > 1:
         raise NkiValidationError(
-            f"nisa.{op}: {_fmt_shape(t)} takes every {t.pstep}th partition; compute "
+            f"nisa.{op}: {fmt_shape(t)} takes every {t.pstep}th partition; compute "
             "engines access contiguous partitions only"
         )
     allowed = (0,) if n > 64 else (0, 64) if n > 32 else (0, 32, 64, 96)
     if t.p0 not in allowed:
         raise NkiValidationError(
-            f"nisa.{op}: {_fmt_shape(t)} starts at partition {t.p0}; an access of {n} partitions must start "
+            f"nisa.{op}: {fmt_shape(t)} starts at partition {t.p0}; an access of {n} partitions must start "
             f"at partition {' or '.join(map(str, allowed))}"
         )
 
@@ -198,7 +189,7 @@ def _on_chip(op: str, *ts: NkiTensor) -> None:
             _partition_start(op, t)
         if not t.buffer.on_chip:
             raise NkiValidationError(
-                f"nisa.{op}: {_fmt_shape(t)} is in {t.buffer}; compute engines read and write SBUF/PSUM "
+                f"nisa.{op}: {fmt_shape(t)} is in {t.buffer}; compute engines read and write SBUF/PSUM "
                 "only — move it with nisa.dma_copy first"
             )
         if t.partitions > PMAX:
@@ -211,7 +202,7 @@ def _f32(t: NkiTensor) -> np.ndarray:
 
 def _write(dst: NkiTensor, values: np.ndarray, op: str) -> None:
     if not dst._arr.flags.writeable:
-        raise NkiError(f"nisa.{op}: dst {_fmt_shape(dst)} is a broadcast view and cannot be written")
+        raise NkiError(f"nisa.{op}: dst {fmt_shape(dst)} is a broadcast view and cannot be written")
     current_run().note_write(dst)  # compute engines write on chip only; kept for any HBM dst
     dst._arr[...] = cast(np.asarray(values).reshape(dst.shape), dst.dtype)
     if dst._written is not None:
@@ -232,7 +223,7 @@ def _engine(engine: Any, default: str, op: str, *ts: NkiTensor, allowed: tuple[s
     if allowed is not None and eng not in allowed:
         raise NkiValidationError(f"nisa.{op} runs on {' or '.join(allowed)}, not on the {eng} engine")
     if eng == "gpsimd" and any(t.buffer == "psum" for t in ts):
-        raise NkiValidationError(f"nisa.{op}: the GpSimd engine cannot access PSUM ({', '.join(map(_fmt_shape, ts))})")
+        raise NkiValidationError(f"nisa.{op}: the GpSimd engine cannot access PSUM ({', '.join(map(fmt_shape, ts))})")
     return eng
 
 
@@ -262,8 +253,8 @@ def _operand(x: Any, dst: NkiTensor, op: str, role: str) -> np.ndarray | float:
         _on_chip(op, x)
         if x.partitions != dst.partitions or x.free_size != 1:
             raise NkiValidationError(
-                f"nisa.{op}: {role} {_fmt_shape(x)} must be a scalar or a ({dst.partitions}, 1) vector "
-                f"to go with dst {_fmt_shape(dst)}"
+                f"nisa.{op}: {role} {fmt_shape(x)} must be a scalar or a ({dst.partitions}, 1) vector "
+                f"to go with dst {fmt_shape(dst)}"
             )
         return None if current_run().shape_only else _f32(x)
     if isinstance(x, (int, float, np.number, bool)):
@@ -289,15 +280,15 @@ def dma_copy(
     dst, src = _t(dst, "dma_copy", "dst"), _t(src, "dma_copy", "src")
     if src.buffer == "psum":
         raise NkiValidationError(
-            f"nisa.dma_copy: src {_fmt_shape(src)} is in PSUM; DMA cannot read PSUM — copy it to SBUF "
+            f"nisa.dma_copy: src {fmt_shape(src)} is in PSUM; DMA cannot read PSUM — copy it to SBUF "
             "with nisa.tensor_copy first"
         )
     if dst.buffer == "psum":
-        raise NkiValidationError(f"nisa.dma_copy: dst {_fmt_shape(dst)} is in PSUM; DMA writes HBM or SBUF")
+        raise NkiValidationError(f"nisa.dma_copy: dst {fmt_shape(dst)} is in PSUM; DMA writes HBM or SBUF")
     if src.size != dst.size:
         raise NkiValidationError(
-            f"nisa.dma_copy: element counts differ: dst {_fmt_shape(dst)} has {dst.size}, src "
-            f"{_fmt_shape(src)} has {src.size}"
+            f"nisa.dma_copy: element counts differ: dst {fmt_shape(dst)} has {dst.size}, src "
+            f"{fmt_shape(src)} has {src.size}"
         )
     if dge_mode == "hwdge" and src.dtype != dst.dtype:
         raise NkiValidationError(f"nisa.dma_copy: hwdge needs equal dtypes, got {src.dtype} -> {dst.dtype}")
@@ -324,7 +315,7 @@ def dma_copy(
     if src.dtype == dst.dtype:
         vals = np.asarray(src._arr).reshape(dst.shape)
         if not dst._arr.flags.writeable:
-            raise NkiError(f"nisa.dma_copy: dst {_fmt_shape(dst)} is a broadcast view and cannot be written")
+            raise NkiError(f"nisa.dma_copy: dst {fmt_shape(dst)} is a broadcast view and cannot be written")
         dst._arr[...] = vals
     else:
         _write(dst, np.asarray(src._arr, np.float32).reshape(dst.shape), "dma_copy")
@@ -379,7 +370,7 @@ def nc_matmul(
     run = current_run()
     for t, role in ((st, "stationary"), (mv, "moving"), (dst, "dst")):
         if t.ndim != 2:
-            raise NkiValidationError(f"nisa.{op}: {role} {_fmt_shape(t)} must be 2-D [partition, free]")
+            raise NkiValidationError(f"nisa.{op}: {role} {fmt_shape(t)} must be 2-D [partition, free]")
     k, m = st.shape
     k2, n = mv.shape
     if perf_mode == "double_row":
@@ -393,8 +384,8 @@ def nc_matmul(
     kmax = 256 if perf_mode == "double_row" else PMAX
     if k != k2:
         raise NkiValidationError(
-            f"nisa.{op}: contraction dims differ: stationary {_fmt_shape(st)} has K={k}, "
-            f"moving {_fmt_shape(mv)} has K={k2} (K is the partition dim of both)"
+            f"nisa.{op}: contraction dims differ: stationary {fmt_shape(st)} has K={k}, "
+            f"moving {fmt_shape(mv)} has K={k2} (K is the partition dim of both)"
         )
     if k > kmax:
         raise NkiValidationError(f"nisa.{op}: Size of partition dimension {k} (K) exceeds maximum {kmax}")
@@ -410,8 +401,8 @@ def nc_matmul(
         )
     if dst.shape != (m, n):
         raise NkiValidationError(
-            f"nisa.{op}: dst {_fmt_shape(dst)} must have shape [M={m}, N={n}] "
-            f"for stationary {_fmt_shape(st)} and moving {_fmt_shape(mv)}"
+            f"nisa.{op}: dst {fmt_shape(dst)} must have shape [M={m}, N={n}] "
+            f"for stationary {fmt_shape(st)} and moving {fmt_shape(mv)}"
         )
     for t, role in ((st, "stationary"), (mv, "moving")):
         if t.dtype not in _MATMUL_IN:
@@ -457,12 +448,12 @@ def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: Any = None, name: str 
     eng = engine or "tensor"
     lim = 128 if eng == "tensor" else 32
     if data.ndim != 2 or dst.ndim != 2:
-        raise NkiValidationError(f"nisa.{op}: data {_fmt_shape(data)} and dst {_fmt_shape(dst)} must be 2-D")
+        raise NkiValidationError(f"nisa.{op}: data {fmt_shape(data)} and dst {fmt_shape(dst)} must be 2-D")
     p, f = data.shape
     if p > lim or f > lim:
-        raise NkiValidationError(f"nisa.{op}: data {_fmt_shape(data)} exceeds {lim}x{lim} on the {eng} engine")
+        raise NkiValidationError(f"nisa.{op}: data {fmt_shape(data)} exceeds {lim}x{lim} on the {eng} engine")
     if dst.shape != (f, p):
-        raise NkiValidationError(f"nisa.{op}: dst {_fmt_shape(dst)} must have shape [{f}, {p}]")
+        raise NkiValidationError(f"nisa.{op}: dst {fmt_shape(dst)} must have shape [{f}, {p}]")
     if dst.dtype != data.dtype:
         raise NkiValidationError(f"nisa.{op}: dst dtype {dst.dtype} must equal data dtype {data.dtype}")
     if eng == "tensor":
@@ -513,7 +504,7 @@ def activation(
         reduce_res = _t(reduce_res, where, "reduce_res")
         _on_chip(where, reduce_res)
         if reduce_res.partitions != dst.partitions or reduce_res.free_size != 1:
-            raise NkiValidationError(f"nisa.{where}: reduce_res {_fmt_shape(reduce_res)} must be ({dst.partitions}, 1)")
+            raise NkiValidationError(f"nisa.{where}: reduce_res {fmt_shape(reduce_res)} must be ({dst.partitions}, 1)")
         if reduce_op is not None and _ops.op_name(reduce_op) != "add":
             raise NkiValidationError(f"nisa.{where}: reduce_op must be nl.add, got {_ops.op_name(reduce_op)}")
     _count(act_engine, "activation", dst, data, also_reads=_tensors(bias, scale), also_writes=_tensors(reduce_res))
@@ -551,7 +542,7 @@ def activation_reduce(
 def _ensure_not_both_psum(op: str, a: NkiTensor, b: NkiTensor) -> None:
     if a.buffer == "psum" and b.buffer == "psum":
         raise NkiValidationError(
-            f"nisa.{op}: both inputs {_fmt_shape(a)} and {_fmt_shape(b)} are in PSUM; copy one to SBUF first"
+            f"nisa.{op}: both inputs {fmt_shape(a)} and {fmt_shape(b)} are in PSUM; copy one to SBUF first"
         )
 
 
@@ -679,7 +670,7 @@ def tensor_reduce(
     axes = tuple(sorted(a % data.ndim for a in (axis if isinstance(axis, (tuple, list)) else (axis,))))
     if not axes or 0 in axes or axes != tuple(range(data.ndim - len(axes), data.ndim)):
         raise NkiValidationError(
-            f"nisa.{where}: axis {axis} of {_fmt_shape(data)} must be trailing contiguous free axes "
+            f"nisa.{where}: axis {axis} of {fmt_shape(data)} must be trailing contiguous free axes "
             f"(e.g. {data.ndim - 1} or {tuple(range(1, data.ndim))}); the partition axis 0 is never reduced here "
             "(use a transpose or nisa.tensor_partition_reduce)"
         )
@@ -690,8 +681,8 @@ def tensor_reduce(
     )
     if math.prod(out_shape) != dst.size or dst.partitions != data.partitions:
         raise NkiValidationError(
-            f"nisa.{where}: dst {_fmt_shape(dst)} must hold the reduced shape "
-            f"{list(out_shape)} of {_fmt_shape(data)} over axis {axis}"
+            f"nisa.{where}: dst {fmt_shape(dst)} must hold the reduced shape "
+            f"{list(out_shape)} of {fmt_shape(data)} over axis {axis}"
         )
     kind = "reduce_bf16" if data.itemsize <= 2 else "reduce"
     current_run().count("vector", kind, data.partitions, data.free_size, data.itemsize, reads=(data,), writes=(dst,))
@@ -712,7 +703,7 @@ def tensor_partition_reduce(dst: NkiTensor, op: Any, data: NkiTensor, name: str 
     _partition_start(where, data)
     _partition_start(where, dst)
     if dst.partitions != 1 or dst.free_size != data.free_size:
-        raise NkiValidationError(f"nisa.{where}: dst {_fmt_shape(dst)} must be [1, {data.free_size}]")
+        raise NkiValidationError(f"nisa.{where}: dst {fmt_shape(dst)} must be [1, {data.free_size}]")
     current_run().count(
         "gpsimd", "partition_reduce", data.partitions, data.free_size, data.itemsize, reads=(data,), writes=(dst,)
     )
@@ -752,7 +743,7 @@ def _affine(dst: NkiTensor, pattern: Any, offset: int, channel_multiplier: int, 
     if math.prod(counts) != dst.free_size:
         raise NkiValidationError(
             f"nisa.{op}: pattern {pattern} covers {math.prod(counts)} elements per "
-            f"partition but dst {_fmt_shape(dst)} has {dst.free_size}"
+            f"partition but dst {fmt_shape(dst)} has {dst.free_size}"
         )
     if _shape_only():
         return None
@@ -819,11 +810,11 @@ def bn_stats(dst: NkiTensor, data: NkiTensor, name: str = "") -> None:
     _same_partitions(where, dst, data)
     if data.free_size > 512:
         raise NkiValidationError(
-            f"nisa.{where}: data {_fmt_shape(data)} has {data.free_size} elements per "
+            f"nisa.{where}: data {fmt_shape(data)} has {data.free_size} elements per "
             "partition, above nl.tile_size.bn_stats_fmax = 512"
         )
     if dst.free_size != 6:
-        raise NkiValidationError(f"nisa.{where}: dst {_fmt_shape(dst)} must have 6 elements per partition")
+        raise NkiValidationError(f"nisa.{where}: dst {fmt_shape(dst)} must have 6 elements per partition")
     _count("vector", "bn_stats", dst, data)
     if _shape_only():
         return
@@ -841,8 +832,7 @@ def bn_aggr(dst: NkiTensor, data: NkiTensor, name: str = "") -> None:
     _same_partitions(where, dst, data)
     if data.free_size % 6 or dst.free_size != 2:
         raise NkiValidationError(
-            f"nisa.{where}: data {_fmt_shape(data)} must hold 6*k stats and dst "
-            f"{_fmt_shape(dst)} 2 values per partition"
+            f"nisa.{where}: data {fmt_shape(data)} must hold 6*k stats and dst {fmt_shape(dst)} 2 values per partition"
         )
     _count("vector", "bn_aggr", dst, data)
     if _shape_only():
@@ -915,7 +905,7 @@ def tensor_scalar_reduce(
     reduce_res = _t(reduce_res, where, "reduce_res")
     _on_chip(where, reduce_res)
     if reduce_res.partitions != dst.partitions or reduce_res.free_size != 1:
-        raise NkiValidationError(f"nisa.{where}: reduce_res {_fmt_shape(reduce_res)} must be ({dst.partitions}, 1)")
+        raise NkiValidationError(f"nisa.{where}: reduce_res {fmt_shape(reduce_res)} must be ({dst.partitions}, 1)")
     fn = _ops.reduce(reduce_op, f"nisa.{where}")
     if _shape_only():
         return
@@ -961,7 +951,7 @@ def max8(dst: NkiTensor, src: NkiTensor, name: str = "") -> None:
     _same_partitions(where, dst, src)
     if dst.free_size != 8 or src.free_size < 8:
         raise NkiValidationError(
-            f"nisa.{where}: dst {_fmt_shape(dst)} must hold 8 values per partition and src {_fmt_shape(src)} at least 8"
+            f"nisa.{where}: dst {fmt_shape(dst)} must hold 8 values per partition and src {fmt_shape(src)} at least 8"
         )
     _count("vector", "reduce", src, src)
     if not _shape_only():
@@ -1017,7 +1007,7 @@ def topk(val_dst: NkiTensor, idx_dst: NkiTensor, src: NkiTensor, n: int, name: s
     if val_dst.free_size != n or idx_dst.free_size != n or not 0 < n <= src.free_size:
         raise NkiValidationError(
             f"nisa.{where}: val_dst and idx_dst must hold n={n} values per partition and "
-            f"src {_fmt_shape(src)} at least n"
+            f"src {fmt_shape(src)} at least n"
         )
     current_run().count(
         "gpsimd", "topk", src.partitions, 4 * src.free_size + n, src.itemsize, reads=(src,), writes=(val_dst, idx_dst)
@@ -1048,7 +1038,7 @@ def dma_transpose(
     _need_gen(where, "trn2")
     _buf(dst, ("sbuf",), where, "dst")
     if src.buffer == "psum":
-        raise NkiValidationError(f"nisa.{where}: src {_fmt_shape(src)} is in PSUM; DMA cannot read PSUM")
+        raise NkiValidationError(f"nisa.{where}: src {fmt_shape(src)} is in PSUM; DMA cannot read PSUM")
     axes = tuple(axes) if axes is not None else tuple(reversed(range(src.ndim)))
     if axes not in _DMA_T_AXES.get(src.ndim, ()):
         raise NkiValidationError(
@@ -1057,10 +1047,10 @@ def dma_transpose(
     if src.itemsize != 2 or dst.dtype != src.dtype:
         raise NkiValidationError(f"nisa.{where}: needs equal 2-byte dtypes, got {src.dtype} -> {dst.dtype}")
     if src.shape[-1] > PMAX:
-        raise NkiValidationError(f"nisa.{where}: src {_fmt_shape(src)} last dim exceeds {PMAX}")
+        raise NkiValidationError(f"nisa.{where}: src {fmt_shape(src)} last dim exceeds {PMAX}")
     want = tuple(src.shape[a] for a in axes)
     if dst.shape != want:
-        raise NkiValidationError(f"nisa.{where}: dst {_fmt_shape(dst)} must have shape {list(want)}")
+        raise NkiValidationError(f"nisa.{where}: dst {fmt_shape(dst)} must have shape {list(want)}")
     run = current_run()
     run.step()
     run.stats.dma_transfers += 1
@@ -1120,7 +1110,7 @@ def __getattr__(name: str) -> Any:
 def register_alloc(x: Any = None) -> NkiScalar:
     """A new run-time register holding ``x`` (0 if omitted). Deprecated in NKI 0.8 (use scalar_load/store)."""
     _versions.deprecated("nki.isa.register_alloc", _SCALARS)
-    return NkiScalar(0 if x is None else _runtime_int(x, "nisa.register_alloc"))
+    return NkiScalar(0 if x is None else runtime_int(x, "nisa.register_alloc"))
 
 
 def _set(reg: Any, value: int, op: str) -> None:
@@ -1132,13 +1122,13 @@ def _set(reg: Any, value: int, op: str) -> None:
 def register_load(dst: Any, src: NkiTensor, name: str = "") -> None:
     """Load a 1x1 SBUF/HBM int tensor into register ``dst``. Deprecated in NKI 0.8 (use scalar_load)."""
     _versions.deprecated("nki.isa.register_load", "nki.isa.scalar_load")
-    _set(dst, _runtime_int(_t(src, "register_load", "src"), "nisa.register_load"), "register_load")
+    _set(dst, runtime_int(_t(src, "register_load", "src"), "nisa.register_load"), "register_load")
 
 
 def register_move(dst: Any, src: Any, name: str = "") -> None:
     """``dst = src`` (a register or an int). Deprecated in NKI 0.8 (NkiScalar arithmetic replaces it)."""
     _versions.deprecated("nki.isa.register_move", _SCALARS)
-    _set(dst, _runtime_int(src, "nisa.register_move"), "register_move")
+    _set(dst, runtime_int(src, "nisa.register_move"), "register_move")
 
 
 def register_store(dst: NkiTensor, src: Any, name: str = "") -> None:
@@ -1152,8 +1142,8 @@ def scalar_load(src: NkiTensor, name: str = "") -> NkiScalar:
     _versions.require("nki.isa.scalar_load", "0.7")
     src = _t(src, "scalar_load", "src")
     if src.size != 1 or src.dtype not in ("int32", "uint32", "int64"):
-        raise NkiValidationError(f"nisa.scalar_load: src {_fmt_shape(src)} must be a 1x1 int32/int64 tensor")
-    return NkiScalar(_runtime_int(src, "nisa.scalar_load"), "int64" if src.dtype == "int64" else "int32")
+        raise NkiValidationError(f"nisa.scalar_load: src {fmt_shape(src)} must be a 1x1 int32/int64 tensor")
+    return NkiScalar(runtime_int(src, "nisa.scalar_load"), "int64" if src.dtype == "int64" else "int32")
 
 
 def scalar_store(dst: NkiTensor, value: Any, name: str = "") -> None:
@@ -1165,8 +1155,8 @@ def scalar_store(dst: NkiTensor, value: Any, name: str = "") -> None:
 def _scalar_store(where: str, dst: Any, value: Any) -> None:
     dst = _t(dst, where.removeprefix("nisa."), "dst")
     if dst.size != 1:
-        raise NkiValidationError(f"{where}: dst {_fmt_shape(dst)} must be 1x1")
-    v = _runtime_int(value, where)
+        raise NkiValidationError(f"{where}: dst {fmt_shape(dst)} must be 1x1")
+    v = runtime_int(value, where)
     current_run().note_write(dst)
     if not _shape_only():
         _write(dst, np.full(dst.shape, v, np.float64), where)
@@ -1186,7 +1176,7 @@ def sendrecv(
     _versions.deprecated("nki.isa.sendrecv", "nki.lnc.sendrecv (remove pipe_id, which NKI 0.8 ignores)")
     if dma_engine not in ("dma", "gpsimd_dma"):
         raise NkiValidationError(f"nisa.sendrecv: dma_engine={dma_engine!r}; use nisa.dma_engine.dma or .gpsimd_dma")
-    _lnc._exchange("nki.isa.sendrecv", "sendrecv", src, dst, send_to_rank, recv_from_rank, {"dma_engine": dma_engine})
+    _lnc.exchange("nki.isa.sendrecv", "sendrecv", src, dst, send_to_rank, recv_from_rank, {"dma_engine": dma_engine})
 
 
 def sendrecv_compute(
@@ -1230,11 +1220,11 @@ def local_gather(
         _partition_start(where, t)
     if src.partitions != idx.partitions or src.partitions % 16 or dst.partitions != src.partitions:
         raise NkiValidationError(
-            f"nisa.{where}: src_buffer {_fmt_shape(src)}, index {_fmt_shape(idx)} and dst {_fmt_shape(dst)} must "
+            f"nisa.{where}: src_buffer {fmt_shape(src)}, index {fmt_shape(idx)} and dst {fmt_shape(dst)} must "
             "have the same partition count, a multiple of 16 (each GpSimd core serves 16 partitions)"
         )
     if idx.dtype != "uint16":
-        raise NkiValidationError(f"nisa.{where}: index {_fmt_shape(idx)} must be uint16, got {idx.dtype}")
+        raise NkiValidationError(f"nisa.{where}: index {fmt_shape(idx)} must be uint16, got {idx.dtype}")
     if dst.dtype != src.dtype:
         raise NkiValidationError(f"nisa.{where}: dst dtype {dst.dtype} must equal src_buffer's {src.dtype} (no cast)")
     if num_elem_per_idx not in _GATHER_ELEMS:
@@ -1259,7 +1249,7 @@ def local_gather(
         raise NkiValidationError(f"nisa.{where}: {valid} indices per GpSimd core; at most 4096")
     if dst.free_size != valid * num_elem_per_idx:
         raise NkiValidationError(
-            f"nisa.{where}: dst {_fmt_shape(dst)} must hold num_valid_indices x num_elem_per_idx = "
+            f"nisa.{where}: dst {fmt_shape(dst)} must hold num_valid_indices x num_elem_per_idx = "
             f"{valid} x {num_elem_per_idx} elements per partition"
         )
     current_run().count(

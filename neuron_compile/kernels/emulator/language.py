@@ -19,30 +19,12 @@ from . import grids as _grids
 from . import isa as _isa
 from . import ops as _ops
 from . import versions as _versions
-from .core import (
-    PMAX,
-    NkiError,
-    NkiScalar,
-    NkiTensor,
-    NkiUnsupportedError,
-    NkiValidationError,
-    _fmt_shape,
-    _runtime_int,
-    cast,
-    current_run,
-    ds,
-    dtype_name,
-    hbm,
-    is_float,
-    itemsize,
-    new_tensor,
-    private_hbm,
-    psum,
-    run_rng,
-    sbuf,
-    shared_hbm,
-    unsupported,
-)
+from .dtypes import cast, dtype_name, is_float, itemsize
+from .errors import NkiError, NkiUnsupportedError, NkiValidationError, unsupported
+from .memory import PMAX, hbm, private_hbm, psum, sbuf, shared_hbm
+from .run import current_run, run_rng
+from .scalars import NkiScalar
+from .tensors import NkiTensor, ds, fmt_shape, new_tensor, runtime_int
 
 __all__ = [
     "affine_range",
@@ -262,7 +244,7 @@ def dynamic_range(start: Any, stop: Any = None, step: int = 1) -> Any:
     _versions.removed("nki.language.dynamic_range", "0.7", "nl.fori_loop(lower, upper, body_fun)")
     _versions.deprecated("nki.language.dynamic_range", "nl.fori_loop", since="0.6")
     lo, hi = (0, start) if stop is None else (start, stop)
-    r = builtins.range(_runtime_int(lo, "nl.dynamic_range"), _runtime_int(hi, "nl.dynamic_range"), int(step))
+    r = builtins.range(runtime_int(lo, "nl.dynamic_range"), runtime_int(hi, "nl.dynamic_range"), int(step))
     return (NkiScalar(i) for i in _LoopRange(r))
 
 
@@ -297,7 +279,7 @@ def matmul(x: NkiTensor, y: NkiTensor, transpose_x: bool = False) -> NkiTensor:
     """A PSUM tile holding ``x @ y`` (or ``x.T @ y`` with ``transpose_x``); x <= 128x128, y <= 128x512."""
     if not transpose_x:
         if x.shape[0] > PMAX or x.shape[1] > PMAX:
-            raise NkiValidationError(f"nl.matmul: x {_fmt_shape(x)} exceeds 128x128")
+            raise NkiValidationError(f"nl.matmul: x {fmt_shape(x)} exceeds 128x128")
         xt_ps = new_tensor((x.shape[1], x.shape[0]), x.dtype, psum, "xT")
         _isa.nc_transpose(xt_ps, x)
         xt = new_tensor(xt_ps.shape, x.dtype, sbuf, "xT")
@@ -345,7 +327,7 @@ class MathOp:
             raise NkiError(f"nl.{self.nki_name}: needs at least one tile argument")
         for t in tensors:
             if not t.buffer.on_chip:
-                raise NkiValidationError(f"nl.{self.nki_name}: {_fmt_shape(t)} is in {t.buffer}; nl.load it first")
+                raise NkiValidationError(f"nl.{self.nki_name}: {fmt_shape(t)} is in {t.buffer}; nl.load it first")
         if self.kind == "unary":
             (x,) = args
             shape = x.shape
@@ -442,7 +424,7 @@ __all__ += [n for n in list(_ops.UNARY) + list(_ops.BINARY) if n not in __all__]
 def softmax(x: NkiTensor, axis: int = -1, dtype: Any = None) -> NkiTensor:
     """Softmax along the last free axis: max, exp(x - max) with a fused sum, reciprocal, scale."""
     if axis % x.ndim != x.ndim - 1:
-        raise NkiValidationError(f"nl.softmax: only the last axis is supported, got axis {axis} of {_fmt_shape(x)}")
+        raise NkiValidationError(f"nl.softmax: only the last axis is supported, got axis {axis} of {fmt_shape(x)}")
     mx = new_tensor((x.shape[0], 1), "float32", sbuf, "softmax_max")
     _isa.tensor_reduce(mx, "maximum", x, axis=tuple(range(1, x.ndim)), negate=True, keepdims=True)
     e = new_tensor(x.shape, "float32", sbuf, "softmax_exp")
@@ -532,13 +514,13 @@ def broadcast_to(x: NkiTensor, shape: Any, dtype: Any = None) -> NkiTensor:
     x = _on_chip_src(x, "broadcast_to")
     shape = tuple(int(s) for s in shape)
     if len(shape) != x.ndim:
-        raise NkiValidationError(f"nl.broadcast_to: shape {list(shape)} must have the rank of {_fmt_shape(x)}")
+        raise NkiValidationError(f"nl.broadcast_to: shape {list(shape)} must have the rank of {fmt_shape(x)}")
     try:
         np.broadcast_shapes(x.shape, shape)
     except ValueError:
-        raise NkiValidationError(f"nl.broadcast_to: {_fmt_shape(x)} cannot broadcast to {list(shape)}") from None
+        raise NkiValidationError(f"nl.broadcast_to: {fmt_shape(x)} cannot broadcast to {list(shape)}") from None
     if tuple(np.broadcast_shapes(x.shape, shape)) != shape:
-        raise NkiValidationError(f"nl.broadcast_to: {_fmt_shape(x)} cannot broadcast to {list(shape)}")
+        raise NkiValidationError(f"nl.broadcast_to: {fmt_shape(x)} cannot broadcast to {list(shape)}")
     out = new_tensor(shape, dtype or x.dtype, sbuf, "broadcast_to")
     run = current_run()
     if x.buffer.is_hbm:
@@ -559,7 +541,7 @@ def expand_dims(x: NkiTensor, axis: int) -> NkiTensor:
 def load_transpose2d(src: NkiTensor, dtype: Any = None) -> NkiTensor:
     """A new SBUF tile holding the 2-D HBM tensor ``src`` transposed (a DMA transpose)."""
     if src.ndim != 2:
-        raise NkiValidationError(f"nl.load_transpose2d: {_fmt_shape(src)} must be 2-D")
+        raise NkiValidationError(f"nl.load_transpose2d: {fmt_shape(src)} must be 2-D")
     out = new_tensor((src.shape[1], src.shape[0]), dtype or src.dtype, sbuf, "load_transpose2d")
     _isa.dma_transpose(out, src, axes=(1, 0))
     return out
@@ -601,7 +583,7 @@ def _rng() -> np.random.Generator:
 
 def random_seed(seed: Any) -> None:
     """Seed the emulator's generator for ``nl.rand``/``nl.dropout`` (the device's stream is not reproduced)."""
-    current_run().rng = np.random.default_rng(_runtime_int(seed, "nl.random_seed"))
+    current_run().rng = np.random.default_rng(runtime_int(seed, "nl.random_seed"))
 
 
 def rand(shape: Any, dtype: Any = "float32", buffer: Any = sbuf, name: str = "") -> NkiTensor:
@@ -637,7 +619,7 @@ def rms_norm(
     """``x * rsqrt(sum(x^2, axis) / n + epsilon) * w`` (``n`` defaults to the axis length)."""
     ax = axis % x.ndim
     if ax == 0 and x.buffer.on_chip:
-        raise NkiValidationError(f"nl.rms_norm: axis 0 of on-chip {_fmt_shape(x)} is the partition dim")
+        raise NkiValidationError(f"nl.rms_norm: axis 0 of on-chip {fmt_shape(x)} is the partition dim")
     out = new_tensor(x.shape, dtype or x.dtype, sbuf, "rms_norm")
     run = current_run()
     run.count("scalar", "activation", x.partitions, x.free_size, x.itemsize, reads=(x,), writes=(out,))
@@ -654,7 +636,7 @@ def gather_flattened(data: NkiTensor, indices: NkiTensor, axis: int = 0, dtype: 
     """Per partition, ``out[p, i...] = data[p].flatten()[indices[p, i...]]`` (GpSimd)."""
     if data.partitions != indices.partitions:
         raise NkiValidationError(
-            f"nl.gather_flattened: {_fmt_shape(data)} and indices {_fmt_shape(indices)} must have the same partitions"
+            f"nl.gather_flattened: {fmt_shape(data)} and indices {fmt_shape(indices)} must have the same partitions"
         )
     out = new_tensor(indices.shape, dtype or data.dtype, sbuf, "gather_flattened")
     run = current_run()
@@ -690,7 +672,7 @@ _MAX_WHILE = 1 << 22
 
 
 def _scalar_arg(x: Any, what: str) -> int:
-    return _runtime_int(x, what)
+    return runtime_int(x, what)
 
 
 def fori_loop(lower: Any, upper: Any, body_fun: Any, step: int = 1, unroll: bool = False) -> None:

@@ -31,18 +31,10 @@ import numpy as np
 
 from .. import cost as _cost
 from . import ops as _ops
-from .core import (
-    NkiError,
-    NkiTensor,
-    NkiUnsupportedError,
-    NkiValidationError,
-    Run,
-    _fmt_shape,
-    cast,
-    current_run,
-    pop_run,
-    push_run,
-)
+from .dtypes import cast
+from .errors import NkiError, NkiUnsupportedError, NkiValidationError
+from .run import Run, current_run, pop_run, push_run
+from .tensors import NkiTensor, fmt_shape
 from .versions import call_site, require
 
 __all__ = ["NkiDeadlockError", "core_barrier", "sendrecv", "sendrecv_compute"]
@@ -211,7 +203,7 @@ class LncLaunch:
             if src.size != dst.size or src.dtype != dst.dtype:
                 raise NkiValidationError(
                     f"{_api(call.kind)} pair #{call.index + 1} of {self.kernel_name}: program {pa} sends "
-                    f"{_fmt_shape(src)} ({a.site}) into program {pb}'s dst {_fmt_shape(dst)} ({b.site}); src and "
+                    f"{fmt_shape(src)} ({a.site}) into program {pb}'s dst {fmt_shape(dst)} ({b.site}); src and "
                     "dst must have the same dtype and element count"
                 )
 
@@ -267,7 +259,7 @@ def _complete(run: Run, p: int, call: _SyncCall, q: int, other: _SyncCall) -> No
     for r, peer in ((p, q), (q, p)):
         dst = calls[r].args["dst"]
         if not dst._arr.flags.writeable:
-            raise NkiError(f"{_api(call.kind)}: dst {_fmt_shape(dst)} is a broadcast view and cannot be written")
+            raise NkiError(f"{_api(call.kind)}: dst {fmt_shape(dst)} is a broadcast view and cannot be written")
         got = values[peer].reshape(dst.shape)
         if call.kind == "sendrecv_compute":
             fn = _ops.binary(calls[r].args["reduce_op"], _api(call.kind))
@@ -312,7 +304,7 @@ def _check_priority(api: str, priority: Any, dma_engine: Any = "dma") -> None:
         raise NkiValidationError(f"{api}: priority={priority!r} must be 0 (highest) to 3 (lowest) or None")
 
 
-def _exchange(
+def exchange(
     api: str, kind: str, src: Any, dst: Any, send_to_rank: Any, recv_from_rank: Any, extra: dict[str, Any]
 ) -> None:
     launch = _launch(api, need_lnc2=True)
@@ -330,12 +322,12 @@ def _exchange(
     if kind == "sendrecv":
         for t, role in ((src, "src"), (dst, "dst")):
             if t.buffer != "sbuf":
-                raise NkiValidationError(f"{api}: {role} {_fmt_shape(t)} is in {t.buffer}; src and dst must be in SBUF")
+                raise NkiValidationError(f"{api}: {role} {fmt_shape(t)} is in {t.buffer}; src and dst must be in SBUF")
     else:
         kinds = {src.buffer, dst.buffer}
         if kinds not in ({"sbuf"}, {"hbm"}):
             raise NkiValidationError(
-                f"{api}: src {_fmt_shape(src)} and dst {_fmt_shape(dst)} must be in the same memory, both SBUF or "
+                f"{api}: src {fmt_shape(src)} and dst {fmt_shape(dst)} must be in the same memory, both SBUF or "
                 "both private HBM (shared HBM is not supported)"
             )
     run = current_run()
@@ -359,7 +351,7 @@ def sendrecv(
     _check_priority(api, priority, dma_engine)
     if dma_engine not in ("dma", "gpsimd_dma"):
         raise NkiValidationError(f"{api}: dma_engine={dma_engine!r}; use nki.isa.dma_engine.dma or .gpsimd_dma")
-    _exchange(api, "sendrecv", src, dst, send_to_rank, recv_from_rank, {"dma_engine": dma_engine})
+    exchange(api, "sendrecv", src, dst, send_to_rank, recv_from_rank, {"dma_engine": dma_engine})
 
 
 def sendrecv_compute(
@@ -384,7 +376,7 @@ def sendrecv_compute_impl(
     op = _ops.op_name(reduce_op)
     if op not in ("add", "maximum", "minimum"):
         raise NkiValidationError(f"{api}: reduce_op {op!r}; supported: nl.add, nl.maximum, nl.minimum")
-    _exchange(api, "sendrecv_compute", src, dst, send_to_rank, recv_from_rank, {"reduce_op": op, "dma_engine": "dma"})
+    exchange(api, "sendrecv_compute", src, dst, send_to_rank, recv_from_rank, {"reduce_op": op, "dma_engine": "dma"})
 
 
 def core_barrier(data: NkiTensor, cores: Any, engine: Any = "gpsimd", name: str = "") -> None:
@@ -400,7 +392,7 @@ def core_barrier_impl(api: str, data: Any, cores: Any, engine: Any) -> None:
     if tuple(cores) != (0, 1):
         raise NkiValidationError(f"{api}: cores={cores!r}; only cores=(0, 1) is supported")
     if not isinstance(data, NkiTensor) or data.buffer != "shared_hbm":
-        what = _fmt_shape(data) if isinstance(data, NkiTensor) else type(data).__name__
+        what = fmt_shape(data) if isinstance(data, NkiTensor) else type(data).__name__
         raise NkiValidationError(f"{api}: data {what} must be a shared-HBM tensor (nl.shared_hbm) both cores access")
     eng = engine or "gpsimd"
     if eng not in ("tensor", "vector", "scalar", "gpsimd", "sync"):

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .core import NkiError
+from .errors import NkiError
 
 _F = np.float32
 

@@ -26,16 +26,9 @@ import os
 import sys
 import warnings
 
-from .core import (
-    DEFAULT_VERSION,
-    VERSION_ENV,
-    VERSIONS,
-    NkiError,
-    NkiValidationError,
-    check_version,
-    current_run,
-    version_default,
-)
+from .errors import NkiError, NkiValidationError
+from .run import current_run
+from .settings import DEFAULT_VERSION, VERSION_ENV, VERSIONS, check_version, version_default
 
 __all__ = [
     "DEFAULT_VERSION",
