@@ -22,12 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks import ChildFailed, run_child
 
 
 def _regional_model():
@@ -149,11 +147,10 @@ def spawn(workload: str, delay: float, jobs: int | None, extra_env: dict[str, st
         }
         if jobs is not None:
             env["NEURON_COMPILE_JOBS"] = str(jobs)
-        cmd = [sys.executable, "-m", "benchmarks.cold_start", "--child", workload]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
-        if proc.returncode != 0:
-            return {"workload": workload, "error": proc.stderr.strip()[-2000:]}
-        return json.loads(proc.stdout.strip().splitlines()[-1])
+        try:
+            return run_child("cold_start", ["--child", workload], env=env)
+        except ChildFailed as e:
+            return {"workload": workload, "error": e.stderr.strip()[-2000:]}
 
 
 def _jobs_label(jobs: int | None) -> str:

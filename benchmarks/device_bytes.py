@@ -28,12 +28,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks import REPO, ChildFailed, run_child
 
 #: (label, model on the device, optimizer step)
 MODES = {
@@ -143,16 +141,10 @@ def spawn(args: list[str], target: str, work: str, delay: float = 0.0) -> dict:
     }
     if target == "neuron":
         env.update(device_sim.environment(os.path.join(work, "sim")), NRTSIM_COMPILE_DELAY=str(delay))
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.device_bytes", "--worker", json.dumps(args)],
-        env=env,
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"worker {args} on {target} failed:\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    try:
+        return run_child("device_bytes", ["--worker", json.dumps(args)], env=env)
+    except ChildFailed as e:
+        raise SystemExit(f"worker {args} on {target} failed:\n{e.stderr[-4000:]}") from None
 
 
 def _mb(n: float) -> str:

@@ -26,12 +26,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any, Callable
+
+from benchmarks import ChildFailed, run_child
 
 
 def _pin_threads(argv: list[str]) -> int | None:
@@ -59,9 +59,6 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from neuron_compile.demo import TinyLM  # noqa: E402
-
-#: The repository root: the first-step children run ``python -m benchmarks.steady`` from it.
-REPO = Path(__file__).resolve().parents[1]
 
 if _THREADS:
     torch.set_num_threads(_THREADS)
@@ -284,18 +281,11 @@ def run_first_step(args: argparse.Namespace) -> list[dict[str, Any]]:
             }
             dtype = str(args.dtype).removeprefix("torch.")
             for state in ("cold", "warm"):
-                out = subprocess.run(
-                    [sys.executable, "-m", "benchmarks.steady", "--child", name, backend, dtype]
-                    + (["--threads", str(args.threads)] if args.threads else []),
-                    env=env,
-                    cwd=REPO,
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                )
-                if out.returncode != 0:
-                    raise RuntimeError(f"{backend} {state} first step of {name} failed:\n{out.stderr[-3000:]}")
-                result = json.loads(out.stdout.strip().splitlines()[-1])
+                threads = ["--threads", str(args.threads)] if args.threads else []
+                try:
+                    result = run_child("steady", ["--child", name, backend, dtype, *threads], env=env)
+                except ChildFailed as e:
+                    raise RuntimeError(f"{backend} {state} first step of {name} failed:\n{e.stderr[-3000:]}") from None
                 row[f"{backend}_{state}_s"] = result["first_step_s"]
                 if state == "warm" and "miss" in result["cache"]:
                     row[f"{backend}_warm_missed"] = True

@@ -743,23 +743,15 @@ def run_batch(cases: list[Case], name: str = "overloads") -> BatchResult:
                     break
                 refused[k] = f"lowering refused: {n.reason}"
             if refused is None:
-                if len(live) == 1:
-                    live[0].problem = f"lowering failed: {_first_line(e)}"
-                    return result
-                for c in live:
-                    _merge(result, run_batch([c], name))
-                return result
+                return _one_left_or_each_alone(result, live, name, f"lowering failed: {_first_line(e)}")
             for k, why in refused.items():
                 live[k].problem = why
             live = [c for k, c in enumerate(live) if k not in refused]
             continue
         except Exception as e:
-            if len(live) == 1:
-                live[0].problem = f"lowering crashed: {type(e).__name__}: {_first_line(e)}"
-                return result
-            for c in live:
-                _merge(result, run_batch([c], name))
-            return result
+            return _one_left_or_each_alone(
+                result, live, name, f"lowering crashed: {type(e).__name__}: {_first_line(e)}"
+            )
         break
     if not live:
         return result
@@ -767,14 +759,9 @@ def run_batch(cases: list[Case], name: str = "overloads") -> BatchResult:
     try:
         actual = _execute(lowered, built.inputs)
     except Exception as e:
-        if len(live) == 1:
-            _merge_verdicts(result, per_op)
-            live[0].lowered = True
-            live[0].problem = f"compile/run failed: {type(e).__name__}: {_first_line(e)}"
-            return result
-        for c in live:
-            _merge(result, run_batch([c], name))
-        return result
+        return _one_left_or_each_alone(
+            result, live, name, f"compile/run failed: {type(e).__name__}: {_first_line(e)}", per_op=per_op
+        )
     _merge_verdicts(result, per_op)
     by_case: dict[int, list[tuple[Any, Any]]] = {}
     for (k, path), value in zip(built.outputs, actual):
@@ -785,6 +772,26 @@ def run_batch(cases: list[Case], name: str = "overloads") -> BatchResult:
         if by_case.get(k) and by_case[k][0][0] is None:
             got = got[0]
         case.problem = compare(case, got)
+    return result
+
+
+def _one_left_or_each_alone(
+    result: BatchResult,
+    live: list[Case],
+    name: str,
+    problem: str,
+    per_op: dict[str, dict[str, Any]] | None = None,
+) -> BatchResult:
+    """The batch ``live`` failed as one graph: one case left gets ``problem`` (and, where the graph lowered,
+    ``per_op``'s verdicts and ``lowered``); several are each run alone so each gets its own outcome."""
+    if len(live) == 1:
+        if per_op is not None:
+            _merge_verdicts(result, per_op)
+            live[0].lowered = True
+        live[0].problem = problem
+        return result
+    for c in live:
+        _merge(result, run_batch([c], name))
     return result
 
 
