@@ -48,6 +48,7 @@ def sim_device(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("NEURON_COMPILE_TARGET", "neuron")  # compiled graphs' options as the device's
     context.reset_for_tests(Options.from_user({"target": "neuron"}))
     STATS.reset()
+    device_sim.reset_counters()  # the runtime's byte counters start with ours (earlier tests of the process wrote)
     yield context.device()
     context.reset_for_tests()
 

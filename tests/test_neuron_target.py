@@ -392,6 +392,32 @@ def test_without_libnrt_the_error_says_what_to_install(monkeypatch, tmp_path) ->
         _neuron(MLP().eval(), cache=False)(torch.randn(8, 16))
 
 
+@pytest.mark.parametrize("where", ["LD_LIBRARY_PATH", "loader cache", "nowhere"])
+def test_library_path_finds_what_dlopen_would_without_running_ldconfig(monkeypatch, tmp_path, where) -> None:
+    """The loader's search (LD_LIBRARY_PATH, then /etc/ld.so.cache) is read directly, as dlopen reads it:
+    ``ctypes.util.find_library`` (``ldconfig -p``, then a C compiler) never runs; NEURON_COMPILE_LIBNRT wins."""
+    import ctypes.util
+
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: pytest.fail("find_library ran"))
+    monkeypatch.setattr(libnrt, "DEFAULT_LIBRARY", str(tmp_path / "absent" / "libnrt.so.1"))
+    monkeypatch.delenv(libnrt.LIBRARY_ENV, raising=False)
+    lib_dir, cache = tmp_path / "lib", tmp_path / "ld.so.cache"
+    lib_dir.mkdir()
+    cache.write_bytes(b"glibc-ld.so.cache1.1\0libc.so.6\0/lib/libc.so.6\0")
+    monkeypatch.setattr(libnrt, "LOADER_CACHE", str(cache))
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"/nonexistent:{lib_dir}")
+    expected = None
+    if where == "LD_LIBRARY_PATH":
+        (lib_dir / "libnrt.so.1").write_bytes(b"")
+        expected = str(lib_dir / "libnrt.so.1")
+    elif where == "loader cache":
+        cache.write_bytes(cache.read_bytes() + b"libnrt.so.1\0/opt/x/libnrt.so.1\0")
+        expected = "libnrt.so.1"
+    assert libnrt.library_path() == expected
+    monkeypatch.setenv(libnrt.LIBRARY_ENV, "/explicit/libnrt.so.1")
+    assert libnrt.library_path() == "/explicit/libnrt.so.1"
+
+
 # -- collectives inside a graph, across 2 ranks (each its own process and NeuronCore) ---------------------------
 _RANK_SCRIPT = textwrap.dedent(
     """

@@ -61,3 +61,56 @@ def test_cpu_target_divisions_are_ieee(name: str) -> None:
     got, want = torch.compile(fn, backend="neuron", dynamic=False)(x), fn(x)
     assert got.dtype == want.dtype
     assert torch.equal(got, want), f"{name}: {(got != want).sum().item()} of {want.numel()} differ from eager"
+
+
+_WITH_NAME_ONLY = """
+module @m {
+  func.func public @main(%arg0: tensor<2xf32> loc("stablehlo.all_reduce")) -> tensor<2xf32> {
+    %0 = stablehlo.add %arg0, %arg0 : tensor<2xf32> loc("stablehlo.all_reduce")
+    return %0 : tensor<2xf32>
+  }
+}
+"""
+_WITH_NESTED_ALL_REDUCE = """
+module @m {
+  func.func private @reduce(%arg0: tensor<2xf32>) -> tensor<2xf32> {
+    %0 = "stablehlo.all_reduce"(%arg0) ({
+    ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+      %s = stablehlo.add %a, %b : tensor<f32>
+      stablehlo.return %s : tensor<f32>
+    }) {replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>} : (tensor<2xf32>) -> tensor<2xf32>
+    return %0 : tensor<2xf32>
+  }
+  func.func public @main(%arg0: tensor<2xf32>) -> tensor<2xf32> {
+    %0 = func.call @reduce(%arg0) : (tensor<2xf32>) -> tensor<2xf32>
+    return %0 : tensor<2xf32>
+  }
+}
+"""
+
+
+@pytest.mark.parametrize("text, collectives", [(_WITH_NAME_ONLY, False), (_WITH_NESTED_ALL_REDUCE, True)],
+                         ids=["op-name-in-a-location", "all-reduce-in-a-called-function"])  # fmt: skip
+def test_a_neff_has_collectives_by_its_ops_not_its_text(text: str, collectives: bool) -> None:
+    """Whether a NEFF loads as one of a group (nrt_load_collectives) is read from the module's ops: a location
+    naming a collective is not one, and one in a function main calls is."""
+    from neuron_compile.runtime import jax_adapter
+    from neuron_compile.runtime.neuron import COLLECTIVE_OPS
+
+    params, results, ops = jax_adapter.module_summary(text)
+    assert params == results == [((2,), torch.float32)]
+    assert bool(ops & COLLECTIVE_OPS) == collectives
+
+
+def test_the_cached_artifact_is_not_the_graphs_handle() -> None:
+    """The neuron target's artifact (what the cache keeps) and each graph's handle on it are separate: two
+    graphs of one NEFF hold two handles, each with its own input residency, on the one artifact."""
+    from neuron_compile.runtime.neuron import LoadedNeff, NeffArtifact, NeuronTarget
+
+    artifact = NeffArtifact(b"neff", [((2,), torch.float32)], [((2,), torch.bfloat16)], False)
+    target = NeuronTarget()
+    assert target.deserialize(target.serialize(artifact)) == artifact
+    first, second = target.for_graph(artifact, resident_inputs=True), target.for_graph(artifact)
+    assert isinstance(first, LoadedNeff) and first is not second and first.artifact is second.artifact is artifact
+    assert (first.resident_inputs, second.resident_inputs) == (True, False)
+    assert first.results == [((2,), torch.bfloat16)]

@@ -35,6 +35,8 @@ class CpuTarget:
         return jax_adapter.deserialize_executable(blob)
 
     def for_graph(self, executable: Any, resident_inputs: bool = False) -> Any:
+        # XLA CPU's executable is loaded in this process when it is made and holds no per-graph state: every
+        # graph runs the artifact itself (inputs are shared through DLPack, so there is nothing to keep resident).
         return executable
 
     def version(self) -> str:

@@ -255,10 +255,29 @@ def main_signature(
     module_text: str,
 ) -> tuple[list[tuple[tuple[int, ...], torch.dtype]], list[tuple[tuple[int, ...], torch.dtype]]]:
     """(shape, dtype) of each parameter and each result of the module's ``main`` function."""
+    params, results, _ = module_summary(module_text)
+    return params, results
+
+
+def module_summary(
+    module_text: str,
+) -> tuple[list[tuple[tuple[int, ...], torch.dtype]], list[tuple[tuple[int, ...], torch.dtype]], frozenset[str]]:
+    """``main_signature``'s (parameters, results), and the name of every op in the module (nested regions
+    included), from one parse: what a target decides by (a module with collectives loads as one of a group)."""
     from jax._src.interpreters import mlir
     from jax._src.lib.mlir import ir
 
     module = ir.Module.parse(module_text, context=mlir.make_ir_context())
+    names: set[str] = set()
+
+    def walk(block: Any) -> None:
+        for op in block.operations:
+            names.add(op.operation.name)
+            for region in op.operation.regions:
+                for inner in region.blocks:
+                    walk(inner)
+
+    walk(module.body)
     for op in module.body.operations:
         if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == "main":
             function_type = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
@@ -270,7 +289,7 @@ def main_signature(
                     out.append((tuple(ranked.shape), _MLIR_DTYPES[str(ranked.element_type)]))
                 return out
 
-            return describe(function_type.inputs), describe(function_type.results)
+            return describe(function_type.inputs), describe(function_type.results), frozenset(names)
     raise ValueError("the module has no main function")
 
 

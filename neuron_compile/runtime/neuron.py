@@ -33,13 +33,15 @@ if TYPE_CHECKING:
 #: First bytes of a serialized neuron executable: the module's signature (JSON) then the NEFF.
 _MAGIC = b"NEURON_COMPILE_NEFF\n"
 #: StableHLO ops that make a NEFF one of a group of devices, loaded with ``nrt_load_collectives``.
-_COLLECTIVE_OPS = (
-    "stablehlo.all_reduce",
-    "stablehlo.all_gather",
-    "stablehlo.reduce_scatter",
-    "stablehlo.all_to_all",
-    "stablehlo.collective_permute",
-    "stablehlo.collective_broadcast",
+COLLECTIVE_OPS = frozenset(
+    {
+        "stablehlo.all_reduce",
+        "stablehlo.all_gather",
+        "stablehlo.reduce_scatter",
+        "stablehlo.all_to_all",
+        "stablehlo.collective_permute",
+        "stablehlo.collective_broadcast",
+    }
 )
 
 
@@ -60,24 +62,19 @@ class CompilerRun:
 COMPILER_RUNS: collections.deque[CompilerRun] = collections.deque(maxlen=64)
 
 
-class NeuronExecutable:
-    """A NEFF and the signature of the module it was compiled from; loaded on a NeuronCore at its first run
-    (once per NEFF and core, whatever number of graphs share it), unloaded when the last of them is gone."""
+Signature = list[tuple[tuple[int, ...], torch.dtype]]
 
-    def __init__(
-        self,
-        neff: bytes,
-        params: list[tuple[tuple[int, ...], torch.dtype]],
-        results: list[tuple[tuple[int, ...], torch.dtype]],
-        collectives: bool,
-    ) -> None:
-        self.neff = neff
-        self.params = params
-        self.results = results
-        self.collectives = collectives
-        self.resident_inputs = False
-        self._model: libnrt.LoadedModel | None = None
-        self._lock = threading.Lock()
+
+@dataclass(frozen=True)
+class NeffArtifact:
+    """What the compiler made of one module: the NEFF, the signature of the module (the runtime's tensors are
+    checked against it at load) and whether it has collectives (it then loads as one of a group). What the
+    compile cache stores and shares; it is never loaded itself (``LoadedNeff`` is)."""
+
+    neff: bytes
+    params: Signature
+    results: Signature
+    collectives: bool
 
     def to_bytes(self) -> bytes:
         header = json.dumps(
@@ -90,7 +87,7 @@ class NeuronExecutable:
         return _MAGIC + len(header).to_bytes(8, "little") + header + self.neff
 
     @classmethod
-    def from_bytes(cls, blob: bytes) -> NeuronExecutable:
+    def from_bytes(cls, blob: bytes) -> NeffArtifact:
         if not blob.startswith(_MAGIC):
             raise ValueError("not a neuron executable (no header): an entry of another target or version")
         start = len(_MAGIC) + 8
@@ -99,14 +96,30 @@ class NeuronExecutable:
         sig = lambda rows: [(tuple(s), getattr(torch, d)) for s, d in rows]  # noqa: E731
         return cls(blob[start + size :], sig(header["params"]), sig(header["results"]), header["collectives"])
 
+
+class LoadedNeff:
+    """One compiled graph's handle on a NEFF: loaded on a NeuronCore at its first run (the load is shared by
+    every handle on that NEFF and core, whatever number of graphs hold one), released when the handle is gone
+    and unloaded with the last of them."""
+
+    def __init__(self, artifact: NeffArtifact, resident_inputs: bool = False) -> None:
+        self.artifact = artifact
+        #: an input may stay on the device while its version counter is unchanged (``Target.for_graph``)
+        self.resident_inputs = resident_inputs
+        self._model: libnrt.LoadedModel | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def results(self) -> Signature:
+        return self.artifact.results
+
     def model(self, core: int) -> libnrt.LoadedModel:
         with self._lock:
             if self._model is None or self._model.handle is None:
-                group = None
-                if self.collectives:
-                    group = _collective_group()
-                expected = libnrt.module_tensors(self.params, self.results)
-                self._model = libnrt.acquire_model(self.neff, core, expected, group)
+                art = self.artifact
+                group = _collective_group() if art.collectives else None
+                expected = libnrt.module_tensors(art.params, art.results)
+                self._model = libnrt.acquire_model(art.neff, core, expected, group)
                 weakref.finalize(self, libnrt.release_model, self._model)
             return self._model
 
@@ -182,7 +195,7 @@ class NeuronTarget:
 
     def compile(
         self, stablehlo: str, host_callbacks: list[Any] | tuple[Any, ...] = (), graph: GraphLabel | None = None
-    ) -> NeuronExecutable:
+    ) -> NeffArtifact:
         if shutil.which("neuronx-cc") is None:
             raise NeuronCompileError(
                 "neuron target: neuronx-cc is not on PATH. Install the Neuron SDK (aws-neuronx-cc) on a "
@@ -195,7 +208,7 @@ class NeuronTarget:
             )
         from . import jax_adapter
 
-        params, results = jax_adapter.main_signature(stablehlo)
+        params, results, op_names = jax_adapter.module_summary(stablehlo)
         tensors = libnrt.module_tensors(params, results)
         # the NEFF's tensor names set in the module itself (torch-xla's frontend attributes), root a tuple
         named = jax_adapter.neff_module(
@@ -213,7 +226,7 @@ class NeuronTarget:
         elif self.compiler_input == "auto" and first == "mlir":
             if neuronx_cc.compiler_facts(self.facts_dir, compiler_version()).get("input_format") != "mlir":
                 neuronx_cc.remember(self.facts_dir, compiler_version(), input_format="mlir")
-        return NeuronExecutable(neff, params, results, any(op in stablehlo for op in _COLLECTIVE_OPS))
+        return NeffArtifact(neff, params, results, bool(op_names & COLLECTIVE_OPS))
 
     def _compile_as(
         self, fmt: str, named_module: str, graph: GraphLabel | None, last_try: bool = False
@@ -250,23 +263,21 @@ class NeuronTarget:
             with open(neff_path, "rb") as f:
                 return f.read()
 
-    def serialize(self, executable: NeuronExecutable) -> bytes:
+    def serialize(self, executable: NeffArtifact) -> bytes:
         return executable.to_bytes()
 
-    def deserialize(self, blob: bytes) -> NeuronExecutable:
-        return NeuronExecutable.from_bytes(blob)
+    def deserialize(self, blob: bytes) -> NeffArtifact:
+        return NeffArtifact.from_bytes(blob)
 
-    def for_graph(self, executable: NeuronExecutable, resident_inputs: bool = False) -> NeuronExecutable:
+    def for_graph(self, executable: NeffArtifact, resident_inputs: bool = False) -> LoadedNeff:
         # Its own handle on the NEFF's load: the load is shared by every graph of that NEFF on a core and
         # ends with the last of them, whatever the compile cache keeps.
-        mine = NeuronExecutable(executable.neff, executable.params, executable.results, executable.collectives)
-        mine.resident_inputs = resident_inputs
-        return mine
+        return LoadedNeff(executable, resident_inputs)
 
     def version(self) -> str:
         return compiler_version()
 
-    def run(self, executable: NeuronExecutable, buffers: list[Any]) -> list[Any]:
+    def run(self, executable: LoadedNeff, buffers: list[Any]) -> list[Any]:
         try:
             model = executable.model(self.core)
         except NeuronCompileError as e:
@@ -309,7 +320,8 @@ class NeuronTarget:
             error.call,
         )
 
-    # Buffers of this target are CPU tensors: libnrt copies them to the device (when they changed).
+    # Host buffers of this target are the CPU tensors themselves: ``run`` copies them into the NEFF's input
+    # tensors (libnrt.LoadedModel.execute). Device buffers are nrt tensors (device/buffers.py::NeuronBuffers).
     def to_device(self, t: torch.Tensor) -> torch.Tensor:
         return t
 

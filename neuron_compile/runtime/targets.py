@@ -1,8 +1,19 @@
 """The seam between the compiler and what runs its output: the ``Target`` protocol and ``target_for``.
 
-A target turns a StableHLO module into something runnable (``compile``), stores and restores it
-(``serialize``/``deserialize``, for the cache), names the exact compiler build (``version``, part of the
-cache key) and runs it on device buffers (``run``).
+A target turns a StableHLO module into an artifact (``compile``), stores and restores it
+(``serialize``/``deserialize``, for the cache), gives each compiled graph its own runnable handle on it
+(``for_graph``: the cache keeps and shares the artifact), names the exact compiler build (``version``, part of
+the cache key) and runs a handle on buffers (``run``).
+
+Three kinds of buffer reach ``run``:
+
+- host buffers, made by ``to_device`` from the CPU tensors of a call (and ``constant_buffer``): on the CPU target
+  jax arrays sharing the tensors' memory (DLPack), on the neuron target the CPU tensors themselves, which ``run``
+  copies into the NEFF's input tensors (only when they changed, where ``for_graph`` allowed it);
+- device buffers of the ``neuron`` device (``device/buffers.py``: byte ranges of XLA CPU buffers, or nrt
+  tensors on the NeuronCore), which the device hands to ``run`` (CPU target) or binds itself
+  (``NeuronBuffers.run``, neuron target) without a host copy;
+- results: what ``run`` returns, turned into torch tensors by ``to_torch`` (host) or kept as device buffers.
 """
 
 from __future__ import annotations
@@ -34,17 +45,18 @@ class Target(Protocol):
     def compile(
         self, stablehlo: str, host_callbacks: list[Any] | tuple[Any, ...] = (), graph: GraphLabel | None = None
     ) -> Any:
-        """A loaded executable of the module (StableHLO text), with the Python host callbacks it calls; ``graph``
+        """The artifact of the module (StableHLO text), with the Python host callbacks it calls; ``graph``
         names it in messages."""
 
     def serialize(self, executable: Any) -> bytes:
-        """Bytes that ``deserialize`` turns back into an equivalent loaded executable."""
+        """Bytes that ``deserialize`` turns back into an equivalent artifact."""
 
     def deserialize(self, blob: bytes) -> Any:
-        """The loaded executable of ``serialize``'s bytes; raises on a blob it cannot load."""
+        """The artifact of ``serialize``'s bytes; raises on a blob it cannot load."""
 
     def for_graph(self, executable: Any, resident_inputs: bool = False) -> Any:
-        """``executable`` as one compiled graph holds it (the compile cache keeps and shares the original).
+        """The handle one compiled graph runs the artifact ``executable`` by (the compile cache keeps and shares
+        the artifact; the neuron target's handle holds the graph's share of the NEFF's load).
         ``resident_inputs``: an input may stay on the device while its version counter is unchanged (option
         ``input_residency``, a user contract; never where a change could go unseen even then: tensors unwrapped
         from a subclass, whose wrapper alone counts)."""
@@ -53,7 +65,7 @@ class Target(Protocol):
         """The compiler build that produced the executable (a cache-key component)."""
 
     def run(self, executable: Any, buffers: list[Any]) -> list[Any]:
-        """Execute on device buffers (as made by ``to_device``); device buffers out."""
+        """Execute a ``for_graph`` handle on buffers (see the module docstring); result buffers out."""
 
     def to_device(self, t: "torch.Tensor") -> Any:
         """A buffer ``run`` takes, of the contiguous CPU tensor ``t`` (sharing its memory where it can)."""
