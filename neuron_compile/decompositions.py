@@ -101,6 +101,8 @@ _plan(FROM_TORCH, "the backward autograd records for _batch_norm_with_update: na
 _plan(FROM_TORCH, "bilinear/nearest/bicubic sampling as gathers at computed indices, with pw_cast_for_opmath "
       "(16-bit inputs computed in float32, rounded once); its backward, which autograd records before the table "
       "runs, is lowered (lowering/grid_sample.py)", aten.grid_sampler_2d)  # fmt: skip
+_plan(FROM_TORCH, "the backward autograd records for rrelu (lowering/activations.py::rrelu_with_noise_functional): "
+      "leaky_relu_backward at the mean slope in eval, grad * noise in training", aten.rrelu_with_noise_backward)  # fmt: skip
 
 
 def _exact_integral_linspace(reference: Callable[..., Any]) -> Callable[..., Any]:

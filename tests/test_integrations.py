@@ -191,3 +191,71 @@ def test_lightning_with_the_inner_model_compiled() -> None:
     compiled = _lightning_run("neuron")
     assert STATS.count() == 2
     _assert_same_parameters(compiled, _lightning_run(None))
+
+
+# -- torchtitan: its Llama 3 debug model compiled per TransformerBlock by its own apply_compile ------------------------
+_TITAN_SEQ = 16
+
+
+def _torchtitan_run(backend: str | None) -> tuple[list[float], list[dict[str, torch.Tensor]], torch.nn.Module]:
+    """torchtitan's llama3 ``debugmodel`` (dim 256, 16 heads, vocab 2048; two of its six blocks) trained three
+    steps. Its language models take FlexAttention or varlen only, and its apply_compile refuses a FlexAttention
+    model under any backend but inductor and aot_eager; varlen is a CUDA flash kernel. The blocks here take
+    torchtitan's own ScaledDotProductAttention (the one its Flux model builds), which apply_compile accepts: it
+    then compiles each TransformerBlock with ``backend="neuron", fullgraph=True`` and the loss with the backend,
+    as ``--compile.enable --compile.backend neuron`` does."""
+    import dataclasses
+
+    from torchtitan.components.loss import CrossEntropyLoss
+    from torchtitan.config import CompileConfig
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed.compile import apply_compile
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.llama3 import model_registry
+
+    config = model_registry("debugmodel").model
+    layers = []
+    for layer in config.layers[:2]:
+        rope = dataclasses.replace(layer.attention.rope, max_seq_len=_TITAN_SEQ)  # as its trainer sets seq_len
+        attention = dataclasses.replace(layer.attention, inner_attention=ScaledDotProductAttention.Config(), rope=rope)
+        layers.append(dataclasses.replace(layer, attention=attention))
+    torch.manual_seed(0)
+    model = dataclasses.replace(config, layers=layers).build()
+    model.init_states()
+    compile_config = CompileConfig(enable=backend is not None, backend=backend or "inductor")
+    if backend is not None:
+        dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1)
+        apply_compile(model, compile_config=compile_config, parallel_dims=dims)
+        assert all(block._compiled_call_impl is not None for block in model.layers.values())
+    loss_fn = CrossEntropyLoss(CrossEntropyLoss.Config(), compile_config=compile_config)
+    # SGD, not the debug config's AdamW: Adam divides by sqrt(v), so a weight whose gradient is near zero moves by
+    # up to lr on rounding noise, which would hide the comparison of the backend's numbers in the optimizer's.
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    losses, grads = [], []
+    for _ in range(3):
+        tokens = torch.randint(0, 2048, (2, _TITAN_SEQ + 1), generator=g)
+        loss, _ = loss_fn(model(tokens[:, :-1]), tokens[:, 1:], global_valid_tokens=torch.tensor(2 * _TITAN_SEQ))
+        loss.backward()
+        grads.append({name: p.grad.clone() for name, p in model.named_parameters()})
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, grads, model
+
+
+def test_torchtitan_llama3_blocks_compiled_by_its_apply_compile_as_eager() -> None:
+    """The losses, every step's gradients and the parameters after three SGD steps match eager's."""
+    torch._dynamo.reset()
+    STATS.reset()
+    # apply_compile sets these process-wide; the patch gives the other tests their values back
+    with torch._dynamo.config.patch(capture_scalar_outputs=False, skip_fwd_side_effects_in_bwd_under_checkpoint=False):
+        losses, grads, model = _torchtitan_run("neuron")
+    # the block's forward and backward (the two blocks share one graph), the loss's forward and backward
+    assert STATS.count() == 4
+    eager_losses, eager_grads, eager_model = _torchtitan_run(None)
+    torch.testing.assert_close(losses, eager_losses, **_TRAINED)
+    for step, (grad, eager_grad) in enumerate(zip(grads, eager_grads)):
+        for name, value in grad.items():
+            torch.testing.assert_close(value, eager_grad[name], **_TRAINED, msg=lambda m: f"step {step} {name}: {m}")
+    _assert_same_parameters(model, eager_model)

@@ -273,6 +273,7 @@ ACTIVATIONS = [
     _act("hardtanh", lambda x: F.hardtanh(x, -0.5, 2.0)),
     _act("leaky_relu", lambda x: F.leaky_relu(x, 0.2)),
     _act("elu", lambda x: F.elu(x, alpha=1.5)),
+    _act("rrelu_eval", lambda x: F.rrelu(x, 0.1, 0.3)),
 ]
 
 # Activations the core-ATen decomposition turns into pointwise ops: one graph checks them all (op i

@@ -301,12 +301,18 @@ def render(results: dict[str, Any], overloads: dict[str, Any] | None = None) -> 
     universe = aten_universe(results)
     for op in results.get("legality", {}):
         universe.setdefault(op, "seen in OpInfo")
+    for op in RUN_AFTER_GRAPH:  # lowered, as checks run after the graph: counted with the others
+        universe.setdefault(op, "run after the graph")
     use = _opinfo_use(results)
     from neuron_compile.legality import rules
 
     gens = list(rules.GENERATIONS)
     labels = legality_labels(results, sorted(universe), overloads)
     sources = verdict_sources(results, sorted(universe), overloads)
+    for op in RUN_AFTER_GRAPH:
+        sources[op] = (
+            f"{NOT_EXERCISED}: taken out of the graph and run after it (value_checks.py): no lowering to judge"
+        )
     status = {op: LOWERED if op in lowered else UNSUPPORTED for op in universe}
     n_status = {s: sum(1 for v in status.values() if v == s) for s in (LOWERED, UNSUPPORTED)}
     summary = results.get("summary", {})

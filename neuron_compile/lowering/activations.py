@@ -125,6 +125,15 @@ def leaky_relu(x, negative_slope=0.01):
     return lax.select(lax.gt(x, _c(0, x)), x, lax.mul(x, _c(negative_slope, x)))
 
 
+@register_lowering(aten.rrelu_with_noise_functional)
+def rrelu_with_noise_functional(x, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
+    # Eval mode is eager's leaky_relu at the mean slope, noise untouched; training draws random slopes.
+    if training:
+        raise Unsupported(f"rrelu training={training!r} (random slopes per element)")
+    slope = (lower + upper) / 2
+    return in_opmath(lambda v: leaky_relu(v, slope), x, result=out_dtype(0)), noise
+
+
 @_with_scalar_params(aten.elu)
 def elu(x, alpha=1.0, scale=1.0, input_scale=1.0):
     negative = lax.mul(lax.expm1(lax.mul(x, _c(input_scale, x))), _c(alpha * scale, x))
