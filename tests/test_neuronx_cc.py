@@ -362,14 +362,22 @@ def _catch(errors, fn, *args):
 
 
 def test_ctrl_c_in_the_process_stops_the_compile_and_removes_its_directory(sim, monkeypatch) -> None:
-    monkeypatch.setenv("NRTSIM_COMPILE_DELAY", "120")
-    timer = threading.Thread(  # a real SIGINT, as a terminal's Ctrl-C sends: it interrupts the wait at once
-        target=lambda: _wait_until(lambda: _compiler_pid(sim.tmp) is not None) and os.kill(os.getpid(), signal.SIGINT)
-    )
+    monkeypatch.setenv("NRTSIM_COMPILE_DELAY", "600")
+    sent = []
+
+    def ctrl_c() -> None:  # a real SIGINT, as a terminal's Ctrl-C sends: it interrupts the wait at once
+        # Before the pass this waits for, the fake compiler runs its --help, imports jax and parses the module:
+        # on a loaded machine that can take more than the 20 s default (the test failed once in a full run).
+        if _wait_until(lambda: _compiler_pid(sim.tmp) is not None, seconds=300):
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    timer = threading.Thread(target=ctrl_c)
     timer.start()
     with pytest.raises(KeyboardInterrupt):
         NeuronTarget(cache_dir=sim.cache).compile(_AXPY)
     timer.join()
+    assert sent, "the compiler never reached its tensorizer pass"
     assert _wait_until(lambda: not _processes_under(sim.tmp)), _processes_under(sim.tmp)
     assert not list(sim.tmp.glob("neuron_compile_*"))
 
