@@ -10,6 +10,7 @@ from __future__ import annotations
 from .cache import cache_stats  # importing the cache registers its mega-cache artifact type
 from .device import register as _register_device
 from .device import wanted_at_import as _device_wanted
+from .device.checkpoints import install_load_hint as _install_load_hint
 from .errors import (
     NeuronCompileError,
     NeuronCompileTimeoutError,
@@ -27,6 +28,9 @@ from .options import Options
 from .stats import STATS
 from .version import __version__
 
+# torch.load of a checkpoint saved from the `neuron` device where the device is not registered: an error that
+# names map_location="cpu" (neuron_compile/device/checkpoints.py).
+_install_load_hint()
 # The `neuron` device (PrivateUse1) where a Neuron runtime is found or NEURON_COMPILE_DEVICE=1, unless another
 # library holds PrivateUse1: neuron_compile/device.
 if _device_wanted():

@@ -25,6 +25,7 @@ hand, so with this cache on the backward is compiled with the forward, not at th
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import time
 import unittest.mock
@@ -125,6 +126,10 @@ class NeuronOutputCode(OutputCode):
     def prepare_for_serialization(self) -> None:
         if self.cache_digest is None:  # split, checked or uncacheable graphs: recompiled each time
             raise autograd_cache.BypassAOTAutogradCache(f"neuron_compile: {self.name} is not in the compile cache")
+        if _float_specialized_while_tracing():
+            raise autograd_cache.BypassAOTAutogradCache(
+                f"neuron_compile: {self.name} holds the value of a Python float input (a guard on it)"
+            )
         self.graph = None
 
     def post_compile(self, example_inputs: Sequence[Any], constants: Any, graph_kwargs: Any) -> None:
@@ -141,6 +146,44 @@ class NeuronOutputCode(OutputCode):
 
     def set_triton_bundle(self, triton_bundle: Any) -> None:
         pass
+
+
+#: The shape environment of the compile ``storing`` wraps and how many guards it held before AOTAutograd ran.
+_GUARDS_BEFORE: contextvars.ContextVar[tuple[Any, int] | None] = contextvars.ContextVar(
+    "neuron_compile_guards_before", default=None
+)
+
+
+def _shape_env() -> Any:
+    context = torch._guards.TracingContext.try_get()
+    fake_mode = getattr(context, "fake_mode", None)
+    return getattr(fake_mode, "shape_env", None)
+
+
+def _float_specialized_while_tracing() -> bool:
+    """Whether the compile guarded on the value of a Python float that Dynamo passed as an input.
+
+    torch's ``tensorify_python_scalars`` turns the ops that take such a float into tensor ops; where it
+    cannot, it bakes the float's value into the graph and adds a guard on it to Dynamo's. AOTAutograd's cache
+    keys the Dynamo graph, which is the same for every value, and its entries carry guards on sizes only: a
+    hit for the next value would run the old one's graph (wrong values, no error: pytorch#194976, fixed after
+    torch 2.13 by a restart; pytorch#197889). Such a graph is not stored.
+    """
+    before = _GUARDS_BEFORE.get()
+    if before is None:
+        return False
+    shape_env, count = before
+    import sympy
+    from torch.utils._sympy.symbol import SymT, symbol_is_type
+
+    def on_a_float(guard: Any) -> bool:
+        return any(symbol_is_type(s, SymT.FLOAT) for s in guard.expr.free_symbols)
+
+    # Any guard AOTAutograd's tracing added; an equality from Dynamo's own fake propagation too (an op that
+    # takes the float as a parameter: the Dynamo graph is the same for every value, pytorch#197889).
+    return any(on_a_float(g) for g in shape_env.guards[count:]) or any(
+        isinstance(g.expr, sympy.Eq) and on_a_float(g) for g in shape_env.guards[:count]
+    )
 
 
 class _FailedBackward:
@@ -207,4 +250,9 @@ def storing(gm: torch.fx.GraphModule, opts: Options) -> Iterator[None]:
         torch._inductor.config.patch(unsafe_marked_cacheable_functions=marked),
         unittest.mock.patch.object(autograd_cache, "autograd_cache_key", _autograd_cache_key),
     ):
-        yield
+        shape_env = _shape_env()
+        token = _GUARDS_BEFORE.set(None if shape_env is None else (shape_env, len(shape_env.guards)))
+        try:
+            yield
+        finally:
+            _GUARDS_BEFORE.reset(token)

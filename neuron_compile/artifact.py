@@ -86,3 +86,5 @@ class Artifact:
     loaded: Any = field(default=None, repr=False, compare=False)
     #: Estimated peak HBM on one NeuronCore (bytes, ``hbm.py``) when built in this process; not stored.
     hbm_peak: int | None = field(default=None, compare=False)
+    #: Its I/O tensors' bytes (``hbm.py``, certain where ``hbm_peak`` is estimated); not stored.
+    hbm_io: int | None = field(default=None, compare=False)

@@ -78,7 +78,7 @@ def neuron_backend(
     # Imported on first compile: resolving backend="neuron" must not pay for jax and every lowering.
     from . import aot_cache
     from .compiler import compile_graph, compiles_in_background
-    from .decompositions import decomposition_table
+    from .decompositions import decomposition_table, with_symbolic_scalars
     from .kernels.sdpa import calls_attention, rewrite_sdpa
 
     if calls_attention(gm):
@@ -102,7 +102,7 @@ def neuron_backend(
         fw_compiler=compiler("forward"),
         bw_compiler=compiler("backward"),
         inference_compiler=compiler("inference"),
-        decompositions=decomposition_table(),
+        decompositions=with_symbolic_scalars(decomposition_table()),
     )
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 

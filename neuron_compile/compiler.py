@@ -31,7 +31,7 @@ from .errors import (
 from .heap import old_objects_frozen
 from .kernels.user_ops import has_user_kernels
 from .options import Options
-from .runtime import compile_pool, jax_adapter, map_budget
+from .runtime import compile_pool, jax_adapter, map_budget, neuronx_cc
 from .runtime.executor import CompiledGraph
 from .runtime.targets import GraphLabel, target_for
 from .stats import STATS, GraphRecord
@@ -156,6 +156,7 @@ def build_artifact(
         target_version=target.version(),
         warnings=ours,
         hbm_peak=estimate.peak_bytes if estimate is not None else None,
+        hbm_io=estimate.io_bytes if estimate is not None else None,
     )
     if not compile:
         debug.dump_graph(opts, name, gm, lowered, report, {"lower_s": t1 - t0})
@@ -170,6 +171,7 @@ def build_artifact(
     if opts.target == "cpu":  # the executable's own buffer assignment: warned when too large for a NeuronCore
         estimate = hbm.check(lowered, gm, opts, jax_adapter.memory_stats(artifact.loaded))
         artifact.hbm_peak = estimate.peak_bytes if estimate is not None else None
+        artifact.hbm_io = estimate.io_bytes if estimate is not None else None
     debug.dump_graph(opts, name, gm, lowered, report, {"lower_s": t1 - t0, "compile_s": artifact.compile_seconds})
     return artifact
 
@@ -265,8 +267,14 @@ def compile_graph(
 
 def _bypasses_cache(gm: torch.fx.GraphModule, opts: Options) -> bool:
     """A debug dump must show this run's lowering, and an executable that calls back into Python (kernels in the
-    emulator, user kernels) holds live Python objects: both bypass the cache (and compile in the caller's thread)."""
-    return bool(opts.debug_dir or opts.kernels == "emulate" or has_user_kernels(gm))
+    emulator, user kernels) holds live Python objects: both bypass the cache (and compile in the caller's thread).
+    So does a graph compiled with torch-neuronx's ``--no_cache`` in NEURON_CC_FLAGS (option ``neuron_cc_flags``)."""
+    return bool(
+        opts.debug_dir
+        or opts.kernels == "emulate"
+        or has_user_kernels(gm)
+        or neuronx_cc.wrapper_flags(tuple(opts.neuron_cc_flags)).no_cache
+    )
 
 
 def compiles_in_background(opts: Options) -> bool:
@@ -313,6 +321,7 @@ def compiled_graph(
         cache_state,
         artifact.nki_kernels,
         artifact.hbm_peak,
+        artifact.hbm_io,
     )
     if compiling is not None:
         STATS.record(record)  # its compile time and cache state are filled in by the job
@@ -329,6 +338,7 @@ def compiled_graph(
             estimate = hbm.estimate_from_memory(name, memory)
             hbm.judge(estimate, opts)
             record.hbm_peak = estimate.peak_bytes
+            record.hbm_io = estimate.io_bytes
     executable = target.for_graph(executable, resident_inputs=resident)
     elapsed = time.perf_counter() - t0
     STATS.record(record)

@@ -748,3 +748,140 @@ _plan(CORE, _WITHOUT_OUR_TABLE,
 _plan(CORE, _INDEX_ADD_REASON, aten.index_add.default)
 #: Every overload both lowered and decomposed away -> why its lowering is kept.
 LOWERED_AND_DECOMPOSED: dict[Any, str] = {op: PLAN[op].why for op in _planned(CORE)}
+
+
+# ---- Python floats that Dynamo passes as inputs --------------------------------------------------------------
+# A Python float that changes between calls (an LR scheduler's ``lr``, OneCycleLR's ``betas``) reaches
+# AOTAutograd as a float64 0-d input whose ``.item()`` is a SymFloat; torch's pass
+# ``tensorify_python_scalars`` (torch/fx/passes/_tensorify_python_scalars.py) then turns each op that takes the
+# SymFloat into a tensor op, but only for add/sub/mul/div/pow.Tensor_Tensor and comparisons, and only in
+# positional arguments. Any other use makes Dynamo specialize the float again and guard on its value: one
+# graph per value, with every backend (Inductor's too). Optimizer steps have such uses, rewritten below into
+# the forms the pass takes, for SymFloats only (a number keeps the op whole):
+# ``param.add_(grad, alpha=-lr)`` (SGD; an alpha is a keyword), ``beta1 ** step`` (Adam's bias correction:
+# pow.Scalar), ``exp_avg.lerp_(grad, 1 - beta1)`` (Adam: lerp.Scalar; ``foreach``: Dynamo's full_like of the
+# weight), ``addcdiv_(..., value=-lr)`` (RMSprop: Dynamo's prims.fma) and ``full`` of the value.
+# ``mul.Tensor(ones, s)`` is the SymFloat as a 0-d tensor (exact), which the pass turns into the input cast
+# to the op's computation dtype.
+
+
+def _as_tensor(value: Any, dtype: torch.dtype) -> torch.Tensor:
+    return aten.mul.Tensor(torch.ones((), dtype=dtype), value)
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t if t.dtype == dtype else torch.ops.prims.convert_element_type.default(t, dtype)
+
+
+def _symbolic_alpha(op: Any) -> Callable[..., Any]:
+    """``add/sub.Tensor(a, b, alpha=s)`` as ``a +/- b * s`` in the computation dtype, rounded once to the
+    result's (eager's CPU kernel computes ``alpha * b`` in opmath, as the lowering of the whole op does)."""
+
+    def decomposition(a: Any, b: Any, *, alpha: Any = 1) -> Any:
+        if not isinstance(alpha, torch.SymFloat) or not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+            return NotImplemented
+        from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+        compute, result = elementwise_dtypes(a, b, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
+        if not (result.is_floating_point or result.is_complex):
+            return NotImplemented
+        scaled = aten.mul.Tensor(_cast(b, compute), alpha)
+        return _cast(op(_cast(a, compute), scaled), result)
+
+    return decomposition
+
+
+def _pow_symbolic_base(base: Any, exponent: Any) -> Any:
+    """``pow.Scalar(s, t)`` as ``pow.Tensor_Tensor`` of ``s`` as a 0-d tensor of the computation dtype."""
+    if not isinstance(base, torch.SymFloat) or not isinstance(exponent, torch.Tensor) or exponent.is_complex():
+        return NotImplemented
+    from torch._prims_common import get_computation_dtype
+
+    result = exponent.dtype if exponent.is_floating_point() else torch.get_default_dtype()
+    return _cast(aten.pow.Tensor_Tensor(_as_tensor(base, get_computation_dtype(result)), exponent), result)
+
+
+def _lerp_symbolic_weight(start: Any, end: Any, weight: Any) -> Any:
+    """``lerp.Scalar(a, b, s)`` as ``lerp.Tensor`` with ``s`` as a 0-d tensor of ``a``'s dtype, as torch's
+    decomposition of lerp.Scalar makes it (``start.new_full((), weight)``)."""
+    if not isinstance(weight, torch.SymFloat) or not isinstance(start, torch.Tensor):
+        return NotImplemented
+    return aten.lerp.Tensor(start, end, _as_tensor(weight, start.dtype))
+
+
+def _fma_symbolic_factor(a: Any, b: Any, c: Any) -> Any:
+    """``prims.fma(a, s, c)`` (Dynamo's form of ``addcdiv_(t1, t2, value=-lr)``: RMSprop) as ``a * s + c`` in
+    the computation dtype, rounded once to the result's, as the lowering of ``prims.fma`` computes it."""
+    if not isinstance(b, torch.SymFloat) or not isinstance(a, torch.Tensor) or not isinstance(c, torch.Tensor):
+        return NotImplemented
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+    compute, result = elementwise_dtypes(a, c, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
+    if not result.is_floating_point:
+        return NotImplemented
+    return _cast(aten.add.Tensor(aten.mul.Tensor(_cast(a, compute), b), _cast(c, compute)), result)
+
+
+def _filled(ones: Callable[..., torch.Tensor], value: Any, dtype: torch.dtype | None) -> Any:
+    """A tensor of ``ones(dtype)`` times the SymFloat ``value``, in the computation dtype, cast to ``dtype``."""
+    from torch._prims_common import get_computation_dtype
+
+    dtype = dtype or torch.get_default_dtype()
+    if not dtype.is_floating_point:
+        return NotImplemented
+    return _cast(aten.mul.Tensor(ones(get_computation_dtype(dtype)), value), dtype)
+
+
+def _full_symbolic_value(size: Any, fill_value: Any, **kwargs: Any) -> Any:
+    """``full(size, s)`` (torch's decompositions make a scalar weight a tensor with it) as ``ones * s``."""
+    if not isinstance(fill_value, torch.SymFloat):
+        return NotImplemented
+    dtype = kwargs.pop("dtype", None)
+    return _filled(lambda d: aten.full.default(size, 1, dtype=d, **kwargs), fill_value, dtype)
+
+
+def _full_like_symbolic_value(self: Any, fill_value: Any, **kwargs: Any) -> Any:
+    """``full_like(t, s)`` (Dynamo's ``_foreach_lerp_`` with a scalar weight: Adam's ``foreach``) as
+    ``ones_like * s``."""
+    if not isinstance(fill_value, torch.SymFloat) or not isinstance(self, torch.Tensor):
+        return NotImplemented
+    dtype = kwargs.pop("dtype", None) or self.dtype
+    return _filled(lambda d: aten.full_like.default(self, 1, dtype=d, **kwargs), fill_value, dtype)
+
+
+_SYMBOLIC_SCALAR_DECOMPOSITIONS: dict[Any, Callable[..., Any]] = {
+    aten.add.Tensor: _symbolic_alpha(aten.add.Tensor),
+    aten.sub.Tensor: _symbolic_alpha(aten.sub.Tensor),
+    aten.pow.Scalar: _pow_symbolic_base,
+    aten.lerp.Scalar: _lerp_symbolic_weight,
+    aten.full.default: _full_symbolic_value,
+    aten.full_like.default: _full_like_symbolic_value,
+}
+
+
+def _symbolic_scalar_decompositions() -> dict[Any, Callable[..., Any]]:
+    import torch._inductor.inductor_prims  # registers prims.fma, as lowering/pointwise.py does
+
+    return {**_SYMBOLIC_SCALAR_DECOMPOSITIONS, torch.ops.prims.fma.default: _fma_symbolic_factor}
+
+
+def with_symbolic_scalars(table: dict[Any, Callable[..., Any]]) -> dict[Any, Callable[..., Any]]:
+    """``table`` with the rewrites above in front of its entries: an op whose float argument is a SymFloat
+    (a changing Python float, passed as an input) is rewritten; otherwise ``table``'s entry, or the op whole.
+    Given to AOTAutograd by the backend; ``decomposition_table()`` (what the registry reports) is unchanged,
+    since an op with numbers is treated as before."""
+    out = dict(table)
+    for op, rewrite in _symbolic_scalar_decompositions().items():
+        out[op] = _chained(rewrite, table.get(op))
+    return out
+
+
+def _chained(rewrite: Callable[..., Any], previous: Callable[..., Any] | None) -> Callable[..., Any]:
+    @functools.wraps(rewrite)
+    def decomposition(*args: Any, **kwargs: Any) -> Any:
+        out = rewrite(*args, **kwargs)
+        if out is NotImplemented and previous is not None:
+            return previous(*args, **kwargs)
+        return out
+
+    return decomposition

@@ -313,6 +313,17 @@ def check_cores(report: Report, findings: Findings, opts: Options | None) -> Non
         core = opts.neuron_core if opts.neuron_core is not None else 0
         how = "option neuron_core / NEURON_COMPILE_CORE" if opts.neuron_core is not None else "the default"
         report.row("graphs run on", f"logical NeuronCore {core}, counted from the process's first one ({how})")
+        from .hbm import compiler_size, hbm_per_core, limit_for
+
+        per_core = hbm_per_core(opts.generation, opts.lnc)
+        limit = limit_for(opts)
+        report.row(
+            "HBM per logical core",
+            f"{compiler_size(per_core)} ({opts.generation} at LNC {opts.lnc}): the device's memory limit, and what "
+            "neuronx-cc checks a graph's I/O tensors against (NCC_EVRF009)"
+            + ("" if limit == per_core else f"; graphs are checked against option hbm_limit: "
+               f"{compiler_size(limit) if limit else 'off'}"),
+        )  # fmt: skip
     else:
         report.row("NEURON_LOGICAL_NC_CONFIG", lnc_env or "(unset)")
         core = None
@@ -384,13 +395,23 @@ def check_cache(report: Report, findings: Findings, opts: Options | None, requir
     from .cache.store import DiskStore
 
     report.section("Compile cache")
+    from .runtime import neuronx_cc
+
     explicit = opts.cache_dir if opts is not None else None
-    root = resolve_cache_dir(explicit)
+    flags = tuple(opts.neuron_cc_flags) if opts is not None else None
+    root = resolve_cache_dir(explicit, flags)
     # no options are given here: a cache_dir can only come from the environment
-    source = f"${ENV_DIR}" if os.environ.get(ENV_DIR, "").strip() else "the user cache dir"
+    if os.environ.get(ENV_DIR, "").strip():
+        source = f"${ENV_DIR}"
+    elif neuronx_cc.cache_dir_from_flags(neuronx_cc.env_flags() if flags is None else flags):
+        source = "--cache_dir in $NEURON_CC_FLAGS, torch-neuronx's wrapper flag"
+    else:
+        source = "the user cache dir"
     report.row("directory", f"{root} (from {source})")
     if opts is not None and not opts.cache:
         report.row("enabled", "no (NEURON_COMPILE_CACHE is off: every graph is compiled again)")
+    elif opts is not None and neuronx_cc.wrapper_flags(flags).no_cache:
+        report.row("enabled", "no (--no_cache in NEURON_CC_FLAGS: every graph is compiled again)")
     if os.path.isdir(root):
         writable = os.access(root, os.W_OK | os.X_OK)
         report.row("exists / writable", f"yes / {'yes' if writable else 'NO: compiled graphs will not be stored'}")

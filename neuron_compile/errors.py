@@ -109,9 +109,10 @@ class NeuronCompileTimeoutError(NeuronCompileError):
 
 
 class NeuronHbmError(NeuronCompileError):
-    """A graph's estimated peak HBM exceeds one NeuronCore's (``neuron_compile.hbm``): refused on the neuron
-    target before neuronx-cc runs. ``estimate`` holds the parts (I/O, intermediates, scratchpad) and the largest
-    tensors; ``limit`` the bytes it was checked against."""
+    """A graph's input and output tensors alone exceed one NeuronCore's HBM (``neuron_compile.hbm``), which
+    neuronx-cc refuses at its start (NCC_EVRF009): refused on the neuron target before neuronx-cc runs.
+    ``estimate`` holds the parts (I/O, intermediates, scratchpad) and the largest tensors; ``limit`` the bytes it
+    was checked against."""
 
     def __init__(self, message: str, estimate: Any = None, limit: int = 0) -> None:
         super().__init__(message)
@@ -161,7 +162,8 @@ class NeuronMemoryMapWarning(NeuronWarning):
 
 
 class NeuronHbmWarning(NeuronWarning):
-    """CPU target: a graph's estimated peak HBM exceeds one NeuronCore's; the neuron target would refuse it."""
+    """A graph's estimated peak HBM exceeds one NeuronCore's (``neuron_compile.hbm``): compiled, neuronx-cc decides
+    at the end of its compile; on the CPU target also a graph the neuron target refuses (its I/O alone too large)."""
 
 
 class NeuronNkiUnavailableWarning(NeuronWarning):

@@ -73,10 +73,13 @@ def keep_shapes_static(compiles_for_neuron: Callable[[Any], bool]) -> None:
     (what it has seen of each input, per frame: whether a value changed), which reads
     ``config.automatic_dynamic_shapes``. For a frame whose tracer ``compiles_for_neuron(tx)``, it runs with that
     config False for every input but a Python float: each new size or int is a new static graph, a recompile
-    counted against ``recompile_limit``, as under ``dynamic=False``. A float that changes still becomes a
-    float64 scalar input after its second value (a tensor input, not a shape: an LR scheduler's ``lr`` in a
-    compiled ``opt.step``). ``dynamic=True`` and ``mark_dynamic`` still give symbolic sizes (refused by
-    ``check_static_shapes``); other backends' frames are left as they are.
+    counted against ``recompile_limit``, as under ``dynamic=False``. A Python float runs with that config True,
+    under ``dynamic=False`` too (which sets it False for the whole frame): a float that changes becomes a
+    float64 scalar input after its second value (a value, not a shape: an LR scheduler's ``lr`` or OneCycleLR's
+    ``betas`` in a compiled ``opt.step``), so the frame compiles twice, not once per value (torch's own
+    ``dynamic=False`` compiles once per value, and stops at ``recompile_limit``). ``dynamic=True`` and
+    ``mark_dynamic`` still give symbolic sizes (refused by ``check_static_shapes``); other backends' frames are
+    left as they are.
     """
     from torch._dynamo import config as dynamo_config
     from torch._dynamo import pgo
@@ -86,9 +89,10 @@ def keep_shapes_static(compiles_for_neuron: Callable[[Any], bool]) -> None:
         return
 
     def update_automatic_dynamic(tx: Any, name: str, entry: Any, **kwargs: Any) -> Any:
-        if isinstance(entry.scalar, float) or not compiles_for_neuron(tx):
+        if not compiles_for_neuron(tx):
             return update(tx, name, entry, **kwargs)
-        with dynamo_config.patch(automatic_dynamic_shapes=False):
+        # A float's value is an input, not a shape: dynamic=False is about shapes.
+        with dynamo_config.patch(automatic_dynamic_shapes=isinstance(entry.scalar, float)):
             return update(tx, name, entry, **kwargs)
 
     functools.update_wrapper(update_automatic_dynamic, update)

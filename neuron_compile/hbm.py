@@ -1,24 +1,41 @@
-"""Will it fit? A graph's peak HBM on one NeuronCore, estimated in seconds, before neuronx-cc runs for an hour.
+"""Will it fit? A graph's HBM on one NeuronCore, judged in seconds, before neuronx-cc runs for an hour.
 
-neuronx-cc refuses a graph whose peak HBM exceeds the core's only at the end of its compile (error
-NCC_EOOM001). Its published message gives the rule it budgets by::
+neuronx-cc checks a graph's HBM twice, and the public record shows both checks:
 
-    [NCC_EOOM001] Maximum peak HBM usage of 32.00GB exceeds HBM limit of 24.00GB for Trn2. This consists of
-    16.00GB I/O tensors, 0B intermediate tensors, and 16.00GB internal (scratchpad) allocations
+- at its start, the I/O tensors alone (NCC_EVRF009, "The combined memory needed for the model's activation
+  tensors exceeds the high-bandwidth memory limit",
+  https://awsdocs-neuron.readthedocs-hosted.com/en/v2.34.0/compiler/error-codes/EVRF009.html). Its message, as
+  published Trn2 runs print it::
 
-(an 8 GiB buffer in, 8 GiB out: I/O plus an equal scratchpad). The estimate here takes the same three parts of
-the same module:
+      [NCC_EVRF009] Size of total input and output tensors exceeds HBM limit of Trainium2. Needed
+      33,771,172,352 bytes (31 GB) vs. available 25,769,803,776 bytes (24 GB).
 
-- I/O tensors: the bytes of ``main``'s parameters and results (what the NEFF's input and output tensors hold);
-- intermediate tensors: XLA's buffer assignment of the module (the peak of its temporaries, packed by liveness:
-  ``temp_size_in_bytes`` of jax's ``memory_analysis()``), or, where XLA CPU cannot compile the module (an
-  ``AwsNeuron*`` custom call), a walk of the module in program order that frees each value after its last use;
-- internal (scratchpad) allocations: equal to the I/O tensors, the one rule the published message shows.
+  25,769,803,776 bytes is 24 GiB: one logical NeuronCore of a Trn2 at LNC 2.
+- at its end, the peak: constants, I/O tensors, internal (scratchpad) allocations and SBUF spills (NCC_EOOM001 /
+  NCC_EOOM002, https://awsdocs-neuron.readthedocs-hosted.com/en/v2.34.0/compiler/error-codes/EOOM002.html).
+  Two published reports give the parts::
 
-What it cannot know: how neuronx-cc tiles and fuses (its intermediates are its own, not XLA CPU's), and how its
-scratchpad grows past the published case (with intermediates? SBUF spills: the message template has a part "of
-which ... is anticipated spills from SBUF"). It reproduces the published example exactly and is an estimate
-otherwise, neither bound; option ``hbm_limit`` overrides the limit (0: no check).
+      [NCC_EOOM001] Maximum peak HBM usage of 32.00GB exceeds HBM limit of 24.00GB for Trn2. This consists of
+      16.00GB I/O tensors, 0B intermediate tensors, and 16.00GB internal (scratchpad) allocations
+      [NCC_EOOM002] Maximum peak HBM usage of 28.44GB exceeds HBM limit of 24.00GB for Trn2. This consists of
+      1.50MB model constants, 43.00GB I/O tensors, 6.89GB internal (scratchpad) tensors ...
+
+  (the first an 8 GiB buffer in and out, the second a vLLM MoE graph): the scratchpad is not a function of the
+  I/O that the record settles (1x the I/O in one, 0.16x in the other), and the second's 43.00GB of I/O passed the
+  first check, so the two checks do not count I/O alike (aliased buffers, most likely).
+
+So a graph is refused here only where the compiler is known to refuse it at its start: I/O tensors alone over
+the core's HBM, with EVRF009's text. Otherwise the estimate of the peak is advice, a warning with its parts:
+
+- I/O tensors (certain): the bytes of ``main``'s parameters and results (what the NEFF's tensors hold);
+- intermediate tensors (estimated): XLA's buffer assignment of the module (``temp_size_in_bytes`` of jax's
+  ``memory_analysis()``), or, where XLA CPU cannot compile the module (an ``AwsNeuron*`` custom call), a walk of
+  the module in program order that frees each value after its last use;
+- internal (scratchpad) allocations (estimated): as large as the I/O, the published EOOM001 case, the larger of
+  the two published ratios.
+
+Option ``hbm_limit`` overrides the limit (0: no check). The HBM per core is ``HBM_PER_CORE``, the one table the
+device's memory limit and ``neuron-compile doctor`` read too.
 """
 
 from __future__ import annotations
@@ -36,11 +53,20 @@ from .provenance import op_name, user_source
 log = logging.getLogger(__name__)
 
 GIB = 2**30
-#: HBM of one stack, per generation: Trn2 96 GiB in 4 stacks, Trn3 144 GiB in 4 stacks (the NKI architecture
-#: guides of Trainium2 and Trainium3). A logical NeuronCore has one stack at LNC=2 and half of one at LNC=1
-#: (vLLM Neuron's memory design: one logical core per stack at LNC 2, two at LNC 1); the runtime reports
-#: total_hbm=25769803776 (24 GiB) per logical core of a trn2 at LNC=2, and neuronx-cc's limit there is 24.00GB.
-HBM_PER_STACK = {"trn2": 24 * GIB, "trn3": 36 * GIB}
+#: HBM of one logical NeuronCore (bytes) by (generation, LNC): THE table (``hbm_per_core``), read by this check,
+#: the ``neuron`` device's memory limit and ``neuron-compile doctor``. A Trn2 chip has 96 GiB of HBM for 8 physical
+#: NeuronCores, a Trn3 chip 144 GiB for 8 (the NKI architecture guides of Trainium2 and Trainium3); a logical core
+#: of LNC 2 is two physical ones. The runtime reports total_hbm=25769803776 (24 GiB) per logical core of a trn2 at
+#: LNC 2, neuronx-cc's NCC_EVRF009 checks I/O against "25,769,803,776 bytes (24 GB)" and NCC_EOOM001 prints its
+#: limit there as 24.00GB.
+HBM_PER_CORE: dict[tuple[str, int], int] = {
+    ("trn2", 1): 12 * GIB,
+    ("trn2", 2): 24 * GIB,
+    ("trn3", 1): 18 * GIB,
+    ("trn3", 2): 36 * GIB,
+}
+#: The chip's name in NCC_EVRF009's message ("exceeds HBM limit of Trainium2").
+CHIP_NAMES = {"trn2": "Trainium2", "trn3": "Trainium3"}
 #: How many of the largest tensors an error or warning lists.
 LARGEST = 6
 #: Ops whose results a fusing compiler does not write to memory (XLA CPU fuses them into their users, and so
@@ -54,9 +80,13 @@ NOT_MATERIALIZED = {
 }
 
 
-def hbm_limit(generation: str, lnc: int) -> int:
+def hbm_per_core(generation: str, lnc: int) -> int:
     """HBM bytes of one logical NeuronCore of ``generation`` at logical-core size ``lnc`` (1 or 2)."""
-    return HBM_PER_STACK[generation] * lnc // 2
+    return HBM_PER_CORE[(generation, lnc)]
+
+
+#: The name this module's callers know it by.
+hbm_limit = hbm_per_core
 
 
 def limit_for(opts: Options) -> int:
@@ -101,7 +131,8 @@ class HbmEstimate:
 
     @property
     def scratchpad_bytes(self) -> int:
-        return self.io_bytes  # the published message's rule: an internal allocation as large as the I/O
+        """Estimated: as large as the I/O (the published NCC_EOOM001 case; NCC_EOOM002's shows 0.16x)."""
+        return self.io_bytes
 
     @property
     def peak_bytes(self) -> int:
@@ -114,31 +145,68 @@ class HbmEstimate:
             f"intermediate tensors, and {compiler_size(self.scratchpad_bytes)} internal (scratchpad) allocations"
         )
 
+    def parts(self) -> str:
+        """The parts, each said certain or estimated."""
+        return (
+            f"I/O tensors {compiler_size(self.io_bytes)} (certain: the NEFF's inputs and outputs), intermediate "
+            f"tensors {compiler_size(self.intermediate_bytes)} (estimated: {self.intermediates_from}), internal "
+            f"(scratchpad) allocations {compiler_size(self.scratchpad_bytes)} (estimated: as large as the I/O, the "
+            "published NCC_EOOM001 case; NCC_EOOM002's report shows less)"
+        )
+
+
+def configurations() -> list[tuple[str, int, int]]:
+    """(generation, lnc, HBM per core) of every NeuronCore configuration, smallest first."""
+    return sorted(((g, lnc, size) for (g, lnc), size in HBM_PER_CORE.items()), key=lambda r: (r[2], r[0]))
+
 
 def fits_everywhere(peak: int) -> list[tuple[str, int, int, bool]]:
     """(generation, lnc, limit, fits) for every NeuronCore configuration, smallest limit first."""
-    rows = [(g, lnc, hbm_limit(g, lnc)) for g in HBM_PER_STACK for lnc in (1, 2)]
-    return [(g, lnc, limit, peak <= limit) for g, lnc, limit in sorted(rows, key=lambda r: r[2])]
+    return [(g, lnc, limit, peak <= limit) for g, lnc, limit in configurations()]
 
 
-def fit_line(peak: int) -> str:
-    """ "fits / does not fit on one NeuronCore of trn2/trn3 at LNC 1/2" for a peak of ``peak`` bytes."""
+def verdicts(peak: int, io: int | None = None) -> list[tuple[str, int, int, str]]:
+    """(generation, lnc, limit, verdict) for every configuration: "fits" (the estimated peak is within the limit),
+    "may not fit" (the I/O is, the estimated peak is not: neuronx-cc decides at the end of its compile), "refused"
+    (the I/O alone is over: neuronx-cc refuses it at its start, NCC_EVRF009). Without ``io``: "fits" or
+    "may not fit" by the peak alone."""
+    out = []
+    for g, lnc, limit in configurations():
+        if io is not None and io > limit:
+            verdict = "refused"
+        else:
+            verdict = "fits" if peak <= limit else "may not fit"
+        out.append((g, lnc, limit, verdict))
+    return out
 
-    def say(rows: list[tuple[str, int, int, bool]]) -> str:
+
+def fit_line(peak: int, io: int | None = None) -> str:
+    """Where a graph of estimated peak ``peak`` and I/O ``io`` (bytes) fits: "fits on one NeuronCore of ...; may
+    not fit on ...; refused on ...", then which figure is certain and which estimated."""
+
+    def say(rows: list[tuple[str, int, int, str]]) -> str:
         per_gen: dict[str, list[str]] = {}
         for g, lnc, limit, _ in rows:
             per_gen.setdefault(g, []).append(f"{lnc} ({compiler_size(limit)})")
         return ", ".join(f"{g} at LNC {' and '.join(v)}" for g, v in per_gen.items())
 
-    rows = fits_everywhere(peak)
-    fit = [r for r in rows if r[3]]
-    misfit = [r for r in rows if not r[3]]
+    rows = verdicts(peak, io)
     parts = []
-    if fit:
-        parts.append(f"fits on one NeuronCore of {say(fit)}")
-    if misfit:
-        parts.append(f"does not fit on one NeuronCore of {say(misfit)}")
-    return "; ".join(parts)
+    for verdict, words in (
+        ("fits", "fits on one NeuronCore of"),
+        ("may not fit", "may not fit on one NeuronCore of"),
+        ("refused", "refused (its I/O alone is over the limit, NCC_EVRF009) on one NeuronCore of"),
+    ):
+        chosen = [r for r in rows if r[3] == verdict]
+        if chosen:
+            parts.append(f"{words} {say(chosen)}")
+    line = "; ".join(parts)
+    if io is not None:
+        line += (
+            f" (certain: {compiler_size(io)} of I/O tensors; estimated: the intermediates and a scratchpad as large "
+            "as the I/O, which neuronx-cc sizes only at the end of its compile)"
+        )
+    return line
 
 
 # --------------------------------------------------------------------------------------------- estimating
@@ -301,41 +369,74 @@ def estimate_from_memory(name: str, memory: dict[str, int]) -> HbmEstimate:
     return HbmEstimate(name, io, memory["temporaries"], "XLA's buffer assignment")
 
 
-def message(est: HbmEstimate, opts: Options, limit: int) -> str:
-    """What a refusal or a warning says: neuronx-cc's figures, the largest tensors and what to do."""
-    whose = (
-        "set by option hbm_limit"
-        if opts.hbm_limit is not None
-        else f"of one NeuronCore of {opts.generation} at LNC {opts.lnc}"
-    )
-    lines = [
-        f"neuron backend: graph '{est.graph}' will not fit: estimated peak HBM usage of {compiler_size(est.peak_bytes)} "
-        f"exceeds the HBM limit of {compiler_size(limit)} {whose}, which neuronx-cc would report only after "
-        f"compiling (error NCC_EOOM001). {est.breakdown()}.",
-        f"  (estimate: intermediates from {est.intermediates_from}; scratchpad as large as the I/O, as neuronx-cc "
-        "budgets it)",
-    ]
+def _whose(opts: Options) -> str:
+    if opts.hbm_limit is not None:
+        return "set by option hbm_limit"
+    return f"of one NeuronCore of {opts.generation} at LNC {opts.lnc}"
+
+
+def _largest(est: HbmEstimate) -> list[str]:
     if est.largest:
-        lines.append("  largest tensors:")
-        lines += [f"    {t.describe()}" for t in est.largest]
-    elif est.intermediates_from == "XLA's buffer assignment":
-        lines.append("  (the largest tensors are listed when the graph is compiled, not served from the cache)")
-    fitting = [
-        f"{g} at LNC {lnc} ({compiler_size(lim)})" for g, lnc, lim, fits in fits_everywhere(est.peak_bytes) if fits
-    ]
-    lines.append(
+        return ["  largest tensors:"] + [f"    {t.describe()}" for t in est.largest]
+    if est.intermediates_from == "XLA's buffer assignment":
+        return ["  (the largest tensors are listed when the graph is compiled, not served from the cache)"]
+    return []
+
+
+def _what_to_do(fitting: list[str]) -> str:
+    return (
         "  What to do: a smaller batch or sequence length, or the model split across NeuronCores (tensor, pipeline "
         "or sequence parallelism); "
         + (f"it would fit on one NeuronCore of {', '.join(fitting)}; " if fitting else "")
         + "option hbm_limit (NEURON_COMPILE_HBM_LIMIT) sets another limit, 0 turns the check off."
     )
+
+
+def evrf009_text(io: int, limit: int, generation: str) -> str:
+    """NCC_EVRF009's message as published Trn2 runs print it (its "GB" are whole GiB, rounded down)."""
+    chip = CHIP_NAMES.get(generation, generation)
+    return (
+        f"[NCC_EVRF009] Size of total input and output tensors exceeds HBM limit of {chip}. Needed {io:,} bytes "
+        f"({io // GIB} GB) vs. available {limit:,} bytes ({limit // GIB} GB)."
+    )
+
+
+def refusal(est: HbmEstimate, opts: Options, limit: int) -> str:
+    """A graph whose I/O tensors alone exceed the limit: what neuronx-cc says at its start (NCC_EVRF009)."""
+    lines = [
+        f"neuron backend: graph '{est.graph}' is refused before compiling, as neuronx-cc refuses it at its start: "
+        f"its input and output tensors alone need {compiler_size(est.io_bytes)}, over the HBM limit of "
+        f"{compiler_size(limit)} {_whose(opts)}.",
+        "  neuronx-cc would say: " + evrf009_text(est.io_bytes, limit, opts.generation),
+    ]
+    lines += _largest(est)
+    fitting = [f"{g} at LNC {lnc} ({compiler_size(lim)})" for g, lnc, lim in configurations() if est.io_bytes <= lim]
+    lines.append(_what_to_do(fitting))
     return "\n".join(lines)
 
 
+def warning_text(est: HbmEstimate, opts: Options, limit: int) -> str:
+    """A graph whose I/O fits but whose estimated peak does not: compiled, with the estimate and its parts."""
+    lines = [
+        f"neuron backend: graph '{est.graph}' may not fit: its estimated peak HBM usage of "
+        f"{compiler_size(est.peak_bytes)} exceeds the HBM limit of {compiler_size(limit)} {_whose(opts)}; its I/O "
+        f"tensors ({compiler_size(est.io_bytes)}) fit, so it is compiled, and neuronx-cc decides at the end of its "
+        "compile (NCC_EOOM001 / NCC_EOOM002 if it does not fit).",
+        f"  The estimate: {est.parts()}.",
+    ]
+    lines += _largest(est)
+    fitting = [f"{g} at LNC {lnc} ({compiler_size(lim)})" for g, lnc, lim in configurations() if est.peak_bytes <= lim]
+    lines.append(_what_to_do(fitting))
+    return "\n".join(lines)
+
+
+#: The name the refusal's text had before the two checks were told apart.
+message = refusal
+
+
 def check(lowered: Any, gm: Any, opts: Options, memory: dict[str, int] | None = None) -> HbmEstimate | None:
-    """Estimate a lowered graph's peak HBM and judge it against ``limit_for(opts)``: over it, NeuronHbmError on the
-    neuron target (before neuronx-cc runs), NeuronHbmWarning on the CPU target. The estimate, or None when it
-    could not be made (logged: the check is advice, never the reason a graph fails to compile)."""
+    """Estimate a lowered graph's peak HBM and judge it against ``limit_for(opts)`` (``judge``). The estimate, or
+    None when it could not be made (logged: the check is advice, never the reason a graph fails to compile)."""
     name = getattr(lowered, "name", "module")
     try:
         why_not = ""
@@ -355,11 +456,18 @@ def check(lowered: Any, gm: Any, opts: Options, memory: dict[str, int] | None = 
 
 
 def judge(est: HbmEstimate, opts: Options) -> None:
-    """Raise (neuron target) or warn (CPU target) when ``est`` exceeds the limit ``opts`` sets."""
+    """Against the limit ``opts`` sets: I/O tensors alone over it, NeuronHbmError on the neuron target (neuronx-cc
+    refuses it at its start, NCC_EVRF009) and a warning on the CPU target; else an estimated peak over it, a
+    warning (the graph is compiled: neuronx-cc decides at the end of its compile)."""
     limit = limit_for(opts)
     if not limit or est.peak_bytes <= limit:
         return
-    text = message(est, opts, limit)
-    if opts.target == "neuron":
-        raise NeuronHbmError(text, est, limit)
-    warnings.warn(NeuronHbmWarning(text + "\n  (CPU target: it runs here; the neuron target refuses it)"), stacklevel=4)
+    if est.io_bytes > limit:
+        text = refusal(est, opts, limit)
+        if opts.target == "neuron":
+            raise NeuronHbmError(text, est, limit)
+        warnings.warn(
+            NeuronHbmWarning(text + "\n  (CPU target: it runs here; the neuron target refuses it)"), stacklevel=4
+        )
+        return
+    warnings.warn(NeuronHbmWarning(warning_text(est, opts, limit)), stacklevel=4)

@@ -30,6 +30,8 @@ OPT_LEVELS = (1, 2, 3)
 KERNEL_MODES = ("reference", "emulate", "off")
 #: What an eager op on the ``neuron`` device that cannot be compiled does (``eager_fallback``).
 EAGER_FALLBACKS = ("off", "cpu")
+#: How eager ops on the ``neuron`` device run (``eager_mode``): each as its own graph, or recorded and run together.
+EAGER_MODES = ("op", "lazy")
 #: Which graph inputs may stay on the NeuronCore between calls (``input_residency``; runtime/libnrt.py).
 INPUT_RESIDENCY = ("off", "version_counter")
 #: What the neuron target hands neuronx-cc: a StableHLO module, an HLO proto, or "auto" (runtime/neuronx_cc.py).
@@ -270,6 +272,7 @@ _FIELDS: dict[str, _Field] = {
     ),
     "input_residency": _Field(_choice(INPUT_RESIDENCY), f"one of {INPUT_RESIDENCY}", "NEURON_COMPILE_INPUT_RESIDENCY"),
     "eager_fallback": _Field(_choice(EAGER_FALLBACKS), f"one of {EAGER_FALLBACKS}", "NEURON_COMPILE_EAGER_FALLBACK"),
+    "eager_mode": _Field(_choice(EAGER_MODES), f"one of {EAGER_MODES}", "NEURON_COMPILE_EAGER_MODE"),
     "device_memory_limit": _Field(
         _size,
         "an int > 0 (bytes) or a size string such as '24G' (K/M/G/T are powers of 1024), or None (the target's: "
@@ -434,6 +437,13 @@ class Options:
     #: ``STATS.eager_ops_fallback``, a warning once per op). Not part of the cache key. Env:
     #: NEURON_COMPILE_EAGER_FALLBACK.
     eager_fallback: str = "off"
+    #: How eager ops on the ``neuron`` device run: "op" runs each as its own one-op graph when called; "lazy"
+    #: records them and runs the recorded sequence as ONE graph (keyed by its structure, so a training step that
+    #: repeats compiles nothing after its first runs) at the next synchronization: a read to the host
+    #: (``.item()``, ``.cpu()``, print), a compiled graph taking a recorded value, ``torch.neuron.synchronize()``,
+    #: or 512 recorded ops. Each op is still traced (and its refusal raised) when called. Not part of the cache
+    #: key. Env: NEURON_COMPILE_EAGER_MODE.
+    eager_mode: str = "op"
     #: Bytes of device memory per logical core that tensors of the ``neuron`` device may hold; None: the target's
     #: HBM (12 GiB per physical core on Trn2, 18 GiB on Trn3, times lnc). Not part of the cache key. Env:
     #: NEURON_COMPILE_DEVICE_MEMORY_LIMIT.

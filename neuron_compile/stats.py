@@ -19,6 +19,8 @@ class GraphRecord:
     #: Estimated peak HBM on one NeuronCore (bytes, ``neuron_compile.hbm``); None where not estimated (a cache hit
     #: of the neuron target).
     hbm_peak: int | None = None
+    #: Its I/O tensors' bytes (certain, where ``hbm_peak`` is estimated); None where not estimated.
+    hbm_io: int | None = None
 
 
 @dataclass
@@ -42,6 +44,11 @@ class Stats:
     eager_ops_run: int = 0
     eager_ops_compiled: int = 0
     eager_ops_fallback: int = 0
+    #: Graphs compiled from recorded eager ops (option ``eager_mode="lazy"``; also in ``eager_ops_compiled``).
+    eager_graphs_lazy: int = 0
+    #: Compiled graphs run on tensors of the ``neuron`` device (eager ops' one-op graphs, lazy recordings,
+    #: gathers and scatters, compiled graphs called with device tensors): executions, on either target.
+    device_graph_runs: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def record(self, rec: GraphRecord) -> None:
@@ -76,6 +83,7 @@ class Stats:
             self.host_to_device_bytes = self.device_to_host_bytes = 0
             self.host_to_device_calls = self.device_to_host_calls = 0
             self.eager_ops_run = self.eager_ops_compiled = self.eager_ops_fallback = 0
+            self.eager_graphs_lazy = self.device_graph_runs = 0
 
 
 #: Process-wide record of compiled graphs. ``neuron_compile.stats.STATS.count("backward")`` etc.

@@ -106,6 +106,20 @@ def _fresh_dynamo():
 
 
 @pytest.fixture
+def cpu_device():
+    """The ``neuron`` device on the CPU target, fresh for the test (its one-op graphs stay in the process's table)."""
+    import neuron_compile
+    from neuron_compile import STATS, Options
+    from neuron_compile.device import context
+
+    neuron_compile.device.register()
+    context.reset_for_tests(Options.from_user({"target": "cpu"}))
+    STATS.reset()
+    yield context.device()
+    context.reset_for_tests()
+
+
+@pytest.fixture
 def builds(monkeypatch):
     """Counts real compiles (cache misses that lower and compile): the names of the graphs built."""
     import neuron_compile.compiler as compiler_mod

@@ -1,5 +1,6 @@
 """First-order rounding-error bounds of bfloat16 layers against float64: recurrent layers (LSTM, GRU, RNN) and a
-convolution followed by a broadcast scale, forward and backward.
+convolution followed by a broadcast scale, forward and backward; and, at the end, the bound of a float8, bfloat16
+or float16 result that is one rounding of a float32 computation (``assert_within_one_rounding``).
 
 Why a derived bound and not eager's bits: eager's bfloat16 kernels are oneDNN's where oneDNN has bfloat16
 (AVX-512, AVX512-BF16, AMX) and ATen's where it does not (AVX2-only CPUs). The LSTM: oneDNN computes the gates
@@ -39,6 +40,7 @@ program). A convolution's weight gradient mixes the batch: there every output el
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -251,3 +253,96 @@ def assert_within_bound(actual: torch.Tensor, reference: torch.Tensor, bound: Bo
     )
     rms, rms_sigma = err.square().mean().sqrt().item(), bound.sigma.square().mean().sqrt().item()
     assert rms <= rms_sigma, f"{what}: RMS error vs float64 {rms:.3g} > RMS of the rounding scale sigma {rms_sigma:.3g}"
+
+
+# ---- 8- and 16-bit results: one rounding of float64 (issue 56) -----------------------------------------------
+# A float8/bfloat16/float16 result is judged by where it sits on its dtype's grid, not by one CPU's eager bits.
+# Eager's ``_scaled_mm`` to float8 (tensorwise scales) is oneDNN's matmul on AMX CPUs (ATen at AVX-512), which
+# rounds the float32 result to float16 and then to float8 (6.7493 -> 6.75 -> 7.0 where one rounding gives 6.5),
+# and ATen's float32 product rounded once elsewhere (and in the lowering); eager's addcmul/lerp fuse their multiply
+# and add where ATen's kernels have FMA (AVX2, AVX-512) and round twice in float32 where they do not (ATen's
+# default kernels). Any implementation that computes in float32 (or float16, whose grid holds every float8 value)
+# within ``slack`` of the exact result and then rounds lands between the dtype's values at or below
+# ``reference - slack`` and at or above ``reference + slack``: with a slack far below half an ulp, one of the two
+# values bracketing the reference, an error below one ulp at the reference's magnitude. Rounded to nearest, it is
+# also the nearer of the two wherever the reference is further than the slack from their midpoint.
+
+
+def float32_accumulation_error(terms: int, magnitude: torch.Tensor) -> torch.Tensor:
+    """A bound of the error of a float32 computation with at most ``terms`` roundings on any path (a dot product
+    of k terms: k, in any order), whose terms' absolute values sum to ``magnitude``: gamma_terms * magnitude
+    (Higham, eq. 3.5, as ``Sites.linear``)."""
+    return _gamma(terms) * magnitude
+
+
+def _codes(dtype: torch.dtype) -> torch.Tensor:
+    """Every bit pattern of an 8- or 16-bit float ``dtype``, as that dtype."""
+    bits = 8 * dtype.itemsize
+    assert dtype.is_floating_point and bits in (8, 16), f"{dtype}: not an 8- or 16-bit float dtype"
+    signed = torch.int8 if bits == 8 else torch.int16
+    return torch.arange(-(2 ** (bits - 1)), 2 ** (bits - 1), dtype=torch.int32).to(signed).view(dtype)
+
+
+def grid(dtype: torch.dtype) -> torch.Tensor:
+    """Every finite value of an 8- or 16-bit float ``dtype``, ascending, as float64 (-0 and 0 are one)."""
+    values = _codes(dtype).double()
+    return values[values.isfinite()].unique()
+
+
+def overflow(dtype: torch.dtype) -> float:
+    """What a conversion to ``dtype`` gives past its largest finite value without saturating: inf where the format
+    has one, else NaN (float8_e4m3fn has no inf: torch's ``.to()`` saturates it to 448, XLA's convert and eager's
+    oneDNN ``_scaled_mm`` give NaN)."""
+    return math.inf if bool(_codes(dtype).double().isinf().any()) else math.nan
+
+
+def bracket(reference: torch.Tensor, dtype: torch.dtype, slack: torch.Tensor | float = 0.0):
+    """Per element of the float64 ``reference``: the largest ``dtype`` value at or below ``reference - slack`` and
+    the smallest at or above ``reference + slack`` (with no slack: the two values around the reference, or itself
+    twice if it is one). Past the largest finite value M: M, or ``overflow`` beyond it (saturation gives M, a plain
+    conversion the overflow)."""
+    assert reference.dtype == torch.float64 and bool(reference.isfinite().all()), "a finite float64 reference"
+    values, r = grid(dtype), reference.contiguous()
+    last, beyond = len(values) - 1, torch.full_like(r, overflow(dtype))
+    below = torch.searchsorted(values, (r - slack).contiguous(), right=True) - 1  # -1: below the smallest value
+    above = torch.searchsorted(values, (r + slack).contiguous(), right=False)  # len: above the largest
+    lo = torch.where(below >= 0, values[below.clamp(0, last)], -beyond)
+    hi = torch.where(above <= last, values[above.clamp(0, last)], beyond)
+    return lo, hi
+
+
+def assert_within_one_rounding(
+    actual: torch.Tensor,
+    reference: torch.Tensor,
+    what: str,
+    slack: torch.Tensor | float = 0.0,
+    nearest_beyond: torch.Tensor | float | None = None,
+) -> None:
+    """Every element of the 8- or 16-bit float ``actual`` lies within ``bracket(reference, slack)``: one rounding
+    of a value within ``slack`` (the computation's own error before its rounding, per element or one for all) of
+    the float64 ``reference``. With ``nearest_beyond`` (such an error bound), also the ``dtype`` value nearest the
+    reference, ties to even, wherever the reference is further than that from the midpoint of its two neighbours:
+    rounded once, to nearest, as IEEE conversion does."""
+    dtype = actual.dtype
+    assert actual.shape == reference.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(reference.shape)}"
+    a = actual.double()
+    lo, hi = bracket(reference, dtype, slack)
+    open_end = lo.isnan() | hi.isnan()  # past the largest finite value of a dtype without inf
+    ok = torch.where(a.isnan(), open_end, ((a >= lo) | lo.isnan()) & ((a <= hi) | hi.isnan()))
+    assert ok.all(), (
+        f"{what}: {int((~ok).sum())} of {a.numel()} element(s) outside one rounding of float64, e.g. "
+        f"{a[~ok][0].item()!r} where float64 gives {reference[~ok][0].item()!r} (allowed [{lo[~ok][0].item()!r}, "
+        f"{hi[~ok][0].item()!r}])"
+    )
+    if nearest_beyond is None:
+        return
+    lo, hi = bracket(reference, dtype)
+    to_lo, to_hi = reference - lo, hi - reference
+    lo_even = lo.nan_to_num(0.0).to(dtype).view(torch.int8 if dtype.itemsize == 1 else torch.int16) % 2 == 0
+    nearest = torch.where(to_lo < to_hi, lo, torch.where(to_hi < to_lo, hi, torch.where(lo_even, lo, hi)))
+    decided = lo.isfinite() & hi.isfinite() & ((to_lo - to_hi).abs() > 2 * torch.as_tensor(nearest_beyond))
+    wrong = decided & (a != nearest)
+    assert not wrong.any(), (
+        f"{what}: {int(wrong.sum())} element(s) not rounded to nearest, e.g. {a[wrong][0].item()!r} where float64 "
+        f"gives {reference[wrong][0].item()!r} (nearest {nearest[wrong][0].item()!r})"
+    )

@@ -32,15 +32,6 @@ from .test_training import _rounding_noise
 
 
 @pytest.fixture
-def cpu_device():
-    """The device on the CPU target, fresh for the test (its one-op graphs stay in the process's table)."""
-    context.reset_for_tests(Options.from_user({"target": "cpu"}))
-    STATS.reset()
-    yield context.device()
-    context.reset_for_tests()
-
-
-@pytest.fixture
 def sim_device(monkeypatch: pytest.MonkeyPatch):
     """The device on the simulated neuron target (fake libnrt and neuronx-cc)."""
     for name, value in {**device_sim.environment(), "NRTSIM_STATE_DIR": _STATE_DIR}.items():

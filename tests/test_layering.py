@@ -66,12 +66,13 @@ ALLOWED: dict[str, set[str]] = {
     "__init__": {"cache", "kernels", "nki", "lowering", "evaluate", "bucketing", "device"},
     # the neuron device: its graphs go through the compiler; executor.DEVICE_CALL is its hook into the runtime,
     # value_checks.DEFERRED_CHECKS into the checks of graphs
-    "device": {"cache", "compiler", "decompositions", "graph_checks", "runtime", "value_checks"},
+    # hbm: the one table of HBM per core (its memory limit)
+    "device": {"cache", "compiler", "decompositions", "graph_checks", "hbm", "runtime", "value_checks"},
     "evaluate": {"backend", "cache", "compiler", "graph_checks", "hbm", "kernels", "lowering", "runtime", "debug"},
     "bucketing": set(),
     "cli": {"cache", "evaluate", "doctor", "precompile"},
     "precompile": {"cache", "compiler", "runtime"},
-    "doctor": {"cache", "runtime", "kernels", "debug"},
+    "doctor": {"cache", "runtime", "kernels", "debug", "hbm"},  # hbm: the HBM per core it shows
     "demo": {"cache", "device", "hbm"},  # device: --device neuron registers it on the CPU target
 }
 

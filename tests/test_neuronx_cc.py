@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import logging
 import os
 import re
 import signal
@@ -121,14 +122,153 @@ def test_native_int64_is_passed_in_the_form_the_help_lists(sim, monkeypatch, for
     assert compute.read_neff(executable.neff).lnc == 2
 
 
-def test_a_forced_flag_the_compiler_does_not_list_is_an_error_naming_it_and_the_version(sim) -> None:
-    version = re.escape(neuronx_cc.compiler_version())
-    with pytest.raises(NeuronCompileError, match=rf"'--enable-warp-drive'.*not a flag of {version}"):
-        NeuronTarget(flags=("--enable-warp-drive",), cache_dir=sim.cache).command("m.mlir", "m.neff")
-    with pytest.raises(NeuronCompileError, match=rf"--native-int64 .*takes a value on {version}.*enabled"):
+def test_a_flag_the_help_does_not_list_is_passed_on_with_one_warning(sim, caplog) -> None:
+    """neuronx-cc hides its internal flags from --help: an unlisted flag goes to the compiler as given, with one
+    warning naming it and the version; the compiler decides. A listed flag missing its value is still an error."""
+    version = neuronx_cc.compiler_version()
+    hidden = ("--internal-enable-dge-levels", "vector_dynamic_offsets", "--tensorizer-options=--print-stats")
+    target = NeuronTarget(flags=hidden, cache_dir=sim.cache)
+    with caplog.at_level("WARNING", logger="neuron_compile"):
+        target.compile(_AXPY)
+        target.compile(_AXPY)
+    run = COMPILER_RUNS[-1]
+    assert run.returncode == 0
+    assert list(hidden) == run.command[run.command.index("--output") - 3 : run.command.index("--output")], run.command
+    said = next(line for line in run.log.splitlines() if "Command line:" in line)  # the fake compiler's argv
+    assert "--internal-enable-dge-levels vector_dynamic_offsets --tensorizer-options=--print-stats" in said, said
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len([w for w in warned if "--internal-enable-dge-levels" in w]) == 1, warned
+    assert len([w for w in warned if "--tensorizer-options" in w]) == 1, warned
+    assert all(f"{version}'s `compile --help` does not list" in w for w in warned), warned
+    # not refused here: a flag no compiler takes is the compiler's to refuse, with its own words
+    with pytest.raises(NeuronCompileError, match=r"unrecognized arguments: --enable-warp-drive"):
+        NeuronTarget(flags=("--enable-warp-drive",), cache_dir=sim.cache).compile(_AXPY)
+    with pytest.raises(NeuronCompileError, match=rf"--native-int64 .*takes a value on {re.escape(version)}.*enabled"):
         NeuronTarget(flags=("--native-int64", "--auto-cast", "none"), cache_dir=sim.cache).command("m", "n")
     fine = ("--native-int64=disabled", "-O1", "--auto-cast", "matmult", "--distribution-strategy", "llm-training")
     assert NeuronTarget(flags=fine, cache_dir=sim.cache).command("m", "n")[-8:-2] == list(fine)
+
+
+@pytest.fixture
+def logger_level():
+    """The ``neuron_compile`` logger's level, put back after a test that sets it with --log_level."""
+    import logging
+
+    logger = logging.getLogger("neuron_compile")
+    saved = logger.level
+    yield logger
+    logger.setLevel(saved)
+
+
+# torch-neuronx's wrapper flags, as the Neuron Persistent Cache page shows them in NEURON_CC_FLAGS
+# (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-features/neuron-caching.html)
+def test_the_wrappers_flags_are_taken_and_never_reach_the_compiler(sim, tmp_path, caplog, logger_level) -> None:
+    flags = (
+        f"--cache_dir={tmp_path / 'neuron-cache'}", "--no_cache", "--log_level=INFO", "--retry_failed_compilation",
+        "--compile_workdir", str(tmp_path / "work"), "-O1",
+    )  # fmt: skip
+    with caplog.at_level("WARNING", logger="neuron_compile"):
+        found = neuronx_cc.wrapper_flags(flags)
+        neuronx_cc.wrapper_flags(tuple(flags))
+        target = NeuronTarget(flags=flags, cache_dir=None)
+        command = target.command("m.mlir", "m.neff")
+        target.compile(_AXPY)
+        assert logger_level.level == logging.INFO  # --log_level: our logger's level
+    assert found == neuronx_cc.WrapperFlags(
+        compiler=("-O1",), cache_dir=str(tmp_path / "neuron-cache"), no_cache=True, log_level="INFO",
+        retry_failed_compilation=True, dropped=(f"--compile_workdir {tmp_path / 'work'}",),
+    )  # fmt: skip
+    for run_command in (command, COMPILER_RUNS[-1].command):
+        assert not [t for t in run_command if "_" in t.split("=")[0] and t.startswith("--")], run_command
+        assert "-O1" in run_command and str(tmp_path / "work") not in run_command
+    dropped = [r.getMessage() for r in caplog.records if "compile-cache wrapper" in r.getMessage()]
+    assert len(dropped) == 1 and f"--compile_workdir {tmp_path / 'work'}" in dropped[0], dropped
+    assert neuronx_cc.wrapper_flags(("--cache_dir", "s3://bucket/p")).cache_dir == "s3://bucket/p"
+    assert neuronx_cc.cache_dir_from_flags(("--cache_dir", "s3://bucket/p")) is None  # a URL is not a directory
+
+
+def test_cache_dir_in_neuron_cc_flags_is_the_cache_directory_below_ours(tmp_path, monkeypatch) -> None:
+    """--cache_dir of NEURON_CC_FLAGS: the compile cache's directory for the process, below option cache_dir and
+    NEURON_COMPILE_CACHE_DIR; what the compiler said is kept there too."""
+    from neuron_compile.cache.paths import resolve_cache_dir
+
+    neuronx_cc.forget()
+    monkeypatch.delenv("NEURON_COMPILE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("NEURON_CC_FLAGS", f"--model-type transformer --cache_dir={tmp_path / 'w'} -O1")
+    assert resolve_cache_dir() == str(tmp_path / "w") and resolve_cache_dir(str(tmp_path / "o")) == str(tmp_path / "o")
+    assert neuronx_cc.facts_dir() == str(tmp_path / "w" / "compiler")
+    assert resolve_cache_dir(None, ("--cache_dir", str(tmp_path / "opt"))) == str(tmp_path / "opt")  # the option's
+    assert NeuronTarget(flags=("--cache_dir", str(tmp_path / "opt"))).facts_dir == str(tmp_path / "opt" / "compiler")
+    monkeypatch.setenv("NEURON_COMPILE_CACHE_DIR", str(tmp_path / "env"))
+    assert resolve_cache_dir() == str(tmp_path / "env") == os.path.dirname(neuronx_cc.facts_dir())
+    monkeypatch.delenv("NEURON_COMPILE_CACHE_DIR")
+    monkeypatch.setenv("NEURON_CC_FLAGS", "--cache_dir=s3://bucket/prefix")
+    assert resolve_cache_dir() == resolve_cache_dir(None, ())  # a URL: the user cache dir
+    neuronx_cc.forget()
+
+
+def test_neuron_cc_flags_as_torch_neuronx_users_have_them_compile_on_the_simulator(
+    sim, tmp_path, monkeypatch, logger_level
+) -> None:
+    """torch.compile with the NEURON_CC_FLAGS of a torch-neuronx setup: the graph compiles and runs, its entry is
+    written where --cache_dir says; with --no_cache the same graph is compiled again and nothing is written."""
+    monkeypatch.delenv("NEURON_COMPILE_CACHE_DIR", raising=False)
+    cache = tmp_path / "neuron-compile-cache"
+    monkeypatch.setenv(
+        "NEURON_CC_FLAGS",
+        f"--model-type transformer --retry_failed_compilation --cache_dir={cache} --log_level=WARNING",
+    )
+    x = torch.arange(6.0)
+
+    def run() -> torch.Tensor:
+        torch._dynamo.reset()
+        return torch.compile(lambda t: t * 2 + 1, backend="neuron", options={"target": "neuron"})(x)
+
+    assert torch.equal(run(), x * 2 + 1)
+    entries = sorted(p.name for p in (cache / "entries").glob("*/*"))
+    assert len(entries) == 1 and (cache / "compiler").is_dir(), list(cache.rglob("*"))
+    compiled = device_sim.compiler_invocations()
+    assert torch.equal(run(), x * 2 + 1) and device_sim.compiler_invocations() == compiled  # a cache hit
+    monkeypatch.setenv("NEURON_CC_FLAGS", f"--no_cache --cache_dir={cache}")
+    assert torch.equal(run(), x * 2 + 1)
+    assert device_sim.compiler_invocations() == compiled + 1  # not read...
+    assert sorted(p.name for p in (cache / "entries").glob("*/*")) == entries  # ...nor written
+    torch._dynamo.reset()
+
+
+def test_the_wrappers_flags_are_not_in_the_cache_key() -> None:
+    from neuron_compile import Options
+    from neuron_compile.cache.key import environment
+
+    plain = Options(target="neuron", neuron_cc_flags=("-O1",))
+    wrapped = Options(target="neuron", neuron_cc_flags=("--log_level=ERROR", "-O1", "--retry_failed_compilation"))
+    assert environment(plain)["options"] == environment(wrapped)["options"]
+    assert environment(plain)["options"] != environment(Options(target="neuron"))["options"]
+
+
+@pytest.mark.parametrize("retry", [True, False])
+def test_retry_failed_compilation_compiles_a_failed_graph_once_more(sim, monkeypatch, caplog, retry) -> None:
+    """The first compile is killed (as the host's OOM killer would); with --retry_failed_compilation it runs once
+    more and the graph compiles, without it the kill is the error."""
+    real, calls = neuronx_cc.run, []
+
+    def killed_once(command, workdir, **kw):
+        calls.append(command)
+        if len(calls) == 1:
+            return neuronx_cc.RunResult(-signal.SIGKILL, "", "", 0.1, "")
+        return real(command, workdir, **kw)
+
+    monkeypatch.setattr(neuronx_cc, "run", killed_once)
+    flags = ("--retry_failed_compilation",) if retry else ()
+    target = NeuronTarget(flags=flags, cache_dir=sim.cache)
+    with caplog.at_level("WARNING", logger="neuron_compile"):
+        if retry:
+            assert compute.read_neff(target.compile(_AXPY).neff).lnc == 2
+        else:
+            with pytest.raises(NeuronCompileError, match="killed by SIGKILL"):
+                target.compile(_AXPY)
+    assert len(calls) == (2 if retry else 1) and [r.returncode for r in COMPILER_RUNS] == ([-9, 0] if retry else [-9])
+    assert any("compiling it once more" in r.getMessage() for r in caplog.records) == retry
 
 
 def test_the_help_is_read_once_per_compiler_version_and_kept_beside_the_cache(sim, monkeypatch) -> None:

@@ -1,18 +1,22 @@
 """Quantized compute (neuron_compile/lowering/quantization.py) against eager on the same inputs.
 
 Integer results must be equal; floating results pass the OpInfo harness's verdict (eager's tolerance for the
-dtype, else no further from a float64 result than twice eager's own error). Float8 operands run with
+dtype, else no further from a float64 result than twice eager's own error); float8 results, compiled and eager,
+are one of the two float8 values bracketing the float64 result (tests/rounding_bounds.py). Float8 operands run with
 ``generation="trn3"`` where the legality rules need it: ``float8_e4m3fn`` is a trn3 type (trn2's e4m3 is
 the IEEE-style variant torch does not have).
 """
 
 from __future__ import annotations
 
+import os
+import warnings
 from typing import Any, Callable
 
 import pytest
 import torch
 
+from tests import rounding_bounds as RB
 from tests.support import opinfo_harness as H
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -53,6 +57,22 @@ def test_weight_int8pack_mm_matches_eager(dtype: torch.dtype) -> None:
     assert problem is None, problem
 
 
+def _eager(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn`` as eager runs it on this CPU. With oneDNN held below the CPU's ISA (``ONEDNN_MAX_CPU_ISA=AVX2`` on
+    an AMX CPU: test_bf16_numerics.py's AVX2 re-run), torch still picks oneDNN's float8 matmul after an earlier
+    oneDNN call in the process (an ``_int_mm``), and oneDNN has no kernel for it there: eager is then ATen's
+    kernel, which a CPU without AMX runs."""
+    try:
+        return fn(*args)
+    except RuntimeError as e:
+        if "could not create a primitive descriptor" not in str(e) or "ONEDNN_MAX_CPU_ISA" not in os.environ:
+            raise
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch: "TF32 acceleration on top of oneDNN" (Intel GPUs)
+        with torch.backends.mkldnn.flags(enabled=False):
+            return fn(*args)
+
+
 _SCALES = {
     "tensorwise": lambda m, n, g: (torch.tensor(0.7), torch.tensor(1.3)),
     "rowwise": lambda m, n, g: (torch.rand(m, 1, generator=g) + 0.5, torch.rand(1, n, generator=g) + 0.5),
@@ -64,7 +84,12 @@ _SCALES = {
 @pytest.mark.parametrize("f8", [E4M3, E5M2], ids=str)
 def test_scaled_mm_matches_eager(f8: torch.dtype, scales: str, out_dtype: Any) -> None:
     """eager's CPU _scaled_mm: scaled float32 operands, one rounding; with a bias, and scale_result (which
-    divides a float8 result only)."""
+    divides a float8 result only). A float8 result is judged against float64, not eager's bits: with tensorwise
+    scales on a CPU with AMX (ATen at AVX-512) eager is oneDNN's matmul, which rounds the float32 result to
+    float16 first (6.7493 -> 6.75 -> 7.0 where one rounding gives 6.5); with rowwise scales, on CPUs without AMX
+    and with ATen held to AVX2, ATen's float32 product rounded once. Both, and the compiled value, are one of the
+    two float8 values bracketing the float64 result; the compiled one is also the nearer one (rounded once, as
+    the lowering does) wherever float32's error cannot move the result across the midpoint."""
     out_dtype = f8 if out_dtype == "float8" else out_dtype
     g = torch.Generator().manual_seed(2)
     m, k, n = 16, 64, 32
@@ -83,13 +108,45 @@ def test_scaled_mm_matches_eager(f8: torch.dtype, scales: str, out_dtype: Any) -
         return out / 4.0 if out_dtype == f8 else out
 
     got = _compiled(fn, {"generation": "trn3"})(a, b, scale_a, scale_b)
-    want = fn(a, b, scale_a, scale_b)
-    if out_dtype == f8:  # no tolerance of its own in the harness: equal, as eager's rounding is reproduced
-        diff = (got.float() - want.float()).abs().max()
-        assert got.dtype == want.dtype and torch.equal(got.float(), want.float()), diff
+    want = _eager(fn, a, b, scale_a, scale_b)
+    if out_dtype == f8:
+        exact = reference()
+        assert exact.abs().max() < torch.finfo(f8).max, "the sample reaches float8's overflow"
+        # the float32 computation's error: k products and sums, the scaling of both operands and the division
+        magnitude = (a.double().abs() * scale_a.double()) @ (b.double().abs() * scale_b.double()) / 4.0
+        float32_error = RB.float32_accumulation_error(k + 4, magnitude)
+        what = f"_scaled_mm -> {f8} ({scales} scales)"
+        assert got.dtype == want.dtype == f8, (got.dtype, want.dtype)
+        RB.assert_within_one_rounding(got, exact, f"{what}, compiled", nearest_beyond=float32_error)
+        RB.assert_within_one_rounding(want, exact, f"{what}, eager")
         return
     problem = H.compare(got, want, "output", reference=reference)
     assert problem is None, problem
+
+
+def test_one_rounding_bound_of_a_float8_result() -> None:
+    """tests/rounding_bounds.py's bound: the two float8 values around the float64 value (the value alone if it is
+    one; past the largest finite value, that value or the format's overflow), and, where asked, the nearer one
+    with ties to even; a value two ulps away is rejected, as is the farther one where nearest is."""
+    ref = torch.tensor([6.7493, 6.5, 6.75, -6.7493, 1e-4, 450.0, -450.0], dtype=torch.float64)
+    lo, hi = RB.bracket(ref, E4M3)
+    nan = float("nan")
+    want_lo, want_hi = [6.5, 6.5, 6.5, -7.0, 0.0, 448.0, nan], [7.0, 6.5, 7.0, -6.5, 2.0**-9, nan, -448.0]
+    torch.testing.assert_close(lo, torch.tensor(want_lo, dtype=torch.float64), rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(hi, torch.tensor(want_hi, dtype=torch.float64), rtol=0, atol=0, equal_nan=True)
+    lo, hi = RB.bracket(torch.tensor([6e4], dtype=torch.float64), E5M2)  # e5m2 has an inf
+    assert (lo.item(), hi.item()) == (57344.0, float("inf"))
+    lo, hi = RB.bracket(torch.tensor([6.5001], dtype=torch.float64), E4M3, slack=0.01)  # 6.5 - 0.01 < 6.5
+    assert (lo.item(), hi.item()) == (6.0, 7.0)
+    nearest = torch.tensor([6.5, 6.5, 7.0, -6.5, 0.0, 448.0, -448.0]).to(E4M3)  # 6.75: a tie, to even (7 = 1.110b*4)
+    RB.assert_within_one_rounding(nearest, ref, "nearest", nearest_beyond=1e-6)
+    RB.assert_within_one_rounding(torch.tensor(want_hi[:5] + [nan, -448.0]).to(E4M3), ref, "upper")
+    with pytest.raises(AssertionError, match="not rounded to nearest"):
+        RB.assert_within_one_rounding(torch.tensor([7.0]).to(E4M3), ref[:1], "farther", nearest_beyond=1e-6)
+    with pytest.raises(AssertionError, match="outside one rounding"):
+        RB.assert_within_one_rounding(torch.tensor([7.5]).to(E4M3), ref[:1], "two ulps")  # 6.5, 7, 7.5
+    with pytest.raises(AssertionError, match="outside one rounding"):
+        RB.assert_within_one_rounding(torch.tensor([nan]).to(E4M3), ref[:1], "NaN for a finite value in range")
 
 
 def test_float8_e4m3fn_is_refused_on_trn2() -> None:

@@ -76,7 +76,7 @@ class CompileCache:
     # ------------------------------------------------------------- directory
     @staticmethod
     def directory(opts: Options) -> str:
-        return resolve_cache_dir(opts.cache_dir)
+        return resolve_cache_dir(opts.cache_dir, opts.neuron_cc_flags)
 
     def store_for(self, opts: Options) -> DiskStore | None:
         """The disk store ``opts`` names if it may be trusted (warns once either way), else None.

@@ -32,6 +32,7 @@ import torch
 from ..artifact import SAVED_FOR_BACKWARD_FROM
 from ..graph_checks import is_symbolic
 from ..options import Options
+from ..runtime import neuronx_cc
 
 #: Bumped when the key or entry format changes incompatibly.
 KEY_FORMAT = 3  # 2: outputs that alias inputs (OutputSpec kind "input"); 3: the graph's digest in the summary
@@ -240,9 +241,12 @@ def package_versions(target: str, generation: str) -> dict[str, str]:
 def environment(opts: Options) -> dict[str, Any]:
     """What shapes every artifact besides its graph and inputs: options, target, versions, the user tag.
     Also in the key of our entries in AOTAutograd's cache (``aot_cache.fingerprint``)."""
+    options = opts.cache_relevant()
+    # torch-neuronx's wrapper flags (--cache_dir, --log_level, ...) do not change what neuronx-cc makes
+    options["neuron_cc_flags"] = list(neuronx_cc.wrapper_flags(tuple(opts.neuron_cc_flags)).compiler)
     return {
         "format": KEY_FORMAT,
-        "options": opts.cache_relevant(),
+        "options": options,
         "target": opts.target,
         "versions": package_versions(opts.target, opts.generation),
         "tag": str(torch.compiler.config.cache_key_tag),

@@ -40,11 +40,20 @@ def check_key_prefix(prefix: str) -> str:
     return lowered
 
 
-def resolve_cache_dir(explicit: str | None = None) -> str:
+def resolve_cache_dir(explicit: str | None = None, flags: tuple[str, ...] | None = None) -> str:
     """THE cache directory: ``explicit`` (option ``cache_dir`` / ``--dir``) > NEURON_COMPILE_CACHE_DIR >
+    ``--cache_dir`` of torch-neuronx's wrapper in ``flags`` (option ``neuron_cc_flags``; None: NEURON_CC_FLAGS,
+    as users of torch-neuronx have it; a URL there is not a directory: ``runtime.neuronx_cc.wrapper_flags``) >
     the user cache dir (platformdirs). Absolute, ``~`` expanded; symlinks are not resolved (a root that is
     a symlink is the user's choice; nothing *below* the root is ever followed)."""
-    chosen = explicit or os.environ.get(ENV_DIR) or _user_cache_dir()
+    from ..runtime import neuronx_cc
+
+    chosen = (
+        explicit
+        or os.environ.get(ENV_DIR)
+        or neuronx_cc.cache_dir_from_flags(neuronx_cc.env_flags() if flags is None else tuple(flags))
+        or _user_cache_dir()
+    )
     return os.path.abspath(os.path.expanduser(chosen))
 
 

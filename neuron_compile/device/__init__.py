@@ -57,8 +57,9 @@ class NeuronModule:
 
     @staticmethod
     def current_device() -> int:
-        from . import context
+        from . import context, distributed_errors
 
+        distributed_errors.refuse_fsdp_caller()  # FSDP2's fully_shard asks this first: not supported yet
         return context.current_index()
 
     @staticmethod
@@ -110,7 +111,90 @@ class NeuronModule:
 
     @staticmethod
     def empty_cache() -> None:
-        """Nothing is cached: freed tensors give their memory back at once."""
+        """Nothing to do: the device caches no memory (a freed tensor's buffer is freed at once), so
+        ``memory_reserved()`` is always ``memory_allocated()`` and there is nothing to give back."""
+
+    # -- what torch.cuda users read besides (cuda_api.py, streams.py; docs/device.md "CUDA code on the device")
+    # a class attribute, so that `except torch.neuron.OutOfMemoryError:` and `NeuronModule.OutOfMemoryError` work
+    from .storage import NeuronOutOfMemoryError as OutOfMemoryError
+    from .streams import Event, Stream, current_stream, default_stream, set_stream, stream
+
+    current_stream = staticmethod(current_stream)
+    default_stream = staticmethod(default_stream)
+    set_stream = staticmethod(set_stream)
+    stream = staticmethod(stream)
+
+    @staticmethod
+    def memory_reserved(device: Any = None) -> int:
+        """``memory_allocated()``: the device caches nothing."""
+        from . import cuda_api
+
+        return cuda_api.allocated(device)
+
+    @staticmethod
+    def max_memory_reserved(device: Any = None) -> int:
+        from . import cuda_api
+
+        return cuda_api.peak(device)
+
+    @staticmethod
+    def reset_max_memory_allocated(device: Any = None) -> None:
+        NeuronModule.reset_peak_memory_stats(device)
+
+    @staticmethod
+    def reset_accumulated_memory_stats(device: Any = None) -> None:
+        """Nothing accumulated is kept (``memory_stats`` has current and peak counts only)."""
+
+    @staticmethod
+    def memory_stats(device: Any = None) -> dict[str, int]:
+        from . import cuda_api
+
+        return cuda_api.memory_stats(device)
+
+    @staticmethod
+    def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+        from . import cuda_api
+
+        return cuda_api.memory_summary(device, abbreviated)
+
+    @staticmethod
+    def mem_get_info(device: Any = None) -> tuple[int, int]:
+        """(free, total) bytes: the core's memory limit minus what tensors hold, and the limit."""
+        from . import cuda_api
+
+        return cuda_api.mem_get_info(device)
+
+    @staticmethod
+    def get_device_name(device: Any = None) -> str:
+        from . import cuda_api
+
+        return cuda_api.device_name(device)
+
+    @staticmethod
+    def get_device_properties(device: Any = None) -> Any:
+        from . import cuda_api
+
+        return cuda_api.device_properties(device)
+
+    @staticmethod
+    def get_device_capability(device: Any = None) -> tuple[int, int]:
+        from . import cuda_api
+
+        return cuda_api.capability(device)
+
+    @staticmethod
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        return True
+
+    @staticmethod
+    def ipc_collect() -> None:
+        """Nothing to collect: device tensors are not shared across processes."""
+
+    @property
+    def amp(self) -> Any:
+        from .cuda_api import AmpNamespace
+
+        return AmpNamespace
 
     @staticmethod
     def manual_seed(seed: int) -> None:
@@ -140,12 +224,6 @@ class NeuronModule:
     @staticmethod
     def get_amp_supported_dtype() -> list[torch.dtype]:
         return [torch.bfloat16, torch.float16]
-
-    @property
-    def OutOfMemoryError(self) -> type:
-        from .storage import NeuronOutOfMemoryError
-
-        return NeuronOutOfMemoryError
 
 
 def _index(device: Any) -> int:
@@ -201,10 +279,22 @@ def register() -> bool:
         return False
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-    _setup_privateuseone_for_python_backend("neuron", backend_module=NeuronModule())
-    from . import kernels
+    from . import hooks
+
+    module = NeuronModule()
+    _setup_privateuseone_for_python_backend(
+        "neuron", backend_module=module, hook=hooks.hooks(), device_guard=hooks.guard()
+    )
+    hooks.install(module)
+    from . import kernels, modules
 
     _LIBRARIES.extend(kernels.register())
+    modules.install()
+    from . import amp, distributed_errors, streams
+
+    _LIBRARIES.extend(amp.register())  # autocast("neuron") with CUDA's policy; GradScaler("neuron")
+    _LIBRARIES.extend(streams.register())  # Tensor.record_stream
+    distributed_errors.install()  # DDP / FSDP2 of device tensors: a one-line error saying what to do
     from ..runtime import executor
     from .graphs import call_on_device, is_device_call
 

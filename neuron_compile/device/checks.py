@@ -41,7 +41,7 @@ def defer(checks: list[Any], values: list[Any]) -> bool:
     """``value_checks.DEFERRED_CHECKS``: take ``checks`` when their values are on this device."""
     if not values or not all(isinstance(v, torch.Tensor) and v.device.type == "neuron" for v in values):
         return False
-    from .eager import user_line
+    from .onegraph import user_line
 
     where = user_line()
     with _LOCK:
@@ -58,6 +58,10 @@ def pending() -> int:
 
 def resolve() -> None:
     """Evaluate the pending checks (see the module docstring); raise the first failing one's error."""
+    from . import lazy
+
+    if not getattr(_RESOLVING, "active", False):
+        lazy.flush()  # a synchronization: the recorded eager ops run (their graph's checks are resolved too)
     if not _PENDING or getattr(_RESOLVING, "active", False):
         return
     with _LOCK:

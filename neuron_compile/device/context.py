@@ -22,13 +22,11 @@ from . import onegraph
 from . import storage as mem
 from .buffers import buffers_for
 
-#: HBM of one logical NeuronCore (bytes) by (generation, LNC): a Trn2 chip has 96 GiB for 8 physical cores, a
-#: Trn3 chip 144 GiB for 8 (the Neuron architecture guides); a logical core of LNC=2 has two physical ones.
-HBM_PER_PHYSICAL_CORE = {"trn2": 12 * 2**30, "trn3": 18 * 2**30}
-
-
 def default_memory_limit(generation: str, lnc: int) -> int:
-    return HBM_PER_PHYSICAL_CORE[generation] * lnc
+    """HBM of one logical NeuronCore: the one table (``hbm.HBM_PER_CORE``)."""
+    from ..hbm import hbm_per_core
+
+    return hbm_per_core(generation, lnc)
 
 
 class Device:
@@ -66,6 +64,33 @@ class Device:
             raise
 
 
+#: The device's one stream: every kernel of the device (an eager op, a copy, a compiled graph's call) holds it
+#: from reading its inputs to writing its results, so ops from several threads run one after another, as on a
+#: CUDA stream, and two writes to one storage cannot both start from its old buffer (a lost update).
+STREAM = threading.RLock()
+
+
+def serialized(fn: Any) -> Any:
+    """``fn`` run while holding the device's stream (:data:`STREAM`), with Dynamo off: a kernel of the device runs
+    when torch calls it, also from inside a function Dynamo evaluates (``model.compile()``, a graph break at
+    ``.item()``), and Dynamo must never trace the device's own implementation."""
+
+    @functools.wraps(fn)
+    def on_the_stream(*args: Any, **kwargs: Any) -> Any:
+        with STREAM:
+            return fn(*args, **kwargs)
+
+    import torch._dynamo
+
+    return torch._dynamo.disable(on_the_stream, reason="the neuron device's own kernels")
+
+
+mem.ALLOCATE[0] = lambda nbytes, index: device().allocate(nbytes, index)
+
+#: The lazy eager mode (``lazy.py``, which imports this module, sets itself here when it is imported: eager.py
+#: imports it, so it is set whenever the device is registered): flushes and records writes.
+LAZY: Any = None
+
 #: The current device index (``torch.neuron.set_device``), a list so that it is shared by reference.
 CURRENT = [0]
 
@@ -90,6 +115,11 @@ def device() -> Device:
 def reset_for_tests(opts: Options | None = None) -> None:
     """Forget the device (tests switch targets between cases): tensors made before keep their buffers."""
     global _DEVICE
+    try:
+        if LAZY is not None:
+            LAZY.flush()  # what the old device recorded runs on it
+    except Exception:  # a failed recording raises where its values are read
+        pass
     with _LOCK:
         _DEVICE = None if opts is None else Device(opts)
 
@@ -124,7 +154,7 @@ def with_buffer_of(source: torch.Tensor) -> torch.Tensor:
     """A new tensor (own storage) with ``source``'s geometry and buffer: a copy that costs nothing, since
     buffers are never written."""
     st = mem.device_storage(source)
-    storage = mem.new_storage(st.nbytes, st.index, st.buffer)
+    storage = mem.new_storage(st.nbytes, st.index, mem.raw_buffer(st))  # a pending value is shared as it is
     return mem.make_tensor(source.shape, source.stride(), source.storage_offset(), source.dtype, storage)
 
 
@@ -161,6 +191,33 @@ def upload(t: torch.Tensor, index: int, counted: bool = True) -> torch.Tensor:
     return mem.make_tensor(data.shape, data.stride(), 0, data.dtype, storage)
 
 
+#: Vectors of numbers on the device (the runtime operands of eager graphs), by their exact values: a few, the latest.
+_NUMBER_VECTORS: dict[tuple, tuple[Device, list[torch.Tensor]]] = {}
+_NUMBER_VECTORS_KEPT = 32
+
+
+def number_vectors(floats: list[float], ints: list[int], index: int) -> list[torch.Tensor]:
+    """A float32 vector of ``floats`` and an int64 vector of ``ints`` (each only if not empty) on the device,
+    uploaded only when these exact numbers were not lately (a constant such as ``x + 1`` crosses once; device
+    buffers are never written, so sharing them is safe). Keyed by each float's bits: 0.0 is not -0.0."""
+    key = (tuple(float(f).hex() for f in floats), tuple(ints), index)
+    dev = device()
+    with _LOCK:
+        known = _NUMBER_VECTORS.get(key)
+    if known is not None and known[0] is dev:
+        return known[1]
+    vectors = []
+    if floats:
+        vectors.append(upload(torch.tensor(floats, dtype=torch.float32), index, counted=False))
+    if ints:
+        vectors.append(upload(torch.tensor(ints, dtype=torch.int64), index, counted=False))
+    with _LOCK:
+        if len(_NUMBER_VECTORS) >= _NUMBER_VECTORS_KEPT:
+            _NUMBER_VECTORS.pop(next(iter(_NUMBER_VECTORS)))
+        _NUMBER_VECTORS[key] = (dev, vectors)
+    return vectors
+
+
 #: Called before device data is read to the host: the pending value checks run (``checks.resolve``, set when the
 #: device is registered).
 BEFORE_READ: Any = None
@@ -169,6 +226,8 @@ BEFORE_READ: Any = None
 def download(t: torch.Tensor) -> torch.Tensor:
     """A CPU tensor with the values of neuron tensor ``t`` (contiguous; counted as bytes to the host). A read of
     device data is a synchronization: the pending value checks of earlier graphs run first (``checks.py``)."""
+    if mem.is_pending(t):  # what was recorded runs first, so that its graph's value checks are read too
+        LAZY.flush()
     if BEFORE_READ is not None:
         BEFORE_READ()
     dense = densify(t)
@@ -206,6 +265,8 @@ def set_values(dst: torch.Tensor, value: torch.Tensor) -> None:
     may be any view: its storage gets a new buffer (a scatter graph when ``dst`` is not the whole storage)."""
     if value.dtype != dst.dtype:
         raise NeuronCompileError(f"neuron device: cannot write {value.dtype} values into a {dst.dtype} tensor")
+    if device().opts.eager_mode == "lazy" and LAZY.set_values(dst, value):
+        return
     st = mem.device_storage(dst)
     if mem.is_whole(dst):
         dense = densify(value)

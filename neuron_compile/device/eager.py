@@ -14,9 +14,8 @@ same storage, its geometry computed by the op's meta kernel.
 from __future__ import annotations
 
 import logging
-import os
-import traceback
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,13 +23,11 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..errors import NeuronCompileError, NeuronUnsupportedOpError, NeuronWarning, UnsupportedNode
 from ..stats import STATS
-from . import context, onegraph
+from . import context, lazy, onegraph, operands
 from . import storage as mem
+from .onegraph import user_line
 
 log = logging.getLogger(__name__)
-
-_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 
 class NeuronEagerFallbackWarning(NeuronWarning):
@@ -96,20 +93,25 @@ def run_view(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     """A view op: the result's geometry from the op's meta kernel, over the same storage."""
     flat, spec = tree_flatten((args, kwargs))
     metas = []
-    storage = None
+    storage = base = None
     for i, x in enumerate(flat):
         if isinstance(x, torch.Tensor) and x.device.type == "neuron":
             if storage is None:
-                storage = x.untyped_storage()
+                storage, base = x.untyped_storage(), x
             flat[i] = _meta_twin(x)
             metas.append(flat[i])
     margs, mkwargs = tree_unflatten(flat, spec)
     out = op(*margs, **mkwargs)
     out_flat, out_spec = tree_flatten(out)
-    results = [
-        mem.make_tensor(o.shape, o.stride(), o.storage_offset(), o.dtype, storage) if isinstance(o, torch.Tensor) else o
-        for o in out_flat
-    ]
+    # A view is an inference tensor exactly when its base is (torch then shares the base's version counter with
+    # it, which an inference tensor made under inference_mode() refuses).
+    with torch.inference_mode(base.is_inference()):
+        results = [
+            mem.make_tensor(o.shape, o.stride(), o.storage_offset(), o.dtype, storage)
+            if isinstance(o, torch.Tensor)
+            else o
+            for o in out_flat
+        ]
     return tree_unflatten(results, out_spec)
 
 
@@ -120,8 +122,14 @@ def _meta_twin(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=t.dtype, device="meta").set_(storage, t.storage_offset(), t.shape, t.stride())
 
 
+#: A one-op graph key whose numbers could not become inputs (``operands.py``): such calls are keyed by value.
+_BY_VALUE = "by value"
+
+
 def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
-    """Run ``op`` on neuron tensors as a one-op graph (compiled at the first call of its key)."""
+    """Run ``op`` on neuron tensors as a one-op graph (compiled at the first call of its key; the numbers it is
+    given are inputs of the graph where that means the same, ``operands.py``, else part of the key)."""
+    op = operands.as_scalar_overload(op, args, kwargs)
     flat, spec = tree_flatten((args, kwargs))
     positions = [i for i, x in enumerate(flat) if isinstance(x, torch.Tensor)]
     index = _index_of(flat, positions)
@@ -137,14 +145,34 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
                     f"{x.device}! (when checking argument for {op})"
                 )
     written = written_positions(op, args, kwargs)
-    key = (context.device().target.name, op, spec, tuple(_describe(x) for x in flat))
+    values = operands.value_positions(op, args, kwargs)
+    target_name = context.device().target.name
+    key = (
+        target_name,
+        op,
+        spec,
+        tuple(operands.key_of(x) if i in values else _describe(x) for i, x in enumerate(flat)),
+    )
+    if context.device().opts.eager_mode == "lazy":
+        recorded = _record(key, op, flat, spec, positions, written, values, originals, index, target_name)
+        if recorded is not None:
+            results, layout = recorded
+            return _results(op, args, kwargs, results, layout)
     entry = onegraph.GRAPHS.get(key)
     if entry is None:
-        entry = _build(key, op, flat, spec, positions, written)
+        entry = _build(key, op, flat, spec, positions, written, values)
+    if entry is _BY_VALUE:
+        key = (target_name, op, spec, tuple(_describe(x) for x in flat))
+        entry = onegraph.GRAPHS.get(key)
+        if entry is None:
+            entry = _build(key, op, flat, spec, positions, written, [])
     if isinstance(entry, NeuronUnsupportedOpError):  # refused before: refused again without tracing
         raise entry
     STATS.eager_ops_run += 1
-    outputs = list(entry.graph([flat[i] for i in positions]))
+    inputs = [flat[i] for i in positions]
+    if entry.operands is not None:
+        inputs += _operand_vectors(entry, flat, index)
+    outputs = list(entry.graph(inputs))
     results, new_values = outputs[: entry.num_results], outputs[entry.num_results :]
     for pos, value in zip(written, new_values):
         target = originals[pos]
@@ -152,6 +180,148 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
             _resize(target, value.shape)
         context.set_values(target, value)
     return _results(op, args, kwargs, results, entry.layout)
+
+
+@dataclass
+class TracedOp:
+    """An eager op traced for the lazy mode (``lazy.py``): its functional one-op graph (its numbers at ``slots``
+    as inputs, after the tensors, as in ``OpGraph``), and each output's (shape, dtype): the op's results
+    (``num_results``, per ``layout``), then the new values of the arguments it writes."""
+
+    gm: torch.fx.GraphModule
+    num_results: int
+    layout: list[int]
+    slots: list[Any]
+    outputs: list[tuple[tuple[int, ...], torch.dtype]]
+    #: A small number standing for the op's key in a recording's key.
+    uid: int
+
+
+#: Eager ops traced (and checked to lower) for the lazy mode, by the op mode's key: a TracedOp, a refusal, or
+#: ``_BY_VALUE``.
+TRACED: dict[Any, Any] = {}
+
+
+def _record(
+    key: Any,
+    op: torch._ops.OpOverload,
+    flat: list[Any],
+    spec: Any,
+    positions: list[int],
+    written: list[int],
+    values: list[int],
+    originals: list[Any],
+    index: int,
+    target_name: str,
+) -> tuple[list[torch.Tensor], list[int]] | None:
+    """The op recorded in the lazy mode: (its results, their layout), or None when it runs in the op mode."""
+    traced = TRACED.get(key)
+    if traced is None:
+        traced = _trace_for_lazy(key, op, flat, spec, positions, written, values)
+    if traced is _BY_VALUE:
+        key = (target_name, op, spec, tuple(_describe(x) for x in flat))
+        traced = TRACED.get(key)
+        if traced is None:
+            traced = _trace_for_lazy(key, op, flat, spec, positions, written, [])
+    if isinstance(traced, NeuronUnsupportedOpError):  # refused before: refused again without tracing
+        raise traced
+    if not isinstance(traced, TracedOp):
+        return None
+    results = lazy.record_op(traced, flat, positions, written, originals, index, user_line())
+    if results is None:
+        return None
+    STATS.eager_ops_run += 1
+    return results, traced.layout
+
+
+def _trace_for_lazy(
+    key: Any,
+    op: torch._ops.OpOverload,
+    flat: list[Any],
+    spec: Any,
+    positions: list[int],
+    written: list[int],
+    values: list[int],
+) -> TracedOp | NeuronUnsupportedOpError | str:
+    """Trace the op as ``_build`` does and lower it (no compile: its recording compiles), so that an op the
+    device refuses raises now, at the user's line, as in the op mode."""
+    with onegraph.GRAPHS_LOCK:
+        found = TRACED.get(key)
+        if found is not None:
+            return found
+        where = user_line()
+        layout: list[int] = []
+        trace = _tracer(op, spec, positions, written, layout)
+        lifted = None
+        if values:
+            lifted = operands.lift(trace, flat, values)
+            if lifted is None:
+                TRACED[key] = _BY_VALUE
+                return _BY_VALUE
+            gm = lifted.gm
+        else:
+            try:
+                gm = trace(flat)
+            except Exception as e:  # what cannot be traced with shapes alone (data-dependent output sizes)
+                TRACED[key] = refusal = _unsupported(op, flat, positions, where, f"cannot be traced: {e}")
+                raise refusal from e
+        try:
+            onegraph.check_lowers(gm, op, context.device().opts)
+        except Exception as e:
+            if lifted is not None:  # a lowering that needs the number itself: keyed by value instead
+                TRACED[key] = _BY_VALUE
+                return _BY_VALUE
+            if not isinstance(e, NeuronUnsupportedOpError):
+                raise
+            TRACED[key] = refusal = _unsupported(op, flat, positions, where, _reasons(e))
+            raise refusal from e
+        out_node = next(n for n in gm.graph.nodes if n.op == "output")
+        outputs = [(tuple(int(s) for s in v.meta["val"].shape), v.meta["val"].dtype) for v in out_node.args[0]]
+        num_results = sum(1 if n < 0 else n for n in layout)
+        slots = list(lifted.slots) if lifted is not None else []
+        traced = TracedOp(gm, num_results, list(layout), slots, outputs, len(TRACED))
+        TRACED[key] = traced
+        return traced
+
+
+def _tracer(
+    op: torch._ops.OpOverload, spec: Any, positions: list[int], written_positions: list[int], layout: list[int]
+) -> Any:
+    """``trace(flat)``: the functional one-op graph of ``op`` on ``flat``'s tensors, its results then the new values
+    of what it writes (``layout`` filled: per fresh return, -1 for one tensor or the length of a list)."""
+    fresh_returns = len(_fresh_returns(op))
+
+    def trace(flat: list[Any]) -> torch.fx.GraphModule:
+        def one_op(*tensors: torch.Tensor) -> Any:
+            fl = list(flat)
+            for pos, t in zip(positions, tensors):
+                fl[pos] = t.clone() if pos in written_positions else t
+            a, k = tree_unflatten(fl, spec)
+            out = op(*a, **k)
+            per_return = [] if not op._schema.returns else list(out) if len(op._schema.returns) > 1 else [out]
+            results: list[torch.Tensor] = []
+            layout.clear()
+            for r, value in zip(op._schema.returns, per_return):
+                if r.alias_info is not None and r.alias_info.is_write:
+                    continue
+                if isinstance(value, (list, tuple)):
+                    layout.append(len(value))
+                    results.extend(value)
+                else:
+                    layout.append(-1)
+                    results.append(value)
+            assert len(layout) == fresh_returns
+            return (*results, *[fl[p] for p in written_positions])
+
+        return onegraph.trace(one_op, [onegraph.example(flat[i]) for i in positions])
+
+    return trace
+
+
+def _operand_vectors(entry: onegraph.OpGraph, flat: list[Any], index: int) -> list[torch.Tensor]:
+    """This call's numbers on the device (``context.number_vectors``: uploaded only when new)."""
+    floats, ints = entry.operands.numbers(flat)
+    return context.number_vectors(floats, ints, index)
 
 
 def _index_of(flat: list[Any], positions: list[int]) -> int:
@@ -205,49 +375,44 @@ def _build(
     spec: Any,
     positions: list[int],
     written_positions: list[int],
-) -> onegraph.OpGraph | NeuronUnsupportedOpError:
+    values: list[int],
+) -> onegraph.OpGraph | NeuronUnsupportedOpError | str:
+    """Trace and compile the one-op graph of ``key`` (with the numbers at ``values`` as inputs: ``_BY_VALUE``
+    when they cannot be, see ``operands.py``)."""
     with onegraph.GRAPHS_LOCK:
         entry = onegraph.GRAPHS.get(key)
         if entry is not None:
             return entry
         where = user_line()
-        fresh_returns = len(_fresh_returns(op))
         layout: list[int] = []
+        trace = _tracer(op, spec, positions, written_positions, layout)
 
-        def one_op(*tensors: torch.Tensor) -> Any:
-            fl = list(flat)
-            for pos, t in zip(positions, tensors):
-                fl[pos] = t.clone() if pos in written_positions else t
-            a, k = tree_unflatten(fl, spec)
-            out = op(*a, **k)
-            per_return = [] if not op._schema.returns else list(out) if len(op._schema.returns) > 1 else [out]
-            results: list[torch.Tensor] = []
-            layout.clear()
-            for r, value in zip(op._schema.returns, per_return):
-                if r.alias_info is not None and r.alias_info.is_write:
-                    continue
-                if isinstance(value, (list, tuple)):
-                    layout.append(len(value))
-                    results.extend(value)
-                else:
-                    layout.append(-1)
-                    results.append(value)
-            assert len(layout) == fresh_returns
-            return (*results, *[fl[p] for p in written_positions])
-
-        examples = [onegraph.example(flat[i]) for i in positions]
-        try:
-            gm = onegraph.trace(one_op, examples)
-        except Exception as e:  # what cannot be traced with shapes alone (data-dependent output sizes)
-            onegraph.GRAPHS[key] = refusal = _unsupported(op, flat, positions, where, f"cannot be traced: {e}")
-            raise refusal from e
+        lifted = None
+        if values:
+            lifted = operands.lift(trace, flat, values)
+            if lifted is None:
+                onegraph.GRAPHS[key] = _BY_VALUE
+                return _BY_VALUE
+            gm = lifted.gm
+        else:
+            try:
+                gm = trace(flat)
+            except Exception as e:  # what cannot be traced with shapes alone (data-dependent output sizes)
+                onegraph.GRAPHS[key] = refusal = _unsupported(op, flat, positions, where, f"cannot be traced: {e}")
+                raise refusal from e
         try:
             graph = onegraph.compile_one(gm, op, context.device().opts)
-        except NeuronUnsupportedOpError as e:
+        except Exception as e:
+            if lifted is not None:  # a lowering that needs the number itself: keyed by value instead
+                log.debug("eager %s: its numbers stay in the key (%s)", op, e)
+                onegraph.GRAPHS[key] = _BY_VALUE
+                return _BY_VALUE
+            if not isinstance(e, NeuronUnsupportedOpError):
+                raise
             onegraph.GRAPHS[key] = refusal = _unsupported(op, flat, positions, where, _reasons(e))
             raise refusal from e
         num_results = sum(1 if n < 0 else n for n in layout)
-        entry = onegraph.OpGraph(graph, num_results, list(layout))
+        entry = onegraph.OpGraph(graph, num_results, list(layout), lifted)
         onegraph.GRAPHS[key] = entry
         STATS.eager_ops_compiled += 1
         return entry
@@ -269,16 +434,6 @@ def _unsupported(op: Any, flat: list[Any], positions: list[int], where: str, rea
             "on the host, with their inputs copied there and back."
         ),
     )
-
-
-def user_line() -> str:
-    """``file:line`` of the innermost caller outside torch and this package (the user's code)."""
-    for frame in reversed(traceback.extract_stack()):
-        path = os.path.abspath(frame.filename)
-        if path.startswith(_DIR) or path.startswith(_TORCH_DIR) or "<frozen" in path:
-            continue
-        return f"{frame.filename}:{frame.lineno}"
-    return "<unknown source line>"
 
 
 def run_or_fall_back(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:

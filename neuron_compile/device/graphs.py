@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..errors import NeuronCompileError
+from ..stats import STATS
 from . import context
 from . import storage as mem
 
@@ -21,6 +22,7 @@ from . import storage as mem
 _NO_SEED: dict[tuple[str, int], torch.Tensor] = {}
 
 
+@context.serialized
 def call_on_device(graph: Any, args: list[Any]) -> list[Any]:
     """Run CompiledGraph ``graph`` on ``args`` whose tensors are on the neuron device."""
     dev = context.device()
@@ -50,6 +52,7 @@ def call_on_device(graph: Any, args: list[Any]) -> list[Any]:
     aliased = {i: args[i] for i in graph._aliased_inputs}
     args.clear()
     raw = dev.buffers.run(executable, params)
+    STATS.device_graph_runs += 1
     del params
     results = [_wrap(dev, r, k, executable, index) for k, r in enumerate(raw)]
     del keep

@@ -106,6 +106,19 @@ def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.eq(a, b).all().item())
 
 
+def native_batch_norm(
+    input: torch.Tensor, weight, bias, running_mean, running_var, training: bool, momentum: float, eps: float
+) -> Any:
+    """``native_batch_norm`` writes its running statistics without saying so in its schema (no ``Tensor(a!)``),
+    so neither a one-op graph nor the host fallback would know to write them back: its twin
+    ``_native_batch_norm_legit``, whose schema names them as written, runs instead."""
+    if running_mean is None and running_var is None:
+        return aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps)
+    return aten._native_batch_norm_legit.default(
+        input, weight, bias, running_mean, running_var, training, momentum, eps
+    )
+
+
 def fused_sdp_choice(*args: Any, **kwargs: Any) -> int:
     """Scaled dot-product attention in eager takes torch's math path (one op at a time) on the device."""
     return int(torch.nn.attention.SDPBackend.MATH)
@@ -174,6 +187,7 @@ _KERNELS = {
     "set_.source_Tensor": lambda t, source: set_storage(t, source),
     "equal": equal,
     "_fused_sdp_choice": fused_sdp_choice,
+    "native_batch_norm": native_batch_norm,
 }
 
 
@@ -191,14 +205,31 @@ def _deserialize(obj: Any, location: str) -> Any:
     return context.upload(host, index).untyped_storage()
 
 
+#: Composite ops whose CPU/CUDA route ends in an "overrideable" op for other backends
+#: (``convolution_overrideable``), which nothing lowers: on the device they run whole, as one graph of the op.
+_WHOLE = ("convolution", "convolution_backward", "native_group_norm", "native_group_norm_backward")
+
+
+def _whole(name: str) -> Any:
+    packet, _, overload = name.partition(".")
+    op = getattr(getattr(aten, packet), overload or "default")
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        return eager.run_or_fall_back(op, args, kwargs)
+
+    return kernel
+
+
 def register() -> list[Any]:
     """Register the kernels and the fallback; the libraries to keep alive."""
     torch.serialization.register_package(19, _no_tag, _deserialize)
     lib = torch.library.Library("aten", "IMPL")
     for name, fn in _KERNELS.items():
-        lib.impl(name, fn, "PrivateUse1")
+        lib.impl(name, context.serialized(fn), "PrivateUse1")
+    for name in _WHOLE:
+        lib.impl(name, context.serialized(_whole(name)), "PrivateUse1")
     for name, op in _foreach_ops():
-        lib.impl(name, _foreach_kernel(op), "PrivateUse1")
+        lib.impl(name, context.serialized(_foreach_kernel(op)), "PrivateUse1")
     everything = torch.library.Library("_", "IMPL")
-    everything.fallback(fallback, dispatch_key="PrivateUse1", with_keyset=False)
+    everything.fallback(context.serialized(fallback), dispatch_key="PrivateUse1", with_keyset=False)
     return [lib, everything]

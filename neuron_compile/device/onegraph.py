@@ -25,10 +25,12 @@ class OpGraph:
     graph: Callable[[list[Any]], list[Any]]
     num_results: int
     layout: list[int] = field(default_factory=lambda: [-1])
+    #: The numbers the op was given that the graph takes as inputs (``operands.Lifted``), after the tensors.
+    operands: Any = None
 
 
 #: Compiled one-op graphs (or the refusal of one that cannot be compiled) by key, for the process.
-GRAPHS: dict[Any, OpGraph | NeuronUnsupportedOpError] = {}
+GRAPHS: dict[Any, OpGraph | NeuronUnsupportedOpError | str] = {}
 GRAPHS_LOCK = threading.RLock()
 
 
@@ -78,6 +80,24 @@ def compile_one(gm: torch.fx.GraphModule, op: Any, opts: Options) -> Callable[[l
         return compile_graph(gm, fakes, opts=opts, kind="inference", name=name)
 
 
+def check_lowers(gm: torch.fx.GraphModule, op: Any, opts: Options) -> None:
+    """Lower a copy of ``gm`` as ``compile_one`` would, without compiling it: raises what ``compile_one`` would
+    raise for an op the device refuses (the lazy mode checks each op when it is called, then compiles the
+    recorded sequence as one graph)."""
+    from ..compiler import build_artifact
+    from ..value_checks import split_value_checks
+
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    graph.output(graph.graph_copy(gm.graph, env))
+    copy = torch.fx.GraphModule(gm, graph)
+    split_value_checks(copy, index_bounds=True)
+    fakes = [n.meta["val"] for n in copy.graph.nodes if n.op == "placeholder"]
+    name = f"eager_{str(op).replace('.', '_')}"
+    with outside_any_trace():
+        build_artifact(copy, fakes, opts, name, compile=False, background=False)
+
+
 _TENSOR_STR = os.path.join("torch", "_tensor_str.py")
 
 
@@ -92,3 +112,26 @@ def printing(depth: int = 16) -> bool:
         frame = frame.f_back
         depth -= 1
     return False
+
+
+_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+_OUTSIDE: dict[str, bool] = {}
+
+
+def user_line() -> str:
+    """``file:line`` of the innermost caller outside torch and this package (the user's code). Walks the frames
+    (no source lines read): the lazy mode asks it at every recorded op."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        outside = _OUTSIDE.get(filename)
+        if outside is None:
+            path = os.path.abspath(filename)
+            outside = _OUTSIDE[filename] = not (
+                path.startswith(_DIR) or path.startswith(_TORCH_DIR) or "<frozen" in path
+            )
+        if outside:
+            return f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "<unknown source line>"

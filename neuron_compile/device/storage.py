@@ -31,6 +31,10 @@ _NON_FUNCTIONAL = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicit
 #: Fake device addresses: unique per storage for the life of the process (libraries tell tensors apart by
 #: ``data_ptr()``, e.g. transformers' tied-weight check), far from any host mapping, never dereferenced.
 _ADDRESS_BASE = 1 << 52
+#: Where the addresses of storages torch makes through the device's C++ allocator start (``_native.cpp``).
+TORCH_MADE_BASE = 1 << 53
+#: ``ALLOCATE[0](nbytes, index)``: a new DeviceBuffer on the device (``context.Device.allocate``, set by context).
+ALLOCATE: list[Any] = [None]
 _ADDRESS_ALIGN = 512
 
 
@@ -102,16 +106,70 @@ def release(index: int, nbytes: int) -> None:
         acc.allocated -= nbytes
 
 
+class Pending:
+    """A value recorded by the lazy eager mode (``lazy.py``) and not computed yet: value ``number`` of
+    ``recording``, the bytes of a whole storage as a flat tensor of ``numel`` elements of ``dtype``."""
+
+    __slots__ = ("recording", "number", "dtype", "numel", "__weakref__")
+
+    def __init__(self, recording: Any, number: int, dtype: torch.dtype, numel: int) -> None:
+        self.recording = recording
+        self.number = number
+        self.dtype = dtype
+        self.numel = numel
+
+
+#: ``lazy.materialize``: computes the pending values (set when the lazy mode is first used).
+MATERIALIZE: Any = None
+
+
 class DeviceStorage:
-    """What one torch storage of the device holds: its size and its current buffer."""
+    """What one torch storage of the device holds: its size and its current buffer.
 
-    __slots__ = ("nbytes", "buffer", "index", "address")
+    In the lazy eager mode the buffer may be a :class:`Pending` value: reading ``buffer`` (every reader of the
+    device's bytes does: ``buffer_of``) first runs the recorded ops, so no reader ever sees a value not yet
+    computed. ``raw_buffer`` looks without running anything (the recorder's own use)."""
 
-    def __init__(self, nbytes: int, buffer: DeviceBuffer | None, index: int, address: int) -> None:
+    __slots__ = ("nbytes", "_buffer", "index", "address", "__weakref__")
+
+    def __init__(self, nbytes: int, buffer: DeviceBuffer | Pending | None, index: int, address: int) -> None:
         self.nbytes = nbytes
-        self.buffer = buffer
         self.index = index
         self.address = address
+        self._buffer = None
+        self.buffer = buffer
+
+    @property
+    def buffer(self) -> DeviceBuffer | None:
+        return buffer_of(self)
+
+    @buffer.setter
+    def buffer(self, value: DeviceBuffer | Pending | None) -> None:
+        self._buffer = value
+        if isinstance(value, Pending):
+            value.recording.hold(self, value)
+
+
+def buffer_of(st: DeviceStorage) -> DeviceBuffer | None:
+    """``st``'s buffer, computed first when it is a pending value of the lazy mode: the ONE place where a
+    recorded value becomes bytes on the device."""
+    found = st._buffer
+    if isinstance(found, Pending):
+        MATERIALIZE(st)
+        found = st._buffer
+        if isinstance(found, Pending):
+            raise NeuronCompileError("neuron device: a recorded value of the lazy eager mode was not computed")
+    return found
+
+
+def raw_buffer(st: DeviceStorage) -> DeviceBuffer | Pending | None:
+    """``st``'s buffer or pending value, as it is (nothing runs)."""
+    return st._buffer
+
+
+def is_pending(t: torch.Tensor) -> bool:
+    found = getattr(t.untyped_storage(), "_neuron", None)
+    return found is not None and isinstance(found._buffer, Pending)
 
 
 _address_lock = threading.Lock()
@@ -149,7 +207,16 @@ def new_storage(nbytes: int, index: int, buffer: DeviceBuffer | None) -> torch.U
 
 def device_storage(t: torch.Tensor) -> DeviceStorage:
     """The device memory behind neuron tensor ``t``."""
-    found = getattr(t.untyped_storage(), "_neuron", None)
+    storage = t.untyped_storage()
+    found = getattr(storage, "_neuron", None)
+    if found is None and storage.device.type == "neuron" and storage.data_ptr() >= TORCH_MADE_BASE:
+        # a storage torch made itself (copy.deepcopy's UntypedStorage(n, device=...)): its memory, at first use
+        found = storage._neuron = DeviceStorage(
+            storage.nbytes(),
+            ALLOCATE[0](storage.nbytes(), storage.device.index or 0),
+            storage.device.index or 0,
+            storage.data_ptr(),
+        )
     if found is None:
         raise NeuronCompileError(
             f"neuron device: a tensor on {t.device} has no device memory behind it (shape {list(t.shape)}, "

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import UnsupportedNode
-from ..hbm import compiler_size, fit_line, fits_everywhere
+from ..hbm import compiler_size, fit_line, verdicts
 from .numerics import NumericsVerdict
 from .randomness import RandomDraw
 
@@ -150,6 +150,8 @@ class GraphEntry:
     compile_s: float
     #: Estimated peak HBM on one NeuronCore (bytes, ``neuron_compile.hbm``); None where not estimated.
     hbm_peak: int | None = None
+    #: Its I/O tensors' bytes (certain where the peak is estimated); None where not estimated.
+    hbm_io: int | None = None
 
 
 @dataclass
@@ -234,10 +236,13 @@ class EvaluationReport:
             return None
         return {
             "largest_peak_bytes": largest.hbm_peak,
+            "largest_io_bytes": largest.hbm_io,
             "graph": largest.name,
+            # fits: the estimated peak is within the limit; verdict: fits, may not fit (I/O fits, the estimated
+            # peak does not) or refused (the I/O alone is over: NCC_EVRF009)
             "fits": [
-                {"generation": g, "lnc": lnc, "limit_bytes": limit, "fits": fits}
-                for g, lnc, limit, fits in fits_everywhere(largest.hbm_peak)
+                {"generation": g, "lnc": lnc, "limit_bytes": limit, "fits": verdict == "fits", "verdict": verdict}
+                for g, lnc, limit, verdict in verdicts(largest.hbm_peak, largest.hbm_io)
             ],
         }
 
@@ -268,7 +273,7 @@ class EvaluationReport:
             largest = self.largest_hbm_peak()
             if largest is not None:
                 out.append(f"  HBM: {largest.name} needs the most, an estimated {compiler_size(largest.hbm_peak)} at its "
-                           f"peak: {fit_line(largest.hbm_peak)}")  # fmt: skip
+                           f"peak: {fit_line(largest.hbm_peak, largest.hbm_io)}")  # fmt: skip
         for b in self.graph_breaks:
             out.append(f"  break at {_where(b.file, b.line)}: {b.reason}")
             if b.advice:

@@ -397,7 +397,9 @@ def _run(
     refused = {name.split("_")[0] + "_" for _, nodes in collector.refused for name in [_graph_name(_)] if name}
     records = [r for r in STATS.graphs[first:] if not any(r.name.startswith(p) for p in refused)]
     report.graphs = [
-        GraphEntry(r.name, r.kind, r.num_ops, r.nki_kernels, r.cache, r.lower_seconds, r.compile_seconds, r.hbm_peak)
+        GraphEntry(
+            r.name, r.kind, r.num_ops, r.nki_kernels, r.cache, r.lower_seconds, r.compile_seconds, r.hbm_peak, r.hbm_io
+        )
         for r in records
     ]
     report.unsupported = root_causes(collector.refused)

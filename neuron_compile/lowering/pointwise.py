@@ -36,6 +36,11 @@ NO_OPMATH = Promotion.NO_OPMATH
 
 # ---- arithmetic -------------------------------------------------------------------------------------
 def _scaled(b, alpha):
+    """``alpha * b``; ``alpha`` a number, or a 0-d array (the device feeds an eager op's numbers at run time)."""
+    if is_array(alpha):
+        if b.dtype == jnp.bool_:
+            raise Unsupported("a runtime alpha with bool tensors")
+        return lax.mul(b, convert(alpha, b.dtype))
     if alpha == 1:
         return b
     if b.dtype == jnp.bool_:

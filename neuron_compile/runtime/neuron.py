@@ -164,7 +164,9 @@ class NeuronTarget:
         self.compile_timeout = compile_timeout
         self.progress_seconds = progress_seconds
         #: where what the compiler said (its --help, the input it parses) is kept: beside the compile cache
-        self.facts_dir = neuronx_cc.facts_dir(cache_dir)
+        self.facts_dir = neuronx_cc.facts_dir(cache_dir, tuple(flags))
+        #: torch-neuronx's --retry_failed_compilation in the flags: a failed compile is run once more
+        self.retry_failed = neuronx_cc.wrapper_flags(tuple(flags)).retry_failed_compilation
         #: where progress lines go (stderr)
         self.progress = neuronx_cc.print_progress
 
@@ -242,24 +244,39 @@ class NeuronTarget:
                 f.write(named_module if fmt == "mlir" else jax_adapter.hlo_module_proto(named_module))
             command = self.command(module_path, neff_path)
             name = graph.name if graph is not None else "module"
-            # in the temporary directory: neuronx-cc writes its log-neuron-cc.txt into its working directory
-            result = neuronx_cc.run(
-                command,
-                tmp,
-                graph=name,
-                timeout=self.compile_timeout,
-                progress_every=self.progress_seconds,
-                progress=self.progress,
-                largest_op=graph.largest_op if graph is not None else None,
-            )
-            COMPILER_RUNS.append(
-                CompilerRun(command, result.returncode, result.stdout, result.stderr, result.seconds, result.log)
-            )
-            if result.returncode != 0:
+            # torch-neuronx's --retry_failed_compilation: a failed compile runs once more (a host OOM kill, an
+            # interrupted or flaky run); never a timeout, nor an input the compiler could not parse
+            for attempt in range(2 if self.retry_failed else 1):
+                # in the temporary directory: neuronx-cc writes its log-neuron-cc.txt into its working directory
+                result = neuronx_cc.run(
+                    command,
+                    tmp,
+                    graph=name,
+                    timeout=self.compile_timeout,
+                    progress_every=self.progress_seconds,
+                    progress=self.progress,
+                    largest_op=graph.largest_op if graph is not None else None,
+                )
+                COMPILER_RUNS.append(
+                    CompilerRun(command, result.returncode, result.stdout, result.stderr, result.seconds, result.log)
+                )
+                if result.returncode == 0:
+                    break
                 said = result.stdout + result.stderr
                 if self.compiler_input == "auto" and not last_try and neuronx_cc.refused_as_unparsable(said):
                     return None
-                raise NeuronCompileError(neuronx_cc.failure_message(result, command, name))
+                if attempt == 0 and self.retry_failed:
+                    neuronx_cc.log.warning(
+                        "neuron_compile: neuronx-cc failed (exit %d) on graph '%s'; compiling it once more "
+                        "(--retry_failed_compilation in NEURON_CC_FLAGS)",
+                        result.returncode,
+                        name,
+                    )
+                    continue
+                message = neuronx_cc.failure_message(result, command, name)
+                if attempt:
+                    message += "\n(it failed twice: once more was tried, --retry_failed_compilation)"
+                raise NeuronCompileError(message)
             with open(neff_path, "rb") as f:
                 return f.read()
 

@@ -166,8 +166,10 @@ class CompilerHelp:
         return next((n for n in names if n in self.flags), None)
 
     def check_forced(self, tokens: tuple[str, ...]) -> None:
-        """Each flag of ``tokens`` (option ``neuron_cc_flags``) must be one this compiler lists, with a value when
-        it takes one; else NeuronCompileError naming the flag and the compiler version."""
+        """The user's flags (option ``neuron_cc_flags``, the wrapper's flags already taken out), checked against
+        this compiler's help. A flag it does not list is passed on as given, with a warning once per process
+        (neuronx-cc hides its internal flags from ``--help``: ``--internal-*``, ``--tensorizer-options``); a flag
+        it lists as taking a value but given none is a NeuronCompileError (the compiler would refuse it)."""
         i = 0
         while i < len(tokens):
             token = tokens[i]
@@ -180,11 +182,14 @@ class CompilerHelp:
                 short = next((n for n in self.flags if len(n) == 2 and n[0] == "-" and token.startswith(n)), None)
                 if short is not None and self.flags[short].takes_value:
                     continue
-                raise NeuronCompileError(
-                    f"neuron target: {token!r} (option neuron_cc_flags / NEURON_CC_FLAGS) is not a flag of "
-                    f"{self.version}: its `neuronx-cc compile --help` does not list {name}. Remove it, or spell it "
-                    f"as this compiler does; it lists: {', '.join(sorted({f.names[0] for f in self.flags.values()}))}"
+                _warn_once(
+                    ("unlisted", self.version, name),
+                    f"neuron_compile: {token!r} (option neuron_cc_flags / NEURON_CC_FLAGS) is passed on to neuronx-cc "
+                    f"as given, although {self.version}'s `compile --help` does not list {name} (the compiler hides "
+                    "its internal flags from --help). If the compiler refuses it, remove it or spell it as this "
+                    f"compiler does; it lists: {', '.join(sorted({f.names[0] for f in self.flags.values()}))}",
                 )
+                continue
             if flag.takes_value and not has_value and not flag.optional:
                 if i >= len(tokens) or tokens[i].startswith("-"):
                     raise NeuronCompileError(
@@ -198,6 +203,135 @@ class CompilerHelp:
 
 def documented_help() -> CompilerHelp:
     return CompilerHelp("the CLI reference's neuronx-cc (no compiler on PATH)", "", DOCUMENTED_FLAGS, documented=True)
+
+
+# ------------------------------------------------------------------------------------------- the wrapper's flags
+# torch-neuronx's compile cache (``neuron_cc_wrapper``, libneuronxla) reads flags of its own from NEURON_CC_FLAGS
+# and does not pass them to neuronx-cc: "all flags demonstrated above will be parsed by a tool called
+# neuron_cc_wrapper, which is a wrapper over Neuron Compiler CLI to provide caching mechanism. All these flags will
+# not be passed into Neuron Compiler CLI." (Neuron Persistent Cache,
+# https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/arch/neuron-features/neuron-caching.html):
+# ``--cache_dir=<cache URL>`` (a directory, or s3://), ``--no_cache``, ``--log_level=WARNING|INFO|ERROR`` and
+# ``--retry_failed_compilation`` (compile again the graphs whose compile failed before). Who followed the
+# torch-neuronx or NxD guides has some of them set; neuronx-cc itself would refuse them.
+#: The wrapper's flags taken here, each with our meaning (``WrapperFlags``); True: it takes a value.
+WRAPPER_FLAGS = {"--cache_dir": True, "--no_cache": False, "--log_level": True, "--retry_failed_compilation": False}
+#: Wrapper-only flags without a meaning here, dropped with one warning: ``--compile_workdir=DIR`` (the wrapper's
+#: work directory, seen in public NEURON_CC_FLAGS beside --cache_dir; ours is a private temporary directory).
+WRAPPER_DROPPED = {"--compile_workdir": True}
+#: The levels ``--log_level`` takes (the caching page names WARNING, INFO and ERROR).
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+@dataclass(frozen=True)
+class WrapperFlags:
+    """NEURON_CC_FLAGS (option ``neuron_cc_flags``) split into what neuronx-cc gets (``compiler``) and the
+    wrapper's flags, with their meaning here: ``cache_dir`` the compile cache's directory (below option
+    ``cache_dir`` and NEURON_COMPILE_CACHE_DIR: ``cache.paths.resolve_cache_dir``), ``no_cache`` these graphs
+    neither read nor write the compile cache, ``log_level`` the ``neuron_compile`` logger's level,
+    ``retry_failed_compilation`` a failed compile is run once more. ``dropped``: wrapper flags without a meaning
+    here (the tokens as given)."""
+
+    compiler: tuple[str, ...] = ()
+    cache_dir: str | None = None
+    no_cache: bool = False
+    log_level: str | None = None
+    retry_failed_compilation: bool = False
+    dropped: tuple[str, ...] = ()
+
+
+@functools.lru_cache(maxsize=64)
+def wrapper_flags(tokens: tuple[str, ...]) -> WrapperFlags:
+    """``tokens`` split (``WrapperFlags``): a wrapper flag as ``--flag=value`` or ``--flag value``. The first
+    time a set is seen in this process, ``--log_level`` sets the ``neuron_compile`` logger's level and one warning
+    names the dropped flags."""
+    compiler: list[str] = []
+    taken: dict[str, str | None] = {}
+    dropped: list[str] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        name, eq, value = token.partition("=")
+        takes = WRAPPER_FLAGS.get(name, WRAPPER_DROPPED.get(name))
+        if takes is None:
+            compiler.append(token)
+            continue
+        shown = token
+        if takes and not eq and i < len(tokens) and not tokens[i].startswith("-"):
+            value = tokens[i]
+            shown = f"{token} {value}"
+            i += 1
+        if name in WRAPPER_DROPPED:
+            dropped.append(shown)
+        else:
+            taken[name] = value if takes else None
+    level = (taken.get("--log_level") or "").strip().upper() or None
+    found = WrapperFlags(
+        compiler=tuple(compiler),
+        cache_dir=(taken.get("--cache_dir") or "").strip() or None,
+        no_cache="--no_cache" in taken,
+        log_level=level if level in LOG_LEVELS else None,
+        retry_failed_compilation="--retry_failed_compilation" in taken,
+        dropped=tuple(dropped),
+    )
+    _announce(found, taken.get("--log_level"))
+    return found
+
+
+def _announce(found: WrapperFlags, level_given: str | None) -> None:
+    if found.log_level is not None:
+        logging.getLogger("neuron_compile").setLevel(found.log_level)
+    elif level_given is not None:
+        _warn_once(
+            ("log_level", level_given),
+            f"neuron_compile: --log_level={level_given} (NEURON_CC_FLAGS) is not a level; it takes one of "
+            f"{', '.join(LOG_LEVELS)}: ignored",
+        )
+    if found.dropped:
+        _warn_once(
+            ("dropped", found.dropped),
+            f"neuron_compile: {', '.join(found.dropped)} (NEURON_CC_FLAGS) "
+            + ("is a flag" if len(found.dropped) == 1 else "are flags")
+            + " of torch-neuronx's compile-cache wrapper, not of neuronx-cc, without a meaning here: ignored "
+            "(the compile runs in a private temporary directory; the wrapper's --cache_dir, --no_cache, "
+            "--log_level and --retry_failed_compilation are taken)",
+        )
+    if found.cache_dir and "://" in found.cache_dir:
+        _warn_once(
+            ("cache_url", found.cache_dir),
+            f"neuron_compile: --cache_dir={found.cache_dir} (NEURON_CC_FLAGS) is a URL, not a directory: ignored. "
+            "A remote cache shared by hosts is option cache_url (NEURON_COMPILE_CACHE_URL)",
+        )
+
+
+def cache_dir_from_flags(tokens: tuple[str, ...]) -> str | None:
+    """The local directory ``--cache_dir`` names in ``tokens`` (None: none, or a URL such as s3://)."""
+    found = wrapper_flags(tuple(tokens)).cache_dir
+    return found if found and "://" not in found else None
+
+
+def env_flags() -> tuple[str, ...]:
+    """NEURON_CC_FLAGS split as a shell would (as option ``neuron_cc_flags`` splits it); () if it does not split."""
+    import shlex
+
+    try:
+        return tuple(shlex.split(os.environ.get("NEURON_CC_FLAGS", "")))
+    except ValueError:
+        return ()
+
+
+_WARNED: set[Any] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def _warn_once(key: Any, text: str) -> None:
+    """``text`` as a warning of the ``neuron_compile.neuronx_cc`` logger, once per ``key`` and process."""
+    with _WARNED_LOCK:
+        if key in _WARNED:
+            return
+        _WARNED.add(key)
+    log.warning("%s", text)
 
 
 # ------------------------------------------------------------------------------------------- version
@@ -221,11 +355,15 @@ def compiler_version() -> str:
 
 
 # ------------------------------------------------------------------------------------------- facts on disk
-def facts_dir(cache_dir: str | None = None) -> str:
+def facts_dir(cache_dir: str | None = None, flags: tuple[str, ...] | None = None) -> str:
     """``<cache>/compiler``: the compile cache's directory as ``cache.paths.resolve_cache_dir`` finds it (option
-    ``cache_dir`` > NEURON_COMPILE_CACHE_DIR > the user cache dir; the runtime may not import the cache, a test
-    holds the two to the same answer)."""
-    root = cache_dir or os.environ.get("NEURON_COMPILE_CACHE_DIR")
+    ``cache_dir`` > NEURON_COMPILE_CACHE_DIR > ``--cache_dir`` of ``flags``, NEURON_CC_FLAGS when None > the user
+    cache dir; the runtime may not import the cache, a test holds the two to the same answer)."""
+    root = (
+        cache_dir
+        or os.environ.get("NEURON_COMPILE_CACHE_DIR")
+        or cache_dir_from_flags(env_flags() if flags is None else flags)
+    )
     if not root:
         import platformdirs
 
@@ -295,7 +433,10 @@ def forget() -> None:
     """Forget, in this process, the compiler's version, help and input format (a test that swaps compilers)."""
     with _FACTS_LOCK:
         _FACTS.clear()
+    with _WARNED_LOCK:
+        _WARNED.clear()
     _compiler_version.cache_clear()
+    wrapper_flags.cache_clear()
 
 
 def compiler_help(directory: str) -> CompilerHelp:
@@ -333,7 +474,9 @@ def build_command(
     forced: tuple[str, ...],
 ) -> list[str]:
     """``neuronx-cc compile MODULE ...``: TorchNeuron's command line, with only the flags ``help`` lists, in the
-    form it lists them; then the user's ``forced`` flags (checked against ``help``)."""
+    form it lists them; then the user's ``forced`` flags without torch-neuronx's wrapper flags (``wrapper_flags``),
+    checked against ``help`` (an unlisted one is passed on with a warning)."""
+    forced = wrapper_flags(tuple(forced)).compiler
     help.check_forced(forced)
     command = ["neuronx-cc", "compile", module_path]
 

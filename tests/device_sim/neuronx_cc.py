@@ -7,9 +7,10 @@ The command line follows neuronx-cc's CLI reference (compiler/neuronx-cc/api-ref
 --disable-mixed-precision-accumulation] [--enable-saturate-infinity] [--enable-fast-context-switch]
 [--enable-fast-loading-neuron-binaries] [--logfile F] [--output F | -o F] [--verbose L]``; ``compile --help``
 prints them as argparse lays them out (the real help text is not public; its layout is an assumption), and
-``neuronx-cc --version`` (``-V``) prints the real tool's layout. Anything else (an unknown flag, a bad value, a
-flag that takes a value given none: ``--native-int64`` bare, a missing input) exits with status 1 and an
-argparse-style message on stderr.
+``neuronx-cc --version`` (``-V``) prints the real tool's layout. A few internal flags (``HIDDEN_FLAGS``) are
+taken but not listed, as the real compiler hides its internal flags from ``--help``. Anything else (an unknown
+flag, a bad value, a flag that takes a value given none: ``--native-int64`` bare, a missing input) exits with
+status 1 and an argparse-style message on stderr. Its log's first line is its command line.
 
 The input it parses is one format, as a compiler build parses one (``NRTSIM_COMPILER_INPUT``): ``mlir`` (the
 default) a StableHLO module, text or bytecode (TorchNeuron's native path); ``hlo`` a serialized HloModuleProto
@@ -263,7 +264,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="<level>",
         help="The level of output. (Default: warning)",
     )
+    # Internal flags: taken, but hidden from --help, as the real compiler hides its own (drivers pass them, e.g.
+    # optimum-neuron's cached compile_flags.json: "--tensorizer-options=...", "--internal-enable-dge-levels
+    # vector_dynamic_offsets", "--internal-hlo2tensorizer-options=--verify-hlo=true"). Any other flag is refused.
+    for hidden in HIDDEN_FLAGS:
+        c.add_argument(hidden, help=argparse.SUPPRESS)
     return parser
+
+
+#: The internal flags the fake takes without listing them in ``compile --help``.
+HIDDEN_FLAGS = (
+    "--tensorizer-options",
+    "--internal-hlo2tensorizer-options",
+    "--internal-enable-dge-levels",
+    "--internal-compiler-debug-mode",
+)
 
 
 # ------------------------------------------------------------------------------------------- the module
@@ -749,6 +764,7 @@ def main(argv: Sequence[str] | None = None, default_log: str | None = None) -> i
     except SystemExit as e:  # --version, --help and argparse errors
         return int(e.code or 0)
     log = _Log(args.logfile or default_log)
+    log("Command line: neuronx-cc " + " ".join(sys.argv[1:] if argv is None else argv))
     try:
         compile_file(args, log)
     except CompileError as e:
