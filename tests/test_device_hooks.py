@@ -213,12 +213,17 @@ g.seed()
 g.set_state(state)
 assert g.initial_seed() == 7 and g.get_state().equal(state)
 assert torch.Generator(device="neuron").device.type == "neuron"
-# accepted by the device's random ops (whose seeds come from torch's default generator: docs/device.md)
-torch.manual_seed(3)
+# a random op's seed comes from the generator it is given (as on CUDA), else from torch's default generator
+g.manual_seed(3)
 a = torch.randn(4, device="neuron", generator=g).cpu()
-torch.manual_seed(3)
+a2 = torch.randn(4, device="neuron", generator=g).cpu()
+g.manual_seed(3)
 b = torch.randn(4, device="neuron", generator=g).cpu()
-assert a.equal(b)
+assert a.equal(b) and not a.equal(a2)
+torch.manual_seed(3)
+c = torch.randn(4, device="neuron").cpu()
+torch.manual_seed(3)
+assert c.equal(torch.randn(4, device="neuron").cpu())
 print("ok")
 """
 

@@ -92,15 +92,15 @@ class NeuronModule:
     @staticmethod
     def memory_allocated(device: Any = None) -> int:
         """Bytes of device memory held by tensors on ``device`` (default: the current one)."""
-        from . import storage
+        from . import cuda_api
 
-        return storage.account(_index(device)).allocated
+        return cuda_api.allocated(device)
 
     @staticmethod
     def max_memory_allocated(device: Any = None) -> int:
-        from . import storage
+        from . import cuda_api
 
-        return storage.account(_index(device)).peak
+        return cuda_api.peak(device)
 
     @staticmethod
     def reset_peak_memory_stats(device: Any = None) -> None:

@@ -22,6 +22,7 @@ from . import onegraph
 from . import storage as mem
 from .buffers import buffers_for
 
+
 def default_memory_limit(generation: str, lnc: int) -> int:
     """HBM of one logical NeuronCore: the one table (``hbm.HBM_PER_CORE``)."""
     from ..hbm import hbm_per_core
@@ -90,6 +91,13 @@ mem.ALLOCATE[0] = lambda nbytes, index: device().allocate(nbytes, index)
 #: The lazy eager mode (``lazy.py``, which imports this module, sets itself here when it is imported: eager.py
 #: imports it, so it is set whenever the device is registered): flushes and records writes.
 LAZY: Any = None
+
+
+def settle() -> None:
+    """Run what the lazy eager mode recorded (a synchronization: memory counts, ``synchronize()``)."""
+    if LAZY is not None:
+        LAZY.flush()
+
 
 #: The current device index (``torch.neuron.set_device``), a list so that it is shared by reference.
 CURRENT = [0]

@@ -26,14 +26,17 @@ def index(device: Any) -> int:
 
 
 def allocated(device: Any = None) -> int:
-    from . import storage
+    """Bytes held by tensors of the core; the lazy mode's recorded ops run first (they allocate their results)."""
+    from . import context, storage
 
+    context.settle()
     return storage.account(index(device)).allocated
 
 
 def peak(device: Any = None) -> int:
-    from . import storage
+    from . import context, storage
 
+    context.settle()
     return storage.account(index(device)).peak
 
 

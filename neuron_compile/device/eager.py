@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from ..errors import NeuronCompileError, NeuronUnsupportedOpError, NeuronWarning, UnsupportedNode
 from ..stats import STATS
-from . import context, lazy, onegraph, operands
+from . import context, graphs, lazy, onegraph, operands
 from . import storage as mem
 from .onegraph import user_line
 
@@ -50,6 +50,8 @@ def _hashable(value: Any) -> Any:
 def _describe(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return ("tensor", tuple(value.shape), value.dtype, value.device.type)
+    if isinstance(value, torch.Generator):  # where the seed comes from, not what the graph is
+        return ("generator",)
     return (type(value).__name__, _hashable(value))
 
 
@@ -153,7 +155,8 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         spec,
         tuple(operands.key_of(x) if i in values else _describe(x) for i, x in enumerate(flat)),
     )
-    if context.device().opts.eager_mode == "lazy":
+    generator = next((x for x in flat if isinstance(x, torch.Generator)), None)
+    if context.device().opts.eager_mode == "lazy" and generator is None:
         recorded = _record(key, op, flat, spec, positions, written, values, originals, index, target_name)
         if recorded is not None:
             results, layout = recorded
@@ -172,7 +175,8 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     inputs = [flat[i] for i in positions]
     if entry.operands is not None:
         inputs += _operand_vectors(entry, flat, index)
-    outputs = list(entry.graph(inputs))
+    with graphs.seeds_from(generator):
+        outputs = list(entry.graph(inputs))
     results, new_values = outputs[: entry.num_results], outputs[entry.num_results :]
     for pos, value in zip(written, new_values):
         target = originals[pos]

@@ -8,7 +8,9 @@ device tensors, since its executable does not depend on where its arguments come
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import contextvars
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -66,10 +68,37 @@ def _device_index(args: list[Any]) -> int:
     return 0
 
 
+#: The generator an eager random op was given (``generator=``), while its graph runs; None: torch's default one.
+_GENERATOR: contextvars.ContextVar[torch.Generator | None] = contextvars.ContextVar("neuron_generator", default=None)
+
+
+@contextlib.contextmanager
+def seeds_from(generator: torch.Generator | None) -> Iterator[None]:
+    """Graphs called inside draw their random seed from ``generator`` (None: torch's default generator)."""
+    token = _GENERATOR.set(generator)
+    try:
+        yield
+    finally:
+        _GENERATOR.reset(token)
+
+
+def _draw_seed() -> torch.Tensor:
+    """Two int32 words from the op's generator, else torch's default one (``torch.manual_seed`` makes random ops
+    reproducible). A ``torch.Generator("neuron")`` is a CPU Mersenne Twister labelled with the device
+    (``_native.cpp``): it is drawn through a CPU generator holding its state, which it then takes back."""
+    generator = _GENERATOR.get()
+    if generator is None or generator.device.type == "cpu":
+        return torch.randint(-(2**31), 2**31 - 1, (2,), dtype=torch.int32, generator=generator)
+    host = torch.Generator()
+    host.set_state(generator.get_state())
+    seed = torch.randint(-(2**31), 2**31 - 1, (2,), dtype=torch.int32, generator=host)
+    generator.set_state(host.get_state())
+    return seed
+
+
 def _seed(graph: Any, index: int) -> torch.Tensor:
     if graph.needs_rng_seed:
-        # drawn from torch's default generator, as on the host path: torch.manual_seed makes it reproducible
-        return context.upload(torch.randint(-(2**31), 2**31 - 1, (2,), dtype=torch.int32), index)
+        return context.upload(_draw_seed(), index)
     key = (context.device().target.name, index)
     seed = _NO_SEED.get(key)
     if seed is None:

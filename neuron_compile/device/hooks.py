@@ -98,10 +98,8 @@ def _device_count(module: Any) -> int:
 
 def install(module: Any) -> None:
     """Give the native side the device count and its Python callbacks (``module`` is ``torch.neuron``), and
-    threads in an autograd engine that already ran a backward.
-
-    A ``torch.Generator("neuron")`` passed to a random op on the device is not where the op's seed comes from:
-    eager and compiled random ops draw their seeds from torch's default generator (docs/device.md)."""
+    threads in an autograd engine that already ran a backward. An eager random op given a
+    ``torch.Generator("neuron")`` draws its seed from it (``graphs.seeds_from``)."""
     mod = native()
     if mod is None:
         return
