@@ -104,9 +104,9 @@ class NeuronModule:
 
     @staticmethod
     def reset_peak_memory_stats(device: Any = None) -> None:
-        from . import storage
+        from . import context, storage
 
-        acc = storage.account(_index(device))
+        acc = storage.account(context.index_of(device))
         acc.peak = acc.allocated
 
     @staticmethod
@@ -224,16 +224,6 @@ class NeuronModule:
     @staticmethod
     def get_amp_supported_dtype() -> list[torch.dtype]:
         return [torch.bfloat16, torch.float16]
-
-
-def _index(device: Any) -> int:
-    if device is None:
-        from . import context
-
-        return context.current_index()
-    if isinstance(device, int):
-        return device
-    return torch.device(device).index or 0
 
 
 #: ``NEURON_COMPILE_DEVICE``: whether ``import neuron_compile`` registers the device: "1" always, "0" never,

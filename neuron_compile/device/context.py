@@ -107,6 +107,15 @@ def current_index() -> int:
     return CURRENT[0]
 
 
+def index_of(device: Any) -> int:
+    """The device index ``device`` names (None: the current one; an int, a string or a torch.device)."""
+    if device is None:
+        return current_index()
+    if isinstance(device, int):
+        return device
+    return torch.device(device).index or 0
+
+
 _DEVICE: Device | None = None
 _LOCK = threading.Lock()
 

@@ -18,11 +18,7 @@ import torch
 def index(device: Any) -> int:
     from . import context
 
-    if device is None:
-        return context.current_index()
-    if isinstance(device, int):
-        return device
-    return torch.device(device).index or 0
+    return context.index_of(device)
 
 
 def allocated(device: Any = None) -> int:

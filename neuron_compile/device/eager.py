@@ -249,43 +249,19 @@ def _trace_for_lazy(
 ) -> TracedOp | NeuronUnsupportedOpError | str:
     """Trace the op as ``_build`` does and lower it (no compile: its recording compiles), so that an op the
     device refuses raises now, at the user's line, as in the op mode."""
-    with onegraph.GRAPHS_LOCK:
-        found = TRACED.get(key)
-        if found is not None:
-            return found
-        where = user_line()
-        layout: list[int] = []
-        trace = _tracer(op, spec, positions, written, layout)
-        lifted = None
-        if values:
-            lifted = operands.lift(trace, flat, values)
-            if lifted is None:
-                TRACED[key] = _BY_VALUE
-                return _BY_VALUE
-            gm = lifted.gm
-        else:
-            try:
-                gm = trace(flat)
-            except Exception as e:  # what cannot be traced with shapes alone (data-dependent output sizes)
-                TRACED[key] = refusal = _unsupported(op, flat, positions, where, f"cannot be traced: {e}")
-                raise refusal from e
-        try:
-            onegraph.check_lowers(gm, op, context.device().opts)
-        except Exception as e:
-            if lifted is not None:  # a lowering that needs the number itself: keyed by value instead
-                TRACED[key] = _BY_VALUE
-                return _BY_VALUE
-            if not isinstance(e, NeuronUnsupportedOpError):
-                raise
-            TRACED[key] = refusal = _unsupported(op, flat, positions, where, _reasons(e))
-            raise refusal from e
+
+    def traced(gm: torch.fx.GraphModule, lifted: operands.Lifted | None, layout: list[int]) -> TracedOp:
         out_node = next(n for n in gm.graph.nodes if n.op == "output")
         outputs = [(tuple(int(s) for s in v.meta["val"].shape), v.meta["val"].dtype) for v in out_node.args[0]]
         num_results = sum(1 if n < 0 else n for n in layout)
         slots = list(lifted.slots) if lifted is not None else []
-        traced = TracedOp(gm, num_results, list(layout), slots, outputs, len(TRACED))
-        TRACED[key] = traced
-        return traced
+        return TracedOp(gm, num_results, list(layout), slots, outputs, len(TRACED))
+
+    def check(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+        onegraph.check_lowers(gm, op, context.device().opts)
+        return gm
+
+    return _one_op_graph(TRACED, key, op, flat, spec, positions, written, values, check, traced)
 
 
 def _tracer(
@@ -383,43 +359,66 @@ def _build(
 ) -> onegraph.OpGraph | NeuronUnsupportedOpError | str:
     """Trace and compile the one-op graph of ``key`` (with the numbers at ``values`` as inputs: ``_BY_VALUE``
     when they cannot be, see ``operands.py``)."""
+
+    def entry(graph: Any, lifted: operands.Lifted | None, layout: list[int]) -> onegraph.OpGraph:
+        STATS.eager_ops_compiled += 1
+        return onegraph.OpGraph(graph, sum(1 if n < 0 else n for n in layout), list(layout), lifted)
+
+    def compile_it(gm: torch.fx.GraphModule) -> Any:
+        return onegraph.compile_one(gm, op, context.device().opts)
+
+    return _one_op_graph(onegraph.GRAPHS, key, op, flat, spec, positions, written_positions, values, compile_it, entry)
+
+
+def _one_op_graph(
+    table: dict[Any, Any],
+    key: Any,
+    op: torch._ops.OpOverload,
+    flat: list[Any],
+    spec: Any,
+    positions: list[int],
+    written: list[int],
+    values: list[int],
+    finish: Any,
+    make: Any,
+) -> Any:
+    """``table[key]``, made at its first use: the op traced (its numbers at ``values`` lifted to inputs, else
+    ``_BY_VALUE``), ``finish(gm)`` (compiled, or checked to lower and returned), and ``make(finished, lifted,
+    layout)`` kept;
+    what the device refuses is kept as the refusal, naming the user's line."""
     with onegraph.GRAPHS_LOCK:
-        entry = onegraph.GRAPHS.get(key)
-        if entry is not None:
-            return entry
+        found = table.get(key)
+        if found is not None:
+            return found
         where = user_line()
         layout: list[int] = []
-        trace = _tracer(op, spec, positions, written_positions, layout)
-
+        trace = _tracer(op, spec, positions, written, layout)
         lifted = None
         if values:
             lifted = operands.lift(trace, flat, values)
             if lifted is None:
-                onegraph.GRAPHS[key] = _BY_VALUE
+                table[key] = _BY_VALUE
                 return _BY_VALUE
             gm = lifted.gm
         else:
             try:
                 gm = trace(flat)
             except Exception as e:  # what cannot be traced with shapes alone (data-dependent output sizes)
-                onegraph.GRAPHS[key] = refusal = _unsupported(op, flat, positions, where, f"cannot be traced: {e}")
+                table[key] = refusal = _unsupported(op, flat, positions, where, f"cannot be traced: {e}")
                 raise refusal from e
         try:
-            graph = onegraph.compile_one(gm, op, context.device().opts)
+            finished = finish(gm)
         except Exception as e:
             if lifted is not None:  # a lowering that needs the number itself: keyed by value instead
                 log.debug("eager %s: its numbers stay in the key (%s)", op, e)
-                onegraph.GRAPHS[key] = _BY_VALUE
+                table[key] = _BY_VALUE
                 return _BY_VALUE
             if not isinstance(e, NeuronUnsupportedOpError):
                 raise
-            onegraph.GRAPHS[key] = refusal = _unsupported(op, flat, positions, where, _reasons(e))
+            table[key] = refusal = _unsupported(op, flat, positions, where, _reasons(e))
             raise refusal from e
-        num_results = sum(1 if n < 0 else n for n in layout)
-        entry = onegraph.OpGraph(graph, num_results, list(layout), lifted)
-        onegraph.GRAPHS[key] = entry
-        STATS.eager_ops_compiled += 1
-        return entry
+        table[key] = made = make(finished, lifted, layout)
+        return made
 
 
 def _reasons(e: NeuronUnsupportedOpError) -> str:

@@ -16,12 +16,6 @@ from . import storage as mem
 aten = torch.ops.aten
 
 
-def _index(device: Any) -> int:
-    if device is None:
-        return context.current_index()
-    return torch.device(device).index or 0
-
-
 def empty_memory_format(
     size: list[int], dtype=None, layout=None, device=None, pin_memory=None, memory_format=None
 ) -> torch.Tensor:
@@ -31,11 +25,11 @@ def empty_memory_format(
         stride = list(torch._prims_common.make_channels_last_strides_for(size))
     elif memory_format is torch.channels_last_3d and len(size) == 5:
         stride = list(torch._prims_common.make_channels_last_strides_for(size))
-    return context.empty(list(size), stride, dtype, _index(device))
+    return context.empty(list(size), stride, dtype, context.index_of(device))
 
 
 def empty_strided(size: list[int], stride: list[int], dtype=None, layout=None, device=None, pin_memory=None):
-    return context.empty(list(size), list(stride), dtype or torch.get_default_dtype(), _index(device))
+    return context.empty(list(size), list(stride), dtype or torch.get_default_dtype(), context.index_of(device))
 
 
 def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:

@@ -25,11 +25,7 @@ import torch
 def _device_index(device: Any) -> int:
     from . import context
 
-    if device is None:
-        return context.current_index()
-    if isinstance(device, int):
-        return device
-    return torch.device(device).index or 0
+    return context.index_of(device)
 
 
 def _synchronize() -> None:
