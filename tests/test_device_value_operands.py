@@ -23,6 +23,7 @@ NUMBER_CASES = [
     ("foreach_div_scalarlist", lambda x, v: torch._foreach_div([x, x + 1], [v, v + 1])[1], True),
     # the number shapes the computation (an exponent's special cases; a bound): keyed by value, still right
     ("pow", lambda x, v: torch.pow(x, v), False),
+    ("pow_general_first", lambda x, v: torch.pow(x.abs() + 1, v + 0.25), False),
     ("clamp_min", lambda x, v: x.clamp(min=v), False),
 ]
 #: Ordinary numbers (0, 1 and -1 are keyed apart: decompositions special-case them).

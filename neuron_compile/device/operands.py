@@ -28,6 +28,13 @@ aten = torch.ops.aten
 _VALUE_TYPES = ("number", "Optional[number]", "List[number]", "Tensor", "Optional[Tensor]")
 #: Scalar arguments whose lowerings take a runtime value with the same meaning as the number: they convert it
 #: to the computation dtype (lowering/pointwise.py ``_scaled``, ``addcmul``, ``addcdiv``; creation.py ``full``).
+#: Ops whose number operand may be a runtime 0-d tensor instead (beside dimensioned tensors): arithmetic and
+#: comparisons, whose eager kernels compute the same on a wrapped number and a 0-d tensor. Not ``pow`` (eager
+#: picks sqrt, square, reciprocal... by the exponent's value) nor any op not listed.
+_ELEMENTWISE_ON_NUMBERS = {
+    "aten::add", "aten::sub", "aten::rsub", "aten::mul", "aten::div", "aten::remainder", "aten::fmod",
+    "aten::eq", "aten::ne", "aten::lt", "aten::le", "aten::gt", "aten::ge", "aten::where",
+}  # fmt: skip
 _RUNTIME_SCALAR_ARGS = {
     (aten.add.Tensor, "alpha"),
     (aten.sub.Tensor, "alpha"),
@@ -204,8 +211,9 @@ def _same(x: Any, y: Any) -> bool:
 
 def _same_meaning(node: torch.fx.Node, where: str | int) -> bool:
     """Whether a runtime 0-d value at this argument of ``node`` computes what the number did: a ``Tensor``
-    argument whose other tensor arguments all have dims (a 0-d tensor then sets the result dtype exactly as a
-    number does: the default dtype of its kind, only across kinds), or a listed ``Scalar`` argument."""
+    argument of a listed elementwise op whose other tensor arguments all have dims (a 0-d tensor then sets the
+    result dtype exactly as a number does: the default dtype of its kind, only across kinds), or a listed
+    ``Scalar`` argument."""
     op = node.target
     if not isinstance(op, torch._ops.OpOverload):
         return False
@@ -215,6 +223,8 @@ def _same_meaning(node: torch.fx.Node, where: str | int) -> bool:
         return False
     if (op, arg.name) in _RUNTIME_SCALAR_ARGS:
         return True
+    if op._schema.name not in _ELEMENTWISE_ON_NUMBERS:
+        return False
     if str(arg.type) != "Tensor" and tensor_twin(op, arg.name) is None:
         return False
     others = [x for x in (*node.args, *node.kwargs.values()) if isinstance(x, torch.fx.Node)]
