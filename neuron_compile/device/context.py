@@ -133,8 +133,7 @@ def reset_for_tests(opts: Options | None = None) -> None:
     """Forget the device (tests switch targets between cases): tensors made before keep their buffers."""
     global _DEVICE
     try:
-        if LAZY is not None:
-            LAZY.flush()  # what the old device recorded runs on it
+        settle()  # what the old device recorded runs on it
     except Exception:  # a failed recording raises where its values are read
         pass
     with _LOCK:

@@ -128,6 +128,20 @@ def _meta_twin(t: torch.Tensor) -> torch.Tensor:
 _BY_VALUE = "by value"
 
 
+def _entry(table: dict[Any, Any], key: Any, value_key: Any, make: Any) -> Any:
+    """``table``'s entry for ``key`` (its numbers as inputs), made by ``make(key, True)`` at its first use; where
+    they cannot be inputs, the entry for ``value_key()`` (the numbers in the key), made by ``make(k, False)``."""
+    entry = table.get(key)
+    if entry is None:
+        entry = make(key, True)
+    if entry is _BY_VALUE:
+        key = value_key()
+        entry = table.get(key)
+        if entry is None:
+            entry = make(key, False)
+    return entry
+
+
 def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     """Run ``op`` on neuron tensors as a one-op graph (compiled at the first call of its key; the numbers it is
     given are inputs of the graph where that means the same, ``operands.py``, else part of the key)."""
@@ -161,14 +175,12 @@ def run(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         if recorded is not None:
             results, layout = recorded
             return _results(op, args, kwargs, results, layout)
-    entry = onegraph.GRAPHS.get(key)
-    if entry is None:
-        entry = _build(key, op, flat, spec, positions, written, values)
-    if entry is _BY_VALUE:
-        key = (target_name, op, spec, tuple(_describe(x) for x in flat))
-        entry = onegraph.GRAPHS.get(key)
-        if entry is None:
-            entry = _build(key, op, flat, spec, positions, written, [])
+    entry = _entry(
+        onegraph.GRAPHS,
+        key,
+        lambda: (target_name, op, spec, tuple(_describe(x) for x in flat)),
+        lambda k, lift: _build(k, op, flat, spec, positions, written, values if lift else []),
+    )
     if isinstance(entry, NeuronUnsupportedOpError):  # refused before: refused again without tracing
         raise entry
     STATS.eager_ops_run += 1
@@ -219,14 +231,12 @@ def _record(
     target_name: str,
 ) -> tuple[list[torch.Tensor], list[int]] | None:
     """The op recorded in the lazy mode: (its results, their layout), or None when it runs in the op mode."""
-    traced = TRACED.get(key)
-    if traced is None:
-        traced = _trace_for_lazy(key, op, flat, spec, positions, written, values)
-    if traced is _BY_VALUE:
-        key = (target_name, op, spec, tuple(_describe(x) for x in flat))
-        traced = TRACED.get(key)
-        if traced is None:
-            traced = _trace_for_lazy(key, op, flat, spec, positions, written, [])
+    traced = _entry(
+        TRACED,
+        key,
+        lambda: (target_name, op, spec, tuple(_describe(x) for x in flat)),
+        lambda k, lift: _trace_for_lazy(k, op, flat, spec, positions, written, values if lift else []),
+    )
     if isinstance(traced, NeuronUnsupportedOpError):  # refused before: refused again without tracing
         raise traced
     if not isinstance(traced, TracedOp):
@@ -384,8 +394,7 @@ def _one_op_graph(
 ) -> Any:
     """``table[key]``, made at its first use: the op traced (its numbers at ``values`` lifted to inputs, else
     ``_BY_VALUE``), ``finish(gm)`` (compiled, or checked to lower and returned), and ``make(finished, lifted,
-    layout)`` kept;
-    what the device refuses is kept as the refusal, naming the user's line."""
+    layout)`` kept; what the device refuses is kept as the refusal, naming the user's line."""
     with onegraph.GRAPHS_LOCK:
         found = table.get(key)
         if found is not None:
