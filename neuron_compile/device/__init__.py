@@ -19,6 +19,8 @@ from typing import Any, Iterator
 
 import torch
 
+from . import cuda_api
+
 log = logging.getLogger(__name__)
 
 #: Why the device is not registered in this process (None: it is, or registration was not tried yet).
@@ -89,18 +91,17 @@ class NeuronModule:
 
         checks.resolve()
 
-    @staticmethod
-    def memory_allocated(device: Any = None) -> int:
-        """Bytes of device memory held by tensors on ``device`` (default: the current one)."""
-        from . import cuda_api
-
-        return cuda_api.allocated(device)
-
-    @staticmethod
-    def max_memory_allocated(device: Any = None) -> int:
-        from . import cuda_api
-
-        return cuda_api.peak(device)
+    # memory and device facts, as torch.cuda's (``cuda_api.py``): reserved is allocated, the device caches nothing
+    memory_allocated = staticmethod(cuda_api.allocated)
+    max_memory_allocated = staticmethod(cuda_api.peak)
+    memory_reserved = staticmethod(cuda_api.allocated)
+    max_memory_reserved = staticmethod(cuda_api.peak)
+    memory_stats = staticmethod(cuda_api.memory_stats)
+    memory_summary = staticmethod(cuda_api.memory_summary)
+    mem_get_info = staticmethod(cuda_api.mem_get_info)
+    get_device_name = staticmethod(cuda_api.device_name)
+    get_device_properties = staticmethod(cuda_api.device_properties)
+    get_device_capability = staticmethod(cuda_api.capability)
 
     @staticmethod
     def reset_peak_memory_stats(device: Any = None) -> None:
@@ -125,62 +126,12 @@ class NeuronModule:
     stream = staticmethod(stream)
 
     @staticmethod
-    def memory_reserved(device: Any = None) -> int:
-        """``memory_allocated()``: the device caches nothing."""
-        from . import cuda_api
-
-        return cuda_api.allocated(device)
-
-    @staticmethod
-    def max_memory_reserved(device: Any = None) -> int:
-        from . import cuda_api
-
-        return cuda_api.peak(device)
-
-    @staticmethod
     def reset_max_memory_allocated(device: Any = None) -> None:
         NeuronModule.reset_peak_memory_stats(device)
 
     @staticmethod
     def reset_accumulated_memory_stats(device: Any = None) -> None:
         """Nothing accumulated is kept (``memory_stats`` has current and peak counts only)."""
-
-    @staticmethod
-    def memory_stats(device: Any = None) -> dict[str, int]:
-        from . import cuda_api
-
-        return cuda_api.memory_stats(device)
-
-    @staticmethod
-    def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
-        from . import cuda_api
-
-        return cuda_api.memory_summary(device, abbreviated)
-
-    @staticmethod
-    def mem_get_info(device: Any = None) -> tuple[int, int]:
-        """(free, total) bytes: the core's memory limit minus what tensors hold, and the limit."""
-        from . import cuda_api
-
-        return cuda_api.mem_get_info(device)
-
-    @staticmethod
-    def get_device_name(device: Any = None) -> str:
-        from . import cuda_api
-
-        return cuda_api.device_name(device)
-
-    @staticmethod
-    def get_device_properties(device: Any = None) -> Any:
-        from . import cuda_api
-
-        return cuda_api.device_properties(device)
-
-    @staticmethod
-    def get_device_capability(device: Any = None) -> tuple[int, int]:
-        from . import cuda_api
-
-        return cuda_api.capability(device)
 
     @staticmethod
     def is_bf16_supported(including_emulation: bool = True) -> bool:
