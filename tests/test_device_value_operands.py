@@ -27,13 +27,17 @@ NUMBER_CASES = [
     ("clamp_min", lambda x, v: x.clamp(min=v), False),
 ]
 #: Ordinary numbers (0, 1 and -1 are keyed apart: decompositions special-case them).
-VALUES = {torch.float32: (0.5, -2.5, 3.25), torch.int64: (2, -3, 5)}
+VALUES = {torch.float32: (0.5, -2.5, 3.25), torch.bfloat16: (0.1, -2.5, 3.3), torch.int64: (2, -3, 5)}
 
 
 @pytest.mark.parametrize("name,f,one_graph", NUMBER_CASES, ids=[c[0] for c in NUMBER_CASES])
 def test_numbers_as_operands_match_cpu_for_every_value(cpu_device, name, f, one_graph) -> None:
-    for dtype in (torch.float32, torch.int64):
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
         if dtype is torch.int64 and name in ("div", "addcdiv_value", "lerp_weight", "foreach_div_scalarlist", "pow"):
+            continue
+        if dtype is torch.bfloat16 and name == "remainder":
+            # eager takes x % 0.1 in float32 with 0.1f, our remainder lowering in bfloat16 (compiled graphs too,
+            # before this change and after): an open lowering issue, not the number's route (session note)
             continue
         x = torch.arange(1, 13, dtype=dtype).reshape(3, 4) - 4
         compiled = []
