@@ -231,3 +231,38 @@ def test_on_the_simulated_neuroncore_identity_ties_running_stats_and_threads() -
     for w in workers:
         w.join()
     assert torch.equal(t.cpu(), torch.arange(16, dtype=torch.float32)[:, None].expand(16, 2))
+
+
+def test_a_cuda_training_script_with_only_the_device_string_changed(cpu_device) -> None:
+    """The habits together: optimizer built before the move, tied weights, a pinned DataLoader with non_blocking
+    copies, a gradient hook, an LR schedule, autocast around the forward: trains as the same script on CPU (float32
+    there; bfloat16 autocast checked for its dtype) and compiles nothing from step 3 on."""
+    from neuron_compile import STATS
+
+    def script(device: str) -> tuple[nn.Module, list[int], list[int]]:
+        model = _tied_lm()
+        opt = torch.optim.AdamW(model.parameters(), lr=0.05)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=5)
+        model.to(device)
+        seen = []
+        model[1].weight.register_hook(lambda g: seen.append(1))
+        data = torch.utils.data.TensorDataset(torch.randint(0, 12, (10, 4), generator=torch.Generator().manual_seed(2)))
+        loader = torch.utils.data.DataLoader(data, batch_size=2, pin_memory=device == "neuron")
+        compiled = []
+        for (tokens,) in loader:
+            before = STATS.eager_ops_compiled
+            tokens = tokens.to(device, non_blocking=True)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
+            opt.step()
+            sched.step()
+            compiled.append(STATS.eager_ops_compiled - before)
+        return model, compiled, seen
+
+    model, compiled, seen = script("neuron")
+    reference, _, _ = script("cpu")
+    assert compiled[2:] == [0] * 3 and len(seen) == 5, (compiled, seen)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-5, atol=1e-6)
+    with torch.autocast("neuron", dtype=torch.bfloat16):
+        assert model[1](torch.randn(3, 6, device="neuron")).dtype == torch.bfloat16
